@@ -1,0 +1,1 @@
+"""Experiments built on simsched (run with python -m experiments.<name>)."""

@@ -1,0 +1,12 @@
+"""simsched: a discrete-event simulator of an LLM serving engine's scheduler."""
+
+from simsched.api import make_requests, simulate
+from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
+from simsched.cost_model import Batch, LinearCostModel, UnitCostModel
+from simsched.metrics import Results
+from simsched.workload import WorkloadConfig
+
+__all__ = ["simulate", "make_requests", "SimConfig", "SchedulerConfig", "CacheConfig",
+           "HardwareConfig", "WorkloadConfig", "Batch", "LinearCostModel", "UnitCostModel",
+           "Results"]
+__version__ = "0.1.0"

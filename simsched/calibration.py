@@ -1,0 +1,343 @@
+"""Fit the cost model's parts to the bundled A100 profiles and measure how well they fit.
+
+The measurements (``simsched/data/a100/``, reduced from the Vidur project's A100 profiles, MIT
+licence) are per-layer kernel times in milliseconds; we use their *median* columns because a few
+repetitions carry clock-ramp or contention outliers that pull the mean up, and the simulator wants
+the typical iteration. Everything here returns seconds.
+
+Fits (all done once, at first use, and cached; :func:`fit_all` is the single source of the
+shipped coefficients, so there is no separate file that could drift from the data):
+
+* linear ops of an unprofiled model: a per-op roofline ``max(FLOPs / peak, bytes / bandwidth)``
+  divided by an efficiency that varies with the token count (median over the profiled models),
+  plus element-wise ops (norms, activation, rope, residual adds) as ``const + bytes / bw_eff``;
+* prefill attention: per chunk size, the causal time with no cache plus a slope per
+  chunk-token x cached-token, on the 70B-shaped (64 q / 8 kv heads, TP2) attention profile;
+* decode attention: ``a0 + a1 x batch + s(batch) x KV bytes read``, with a bandwidth floor;
+* all-reduce: measured medians binned on log message size, plus an alpha-beta fit for scaling;
+* CPU overhead: ``a + a_tp [tp > 1] + b x batch size`` over all profiled models.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simsched.hardware import GPUS, MODELS, REFERENCE_GPU, GPUSpec, ModelSpec
+
+DATA_DIR = Path(__file__).resolve().parent / "data" / "a100"
+PROFILED_MODELS = ("llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "phi-2")
+# The attention profile's shape per GPU: 64 q heads / TP2 = 32 heads x 128 channels; 8 kv heads /
+# TP2 = 4 kv heads x 128 x (K and V) x 2 bytes per token.
+ATTN_REF_QDIM = 32 * 128
+ATTN_REF_KV_BYTES = 2 * 4 * 128 * 2
+# CPU-side per-iteration steps of vLLM that do not overlap the GPU work (Vidur's breakdown).
+# ray_comm_time is left out: at TP > 1 it is a flat ~6 ms of Ray RPC in that vLLM version, which
+# later versions removed, and it would swamp the tensor-parallel speed-up.
+CPU_STEPS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
+             "process_model_outputs_median")
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str) -> pd.DataFrame:
+    """A bundled CSV (``compute``, ``attention_prefill``, ``attention_decode``, ``all_reduce``,
+    ``cpu_overheads`` or ``profiled_shapes``) as a DataFrame."""
+    path = DATA_DIR / f"{name}.csv"
+    if not path.is_file():
+        raise ValueError(f"name: no bundled data file {path.name!r} in {DATA_DIR}")
+    return pd.read_csv(path)
+
+
+# ----------------------------------------------------------------------------- linear ops
+
+
+def gemm_shapes(spec: ModelSpec, tp: int) -> list[tuple[int, int]]:
+    """(K, N) of each layer's four GEMMs on one GPU: QKV, output, MLP up(+gate), MLP down."""
+    d, kv = spec.head_dim, max(1, spec.num_kv_heads // tp)
+    up = spec.intermediate_size * (2 if spec.gated_mlp else 1) // tp
+    return [(spec.hidden_size, (spec.num_heads // tp + 2 * kv) * d),
+            (spec.num_heads // tp * d, spec.hidden_size),
+            (spec.hidden_size, up),
+            (spec.intermediate_size // tp, spec.hidden_size)]
+
+
+def gemm_roofline(spec: ModelSpec, tp: int, gpu: GPUSpec, tokens: np.ndarray) -> np.ndarray:
+    """Seconds per layer of the GEMMs at 100 % of peak: sum over ops of max(compute, memory)."""
+    n = np.asarray(tokens, dtype=float)
+    b = spec.bytes_per_param
+    total = np.zeros_like(n)
+    for k, m in gemm_shapes(spec, tp):
+        flops = 2.0 * n * k * m
+        nbytes = b * (k * m + n * k + n * m)
+        total += np.maximum(flops / gpu.peak_flops, nbytes / gpu.mem_bandwidth)
+    return total
+
+
+def lm_head_roofline(spec: ModelSpec, tp: int, gpu: GPUSpec, seqs: np.ndarray) -> np.ndarray:
+    """Seconds of the LM-head GEMM at peak for one logit row per sequence (vocab split over TP)."""
+    n = np.asarray(seqs, dtype=float)
+    k, m = spec.hidden_size, spec.vocab_size // tp
+    nbytes = spec.bytes_per_param * (k * m + n * k + n * m)
+    return np.maximum(2.0 * n * k * m / gpu.peak_flops, nbytes / gpu.mem_bandwidth)
+
+
+def elementwise_bytes(spec: ModelSpec, tp: int, tokens: np.ndarray) -> np.ndarray:
+    """Bytes per layer moved by norms, rope, activation and residual adds (read + write)."""
+    h, d = spec.hidden_size, spec.head_dim
+    inter = spec.intermediate_size // tp
+    rope = 2 * (spec.num_heads // tp + max(1, spec.num_kv_heads // tp)) * d
+    act = inter * (3 if spec.gated_mlp else 2)
+    per_token = 2 * (2 * h) + rope + act + 2 * (3 * h)
+    return np.asarray(tokens, dtype=float) * per_token * spec.bytes_per_param
+
+
+def measured_linear(model: str, tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, per-layer linear seconds, embedding seconds) measured for a profiled model."""
+    df = load("compute")
+    df = df[(df.model == model) & (df.tp == tp)].sort_values("num_tokens")
+    per_layer = df[["qkv", "out", "up", "down", "elementwise"]].sum(axis=1).to_numpy() * 1e-3
+    return df.num_tokens.to_numpy(), per_layer, df.emb.to_numpy() * 1e-3
+
+
+def fit_linear(exclude: str | None = None) -> dict:
+    """Efficiency curve (by token count) and element-wise coefficients, fitted on A100 data.
+
+    ``exclude`` leaves one profiled model out, for leave-one-model-out validation.
+    """
+    df = load("compute")
+    df = df[df.model != exclude]
+    gpu = GPUS[REFERENCE_GPU]
+    ratios, elt_x, elt_y = [], [], []
+    for (model, tp), g in df.groupby(["model", "tp"]):
+        spec = MODELS[model]
+        n = g.num_tokens.to_numpy()
+        gemm = g[["qkv", "out", "up", "down"]].sum(axis=1).to_numpy() * 1e-3
+        ratios.append(pd.Series(gemm_roofline(spec, tp, gpu, n) / gemm, index=n))
+        elt_x.append(elementwise_bytes(spec, tp, n))
+        elt_y.append(g.elementwise.to_numpy() * 1e-3)
+    eff = pd.concat(ratios).groupby(level=0).median()
+    x, y = np.concatenate(elt_x), np.concatenate(elt_y)
+    # Relative least squares: small-token kernels (microseconds) matter as much as big ones.
+    design = np.c_[np.ones_like(x), x] / y[:, None]
+    const, per_byte = np.linalg.lstsq(design, np.ones_like(y), rcond=None)[0]
+    return {"eff_tokens": eff.index.astype(float).tolist(), "eff": eff.tolist(),
+            "elt_const": float(max(const, 0.0)), "elt_per_byte": float(per_byte)}
+
+
+def predict_linear(coef: dict, spec: ModelSpec, tp: int, gpu: GPUSpec,
+                   tokens: np.ndarray) -> np.ndarray:
+    """Per-layer linear-op seconds from the roofline and the fitted efficiencies.
+
+    On a GPU other than the A100 this is an extrapolation: the A100 efficiencies are assumed to
+    carry over, scaled by the GPU's datasheet peak FLOP/s and bandwidth.
+    """
+    n = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    eff = np.interp(np.log(n), np.log(coef["eff_tokens"]), coef["eff"])
+    bw_ratio = GPUS[REFERENCE_GPU].mem_bandwidth / gpu.mem_bandwidth
+    elt = coef["elt_const"] + elementwise_bytes(spec, tp, n) * coef["elt_per_byte"] * bw_ratio
+    return gemm_roofline(spec, tp, gpu, n) / eff + elt
+
+
+def mape(pred, meas) -> float:
+    """Mean absolute percentage error, in percent."""
+    pred, meas = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
+    return float(np.mean(np.abs(pred - meas) / meas) * 100.0)
+
+
+def linear_errors(max_tokens: int = 4096) -> pd.DataFrame:
+    """Linear-op MAPE per profiled (model, TP) over 1..max_tokens: seen and leave-one-model-out.
+
+    ``seen`` is the simulator's own linear term for a profiled model (the measured table,
+    interpolated and made monotone) against every measured point; ``interp_holdout`` the same
+    interpolation judged on every other point after dropping it; ``roofline_seen`` the roofline
+    fitted on all models and ``loo`` the roofline fitted without the model.
+    """
+    from simsched.calibrated import CalibratedCostModel
+
+    gpu = GPUS[REFERENCE_GPU]
+    full = fit_linear()
+    rows = []
+    for model in PROFILED_MODELS:
+        loo = fit_linear(exclude=model)
+        spec = MODELS[model]
+        for tp in sorted(load("compute").query("model == @model").tp.unique()):
+            n, meas, _ = measured_linear(model, tp)
+            keep = n <= max_tokens
+            n, meas = n[keep], meas[keep]
+            # Interpolation error: predict every other point from its neighbours only.
+            odd = np.arange(1, len(n) - 1, 2)
+            interp = np.interp(n[odd], np.delete(n, odd), np.delete(meas, odd))
+            table = CalibratedCostModel(spec, gpu, int(tp), model_name=model)._linear
+            rows.append({"model": model, "tp": int(tp), "points": len(n),
+                         "seen": mape(np.take(table, n) / spec.num_layers, meas),
+                         "interp_holdout": mape(interp, meas[odd]),
+                         "roofline_seen": mape(predict_linear(full, spec, tp, gpu, n), meas),
+                         "loo": mape(predict_linear(loo, spec, tp, gpu, n), meas)})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def fit_prefill_attention() -> dict:
+    """Per chunk size: causal time with an empty cache and slope per chunk x cached token."""
+    df = load("attention_prefill")
+    chunks, t0, slope = [], [], []
+    for chunk, g in df.groupby("chunk"):
+        g = g.sort_values("kv")
+        base = g[g.kv == 0].time_ms.mean() if (g.kv == 0).any() else g.time_ms.iloc[0]
+        chunks.append(float(chunk))
+        t0.append(float(base) * 1e-3)
+        g = g[g.kv > 0]
+        if len(g):
+            # Least squares through the kv=0 point, relative weights.
+            x = chunk * g.kv.to_numpy() / g.time_ms.to_numpy()
+            y = (g.time_ms.to_numpy() - base) / g.time_ms.to_numpy()
+            slope.append(float(max(x @ y / (x @ x), 0.0)) * 1e-3)
+        else:
+            slope.append(np.nan)
+    slope_s = pd.Series(slope).ffill().bfill()
+    return {"chunks": chunks, "t0": t0, "slope": slope_s.tolist()}
+
+
+def predict_prefill_attention(coef: dict, chunk, kv) -> np.ndarray:
+    """Seconds of one layer's prefill attention for the reference (70B-shape, TP2) head layout."""
+    chunk, kv = np.asarray(chunk, dtype=float), np.asarray(kv, dtype=float)
+    c, t0 = np.asarray(coef["chunks"]), np.asarray(coef["t0"])
+    base = np.interp(chunk, c, t0)
+    # Beyond the largest profiled chunk causal work grows quadratically.
+    big = chunk > c[-1]
+    base = np.where(big, t0[-1] * (chunk / c[-1]) ** 2, base)
+    return base + chunk * kv * np.interp(chunk, c, coef["slope"])
+
+
+def fit_decode_attention() -> dict:
+    """Decode attention per layer (reference shape): ``a0 + a1 x batch + s(batch) x KV bytes``.
+
+    The fixed part is shared by all batch sizes (so it cannot dip as the batch grows); the
+    per-byte cost ``s`` is fitted per profiled batch size, since small batches cannot occupy the
+    GPU and read the cache more slowly. A floor at the best bandwidth reached bounds the slope
+    for batches past the profiled range.
+    """
+    df = load("attention_decode")
+    batches = sorted(float(b) for b in df.batch.unique())
+    col = {b: i for i, b in enumerate(batches)}
+    x = (df.batch * df.kv * ATTN_REF_KV_BYTES).to_numpy(dtype=float)
+    y = df.time_ms.to_numpy() * 1e-3
+    design = np.zeros((len(df), 2 + len(batches)))
+    design[:, 0] = 1.0
+    design[:, 1] = df.batch
+    design[np.arange(len(df)), 2 + df.batch.map(lambda b: col[float(b)]).to_numpy()] = x
+    coef = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+    a0, a1 = float(coef[0]), float(max(coef[1], 0.0))
+    s = [float(max(v, 0.0)) for v in coef[2:]]
+    return {"batches": batches, "a": [a0 + a1 * b for b in batches], "a0": a0, "a1": a1,
+            "s": s, "sat_a": 0.0, "sat_s": min(s[len(s) // 2:])}
+
+
+def predict_decode_attention(coef: dict, batch, kv_bytes) -> np.ndarray:
+    """Seconds of one layer's decode attention for ``batch`` sequences reading ``kv_bytes``."""
+    batch, kv_bytes = np.asarray(batch, dtype=float), np.asarray(kv_bytes, dtype=float)
+    a = np.interp(batch, coef["batches"], coef["a"])
+    s = np.interp(batch, coef["batches"], coef["s"])
+    return np.maximum(a + s * kv_bytes, coef["sat_a"] + coef["sat_s"] * kv_bytes)
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+def fit_all_reduce(bins_per_decade: int = 8) -> dict:
+    """Per TP degree: median time on log-spaced size bins, and an alpha-beta fit (for scaling)."""
+    df = load("all_reduce")
+    out = {}
+    for workers, g in df.groupby("num_workers"):
+        logs = np.log10(g["size"].to_numpy())
+        key = np.floor(logs * bins_per_decade)
+        med = g.assign(key=key, logs=logs).groupby("key")[["logs", "time_ms"]].median()
+        x = g["size"].to_numpy() * 2.0 * (workers - 1) / workers
+        y = g.time_ms.to_numpy() * 1e-3
+        alpha, beta = np.linalg.lstsq(np.c_[np.ones_like(x), x] / y[:, None], np.ones_like(y),
+                                      rcond=None)[0]
+        out[str(int(workers))] = {"log_size": med.logs.tolist(),
+                                  "time": (med.time_ms * 1e-3).tolist(),
+                                  "alpha": float(alpha), "beta": float(beta)}
+    return out
+
+
+def predict_all_reduce(coef: dict, tp: int, size_bytes, link_ratio: float = 1.0) -> np.ndarray:
+    """Seconds of one all-reduce of ``size_bytes`` over ``tp`` GPUs (0 when tp == 1).
+
+    ``link_ratio`` = A100 NVLink bandwidth / target link bandwidth scales the bandwidth term of
+    the alpha-beta fit (an extrapolation for non-A100 GPUs).
+    """
+    size = np.maximum(np.asarray(size_bytes, dtype=float), 1.0)
+    if tp == 1:
+        return np.zeros_like(size)
+    c = coef[str(tp)]
+    t = np.interp(np.log10(size), c["log_size"], c["time"])
+    top = size > 10 ** c["log_size"][-1]
+    wire = size * 2.0 * (tp - 1) / tp
+    t = np.where(top, c["time"][-1] + c["beta"] * (wire - 10 ** c["log_size"][-1]
+                                                     * 2.0 * (tp - 1) / tp), t)
+    if link_ratio != 1.0:
+        ab = c["alpha"] + c["beta"] * wire
+        t = t * (c["alpha"] + c["beta"] * wire * link_ratio) / ab
+    return t
+
+
+# ----------------------------------------------------------------------------- CPU overhead
+
+
+def fit_cpu_overhead() -> dict:
+    """``a + a_tp [tp > 1] + b x batch`` (seconds) over every profiled model's CPU steps."""
+    df = load("cpu_overheads")
+    y = df[list(CPU_STEPS)].sum(axis=1).to_numpy() * 1e-3
+    design = np.c_[np.ones(len(df)), (df.tp > 1).astype(float), df.batch]
+    a, a_tp, b = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+    return {"a": float(a), "a_tp": float(a_tp), "b": float(b)}
+
+
+def predict_cpu_overhead(coef: dict, tp: int, batch) -> np.ndarray:
+    """CPU seconds per iteration for ``batch`` sequences."""
+    return coef["a"] + coef["a_tp"] * (tp > 1) + coef["b"] * np.asarray(batch, dtype=float)
+
+
+# ----------------------------------------------------------------------------- all together
+
+
+@functools.lru_cache(maxsize=None)
+def _fit_all_cached() -> dict:
+    return {"linear": fit_linear(), "prefill_attention": fit_prefill_attention(),
+            "decode_attention": fit_decode_attention(), "all_reduce": fit_all_reduce(),
+            "cpu": fit_cpu_overhead()}
+
+
+def fit_all() -> dict:
+    """Every fitted coefficient (plain floats and lists), fitted once per process."""
+    return _fit_all_cached()
+
+
+def component_errors() -> pd.DataFrame:
+    """MAPE (%) of the attention, all-reduce and CPU fits on their own measurements."""
+    coef = fit_all()
+    rows = []
+    pre = load("attention_prefill")
+    rows.append(("prefill attention", "70B-shape tp2", len(pre), mape(
+        predict_prefill_attention(coef["prefill_attention"], pre.chunk, pre.kv),
+        pre.time_ms * 1e-3)))
+    dec = load("attention_decode")
+    rows.append(("decode attention", "70B-shape tp2", len(dec), mape(
+        predict_decode_attention(coef["decode_attention"], dec.batch,
+                                 dec.batch * dec.kv * ATTN_REF_KV_BYTES), dec.time_ms * 1e-3)))
+    for workers, g in load("all_reduce").groupby("num_workers"):
+        rows.append(("all-reduce", f"tp{workers}", len(g), mape(
+            predict_all_reduce(coef["all_reduce"], int(workers), g["size"]), g.time_ms * 1e-3)))
+    cpu = load("cpu_overheads")
+    for (model, tp), g in cpu.groupby(["model_name", "tp"]):
+        rows.append(("cpu overhead", f"{model} tp{tp}", len(g), mape(
+            predict_cpu_overhead(coef["cpu"], int(tp), g.batch),
+            g[list(CPU_STEPS)].sum(axis=1) * 1e-3)))
+    return pd.DataFrame(rows, columns=["component", "subset", "points", "mape"])

@@ -1,0 +1,221 @@
+"""Frozen, validated configuration for one simulation run.
+
+A run is described by a :class:`SimConfig` made of four parts: the scheduler, the KV cache, the
+hardware (model, GPU, tensor parallelism, cost model) and the workload. Every field is checked in
+``__post_init__`` and a bad value raises ``ValueError`` naming the field and the allowed range.
+
+Sweeps vary configs with :meth:`SimConfig.replace`, which accepts flat field names (``rate=4.0``,
+``policy="spf"``) and routes each to the sub-config that owns it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from simsched.workload import WorkloadConfig
+
+SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
+PREEMPTION_MODES = ("recompute", "swap")
+COST_MODELS = ("calibrated", "linear", "unit")
+
+
+def _check_int(owner: str, name: str, value: Any, low: int, high: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{owner}.{name} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{owner}.{name} must be in [{low}, {high}], got {value!r}")
+
+
+def _check_float(owner: str, name: str, value: Any, low: float, high: float = math.inf,
+                 low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+    bad = value <= low if low_open else value < low
+    if bad or value > high:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{owner}.{name} must be in {bracket}{low}, {high}], got {value!r}")
+
+
+def _check_choice(owner: str, name: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{owner}.{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How each iteration's batch is formed: style, queue policy, budgets and preemption.
+
+    ``preemption`` enables the admission trigger (preempt running requests that the queue policy
+    ranks below the best waiting request when it cannot get KV blocks). Running requests that run
+    out of KV blocks are always preempted, as in vLLM; otherwise the engine could deadlock.
+    """
+
+    style: str = "stall_free"
+    policy: str = "fcfs"
+    victim_policy: str = "fewest_generated"
+    preemption: bool = False
+    preemption_mode: str = "recompute"
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 16
+    max_num_prefills: int | None = None
+    enable_chunked_prefill: bool = True
+    max_num_preemptions: int = 8
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
+
+        o = "scheduler"
+        _check_choice(o, "style", self.style, SCHEDULER_STYLES)
+        _check_choice(o, "policy", self.policy, QUEUE_POLICIES)
+        _check_choice(o, "victim_policy", self.victim_policy, VICTIM_POLICIES)
+        if not isinstance(self.preemption, bool):
+            raise ValueError(f"{o}.preemption must be True or False, got {self.preemption!r}")
+        _check_choice(o, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_int(o, "max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int(o, "max_num_seqs", self.max_num_seqs, 1)
+        # As vLLM enforces: every running sequence must be able to decode in one iteration.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"{o}.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"{o}.max_num_seqs ({self.max_num_seqs})")
+        if self.max_num_prefills is not None:
+            _check_int(o, "max_num_prefills", self.max_num_prefills, 1)
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError(f"{o}.enable_chunked_prefill must be True or False")
+        _check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
+        if not isinstance(self.policy_options, Mapping):
+            raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size, number of GPU blocks, admission watermark and swap space.
+
+    ``num_blocks=None`` derives the block count from the hardware (GPU memory, weights, KV bytes per
+    token) as vLLM does; an integer sets it directly.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    watermark: float = 0.01
+    swap_space_gib: float = 4.0
+    swap_bandwidth_gbps: float = 25.0
+
+    def __post_init__(self) -> None:
+        o = "cache"
+        _check_int(o, "block_size", self.block_size, 1, 4096)
+        if self.num_blocks is not None:
+            _check_int(o, "num_blocks", self.num_blocks, 1)
+        _check_float(o, "watermark", self.watermark, 0.0, 0.5)
+        _check_float(o, "swap_space_gib", self.swap_space_gib, 0.0)
+        _check_float(o, "swap_bandwidth_gbps", self.swap_bandwidth_gbps, 0.0, low_open=True)
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model."""
+
+    model: str = "llama-2-7b"
+    gpu: str = "a100-80gb"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    cost_model: str = "calibrated"
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        o = "hardware"
+        _check_int(o, "tensor_parallel_size", self.tensor_parallel_size, 1, 64)
+        _check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
+                     low_open=True)
+        _check_choice(o, "cost_model", self.cost_model, COST_MODELS)
+        if self.max_model_len is not None:
+            _check_int(o, "max_model_len", self.max_model_len, 1)
+        from simsched import hardware
+
+        hardware.validate(self)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one run needs: scheduler, cache, hardware, workload, seed and run limits.
+
+    ``max_sim_time`` ends an overloaded run (simulated seconds); requests still waiting or running
+    then are reported with status ``waiting``/``running``. ``check_invariants`` verifies the
+    scheduler's invariants after every iteration (slower; on in the tests).
+    """
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    seed: int = 0
+    max_sim_time: float = math.inf
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
+                          ("hardware", HardwareConfig), ("workload", WorkloadConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        _check_int("config", "seed", self.seed, 0, 2**63 - 1)
+        _check_float("config", "max_sim_time", self.max_sim_time, 0.0, low_open=True)
+        if not isinstance(self.check_invariants, bool):
+            raise ValueError("config.check_invariants must be True or False")
+
+    _PARTS = ("scheduler", "cache", "hardware", "workload")
+
+    def replace(self, **changes: Any) -> "SimConfig":
+        """Return a copy with fields changed; flat names are routed to the sub-config owning them.
+
+        ``cfg.replace(rate=4, policy="spf", seed=2)`` changes ``workload.rate``,
+        ``scheduler.policy`` and ``seed``. Dotted names (``"cache.num_blocks"``) are also accepted
+        through ``**{"cache.num_blocks": 512}``.
+        """
+        top: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {p: {} for p in self._PARTS}
+        own = {f.name for f in dataclasses.fields(self)}
+        for key, value in changes.items():
+            if "." in key:
+                part, sub = key.split(".", 1)
+                if part not in parts:
+                    raise ValueError(f"unknown config section {part!r} in {key!r}")
+                parts[part][sub] = value
+            elif key in own:
+                top[key] = value
+            else:
+                owners = [p for p in self._PARTS
+                          if key in {f.name for f in dataclasses.fields(getattr(self, p))}]
+                if not owners:
+                    raise ValueError(f"unknown config field {key!r}; known: {sorted(field_names())}")
+                parts[owners[0]][key] = value
+        for part, sub in parts.items():
+            if sub:
+                known = {f.name for f in dataclasses.fields(getattr(self, part))}
+                bad = set(sub) - known
+                if bad:
+                    raise ValueError(f"unknown field(s) {sorted(bad)} in config section {part!r}")
+                top[part] = dataclasses.replace(top.get(part, getattr(self, part)), **sub)
+        return dataclasses.replace(self, **top)
+
+    def flat(self) -> dict[str, Any]:
+        """All fields as one flat mapping (sub-config fields by their own names)."""
+        out: dict[str, Any] = {}
+        for part in self._PARTS:
+            for f in dataclasses.fields(getattr(self, part)):
+                out[f.name] = getattr(getattr(self, part), f.name)
+        for f in dataclasses.fields(self):
+            if f.name not in self._PARTS:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+def field_names() -> set[str]:
+    """Every flat field name :meth:`SimConfig.replace` accepts."""
+    names = {f.name for f in dataclasses.fields(SimConfig)} - set(SimConfig._PARTS)
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    return names

@@ -1,0 +1,127 @@
+"""The SimPy processes of one run: arrivals, one process per request, and the GPU loop.
+
+This is the only module that imports SimPy. The GPU process asks the scheduler for a batch, asks
+the cost model how long it takes, waits that long, commits the progress and wakes the request
+processes whose first token or completion it produced. A recompute preemption interrupts the
+victim's process with a :class:`~simsched.request.PreemptionCause`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from simsched.invariants import check_invariants
+from simsched.kv_cache import KVCacheManager
+from simsched.request import Request, Status
+from simsched.scheduler import Scheduler
+
+
+class SimulationError(RuntimeError):
+    """The engine could not make progress (a scheduler bug, never a user error)."""
+
+
+class Engine:
+    """Runs one simulation over a list of requests sorted by arrival time."""
+
+    def __init__(self, config, requests: list[Request], cost_model, num_blocks: int,
+                 max_model_len: int | None = None) -> None:
+        self.config = config
+        self.env = simpy.Environment()
+        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.watermark)
+        self.scheduler = Scheduler(config.scheduler, self.kv, max_model_len)
+        self.cost_model = cost_model
+        self.requests = requests
+        self.iteration_rows: list[tuple] = []
+        self.num_arrived = 0
+        self.num_events = 0             # request-process wake-ups, for the events benchmark
+        self._idle: simpy.Event | None = None
+        self.env.process(self._arrivals())
+        self.env.process(self._gpu())
+
+    def run(self) -> None:
+        """Run until every request has finished or ``config.max_sim_time`` is reached."""
+        until = self.config.max_sim_time
+        self.env.run(until=None if math.isinf(until) else until)
+        self.scheduler.close()
+
+    # ------------------------------------------------------------------ processes
+    def _arrivals(self):
+        env = self.env
+        for req in self.requests:
+            delay = req.arrival_at - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            req.process = env.process(self._request(req))
+
+    def _request(self, req: Request):
+        """A request's life: queue (or be rejected), wait for first token, then completion."""
+        self.num_arrived += 1
+        req.first_token_event = self.env.event()
+        req.done_event = self.env.event()
+        if not self.scheduler.add(req, self.env.now):
+            return
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+        waits = (req.first_token_event, req.done_event)
+        stage = 0
+        while stage < 2:
+            try:
+                yield waits[stage]
+                stage += 1
+            except simpy.Interrupt as interrupt:
+                # Recompute preemption: the scheduler already sent us back to the queue;
+                # keep the cause and wait again for re-admission to produce our tokens.
+                req.causes.append(interrupt.cause)
+            self.num_events += 1
+
+    def _gpu(self):
+        env, sched, cost = self.env, self.scheduler, self.cost_model
+        rows = self.iteration_rows
+        check = self.config.check_invariants
+        while True:
+            if not sched.has_work():
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            batch = sched.schedule(env.now)
+            if not batch.num_seqs:
+                # Everything runnable was just preempted back to the queue: plan again now.
+                self._interrupt_victims()
+                batch = sched.schedule(env.now)
+                if not batch.num_seqs:
+                    raise SimulationError(
+                        f"no progress at t={env.now:.6f}: {len(sched.running)} running, "
+                        f"{sched.num_waiting} waiting, {self.kv.num_free} free KV blocks")
+            self._interrupt_victims()
+            started = env.now
+            used = self.kv.num_used
+            waiting = sched.num_waiting
+            duration = cost.iteration_time(batch)
+            if not duration > 0 or duration == math.inf:
+                raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
+            yield env.timeout(duration)
+            firsts, finished = sched.commit(env.now)
+            rows.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+                         batch.num_seqs, waiting, used, len(sched.preempted)))
+            for req in firsts:
+                req.first_token_event.succeed()
+            for req in finished:
+                req.done_event.succeed()
+            if check:
+                check_invariants(self, batch)
+
+    def _interrupt_victims(self) -> None:
+        for victim, cause in self.scheduler.preempted:
+            victim.process.interrupt(cause)
+        self.scheduler.preempted = []
+
+    # ------------------------------------------------------------------ state
+    def statuses(self) -> dict[Status, int]:
+        """How many requests are in each status now."""
+        out: dict[Status, int] = {}
+        for req in self.requests:
+            out[req.status] = out.get(req.status, 0) + 1
+        return out

@@ -1,0 +1,234 @@
+"""Model and GPU catalog, configuration checks, KV-cache capacity and cost-model construction.
+
+A model is described by its shape (the numbers of a Hugging Face ``config.json``), a GPU by its
+datasheet peaks. The A100-80GB is the calibration reference: times on any other GPU are an
+extrapolation from the roofline with A100-fitted efficiencies (see :mod:`simsched.calibrated`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+GIB = 2**30
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only (Llama-family) transformer; ``head_dim = hidden_size / num_heads``."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    gated_mlp: bool = True
+    bytes_per_param: int = 2
+    max_context: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "intermediate_size", "vocab_size", "bytes_per_param", "max_context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelSpec.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"ModelSpec.hidden_size ({self.hidden_size}) must be divisible by "
+                             f"num_heads ({self.num_heads})")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be divisible by "
+                             f"num_kv_heads ({self.num_kv_heads})")
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], bytes_per_param: int = 2) -> "ModelSpec":
+        """Build a spec from a Hugging Face ``config.json`` mapping (Llama/Mistral/Phi keys)."""
+        try:
+            heads = int(config["num_attention_heads"])
+            spec = cls(
+                num_layers=int(config["num_hidden_layers"]),
+                hidden_size=int(config["hidden_size"]),
+                num_heads=heads,
+                num_kv_heads=int(config.get("num_key_value_heads") or heads),
+                intermediate_size=int(config["intermediate_size"]),
+                vocab_size=int(config["vocab_size"]),
+                # Llama-family MLPs are gated (SiLU); GPT/Phi-style use a plain GELU MLP.
+                gated_mlp=str(config.get("hidden_act", "silu")).lower() in ("silu", "swiglu"),
+                bytes_per_param=bytes_per_param,
+                max_context=int(config.get("max_position_embeddings", 4096)),
+            )
+        except KeyError as exc:
+            raise ValueError(f"hf config is missing field {exc.args[0]!r}") from None
+        return spec
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_params(self) -> int:
+        """Parameters: untied embedding and LM head plus every layer's projections and norms."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
+        mlp = h * self.intermediate_size * (3 if self.gated_mlp else 2)
+        return 2 * self.vocab_size * h + self.num_layers * (attn + mlp + 2 * h) + h
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of all weights."""
+        return self.num_params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token takes over all layers: 2 x layers x kv_heads x head_dim x bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Datasheet peaks of one GPU: dense bf16 FLOP/s, HBM bytes/s, memory bytes, link bytes/s."""
+
+    name: str
+    peak_flops: float
+    mem_bandwidth: float
+    memory_bytes: int
+    interconnect_bandwidth: float
+
+
+# Shapes from each model's Hugging Face config.json.
+MODELS: dict[str, ModelSpec] = {
+    "llama-2-7b": ModelSpec(32, 4096, 32, 32, 11008, 32000, max_context=4096),
+    "llama-2-13b": ModelSpec(40, 5120, 40, 40, 13824, 32000, max_context=4096),
+    "llama-2-70b": ModelSpec(80, 8192, 64, 8, 28672, 32000, max_context=4096),
+    "llama-3-8b": ModelSpec(32, 4096, 32, 8, 14336, 128256, max_context=8192),
+    "llama-3-70b": ModelSpec(80, 8192, 64, 8, 28672, 128256, max_context=8192),
+    # Mistral-7B-v0.2+ (no sliding window): 32k context.
+    "mistral-7b": ModelSpec(32, 4096, 32, 8, 14336, 32000, max_context=32768),
+    # phi-2: parallel attention/MLP block with a plain GELU MLP.
+    "phi-2": ModelSpec(32, 2560, 32, 32, 10240, 51200, gated_mlp=False, max_context=2048),
+}
+
+# Dense (non-sparse) bf16 tensor FLOP/s, HBM bandwidth and NVLink bandwidth (total, both
+# directions) from the NVIDIA datasheets: A100 (nvidia.com/content/dam/en-zz/Solutions/
+# Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), H100 and H200
+# (nvidia.com/en-us/data-center/h100/, /h200/), L40S (nvidia.com/en-us/data-center/l40s/,
+# PCIe Gen4 x16 = 64 GB/s, no NVLink). Memory is what the driver exposes (nvidia-smi MiB).
+GPUS: dict[str, GPUSpec] = {
+    "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40960 * 2**20, 600e9),
+    "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 81920 * 2**20, 600e9),
+    "h100-sxm": GPUSpec("h100-sxm", 989e12, 3350e9, 81559 * 2**20, 900e9),
+    "h200": GPUSpec("h200", 989e12, 4800e9, 143771 * 2**20, 900e9),
+    "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9),
+}
+
+REFERENCE_GPU = "a100-80gb"  # the GPU the Vidur profiles were measured on
+
+
+def register_model(name: str, spec: ModelSpec) -> None:
+    """Add (or replace) a model in the catalog so configs can name it."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model name must be a non-empty string, got {name!r}")
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    MODELS[name] = spec
+    _cached_cost_model.cache_clear()
+
+
+def validate(hw) -> None:
+    """Check model, GPU and tensor-parallel degree; raise ValueError naming the bad field."""
+    if hw.model not in MODELS:
+        raise ValueError(f"hardware.model must be one of {sorted(MODELS)}, got {hw.model!r}")
+    if hw.gpu not in GPUS:
+        raise ValueError(f"hardware.gpu must be one of {sorted(GPUS)}, got {hw.gpu!r}")
+    spec, tp = MODELS[hw.model], hw.tensor_parallel_size
+    if tp not in TP_SIZES:
+        raise ValueError(f"hardware.tensor_parallel_size must be one of {list(TP_SIZES)}, "
+                         f"got {tp!r}")
+    # Heads are split across GPUs; KV heads may also be replicated when tp exceeds them (vLLM).
+    if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
+        raise ValueError(f"hardware.tensor_parallel_size={tp} must divide {hw.model}'s "
+                         f"{spec.num_heads} attention heads and {spec.num_kv_heads} KV heads")
+
+
+def model_spec(hw) -> ModelSpec:
+    """The catalog entry of ``hw.model``."""
+    validate(hw)
+    return MODELS[hw.model]
+
+
+def max_model_len(hw) -> int:
+    """``hw.max_model_len`` if set, else the model's context length."""
+    spec = model_spec(hw)
+    if hw.max_model_len is not None:
+        if hw.max_model_len > spec.max_context:
+            raise ValueError(f"hardware.max_model_len ({hw.max_model_len}) exceeds {hw.model}'s "
+                             f"context length {spec.max_context}")
+        return hw.max_model_len
+    return spec.max_context
+
+
+def kv_bytes_per_token(hw) -> int:
+    """KV-cache bytes one token takes on each GPU (KV heads split, or replicated, across TP)."""
+    spec = model_spec(hw)
+    kv_heads_per_gpu = max(1, spec.num_kv_heads // hw.tensor_parallel_size)
+    return 2 * spec.num_layers * kv_heads_per_gpu * spec.head_dim * spec.bytes_per_param
+
+
+def activation_reserve_bytes(hw) -> int:
+    """Memory kept back from the KV cache per GPU: CUDA context and workspaces plus activations.
+
+    vLLM sizes the cache after a profiling forward pass of ``max(2048, max_model_len)`` tokens;
+    its peak activations are roughly the widest per-token tensors (QKV and the gated MLP's
+    up-projection) for that many tokens, plus ~1 GiB of CUDA context/cuBLAS/NCCL workspace.
+    """
+    spec, tp = model_spec(hw), hw.tensor_parallel_size
+    tokens = max(2048, max_model_len(hw))
+    widest = 4 * spec.hidden_size + 2 * spec.intermediate_size * (2 if spec.gated_mlp else 1) // tp
+    return GIB + tokens * widest * spec.bytes_per_param
+
+
+def kv_capacity_blocks(hw, block_size: int) -> int:
+    """KV blocks per GPU as vLLM computes them: (memory x utilisation - weights - reserve) / block.
+
+    Raises ValueError when the weights (sharded over ``tensor_parallel_size`` GPUs) and the
+    reserve leave no room for even one block.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"cache.block_size must be a positive integer, got {block_size!r}")
+    spec, gpu = model_spec(hw), GPUS[hw.gpu]
+    budget = gpu.memory_bytes * hw.gpu_memory_utilization
+    weights = spec.param_bytes / hw.tensor_parallel_size
+    free = budget - weights - activation_reserve_bytes(hw)
+    blocks = int(free // (kv_bytes_per_token(hw) * block_size))
+    if blocks < 1:
+        raise ValueError(
+            f"hardware: {hw.model} weights ({weights / GIB:.1f} GiB per GPU) do not fit in "
+            f"{hw.gpu_memory_utilization:.0%} of one {hw.gpu} ({gpu.memory_bytes / GIB:.0f} GiB) "
+            f"at hardware.tensor_parallel_size={hw.tensor_parallel_size}; raise "
+            f"tensor_parallel_size or gpu_memory_utilization")
+    return blocks
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_cost_model(model: str, gpu: str, tp: int):
+    from simsched.calibrated import CalibratedCostModel
+
+    return CalibratedCostModel(MODELS[model], GPUS[gpu], tp, model_name=model)
+
+
+def make_cost_model(hw):
+    """The cost model named by ``hw.cost_model``: calibrated, linear or unit."""
+    from simsched.cost_model import LinearCostModel, UnitCostModel
+
+    if hw.cost_model == "unit":
+        return UnitCostModel()
+    if hw.cost_model == "linear":
+        return LinearCostModel()
+    if hw.cost_model != "calibrated":
+        raise ValueError(f"hardware.cost_model must be one of ['calibrated', 'linear', 'unit'], "
+                         f"got {hw.cost_model!r}")
+    validate(hw)
+    return _cached_cost_model(hw.model, hw.gpu, hw.tensor_parallel_size)

@@ -1,0 +1,83 @@
+"""Paged KV-cache block manager: fixed-size blocks held per request, never shared.
+
+A request holding ``n`` cached tokens holds exactly ``ceil(n / block_size)`` blocks. Only block
+counts are tracked (which physical block holds what does not affect scheduling).
+"""
+
+from __future__ import annotations
+
+
+class KVCacheError(RuntimeError):
+    """An allocation the manager cannot satisfy, or a free of something not held."""
+
+
+class KVCacheManager:
+    """Counts free and held KV blocks; admission keeps a watermark of free blocks back."""
+
+    __slots__ = ("num_blocks", "block_size", "num_free", "watermark_blocks", "_held")
+
+    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not 0.0 <= watermark <= 0.5:
+            raise ValueError(f"watermark must be in [0, 0.5], got {watermark}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_free = num_blocks
+        self.watermark_blocks = int(watermark * num_blocks)
+        self._held: dict[int, int] = {}
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by requests."""
+        return self.num_blocks - self.num_free
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def num_held(self, req_id: int) -> int:
+        """Blocks held by request ``req_id`` (0 if none)."""
+        return self._held.get(req_id, 0)
+
+    def num_new_blocks(self, req_id: int, num_tokens: int) -> int:
+        """Extra blocks ``req_id`` needs to hold ``num_tokens`` tokens in total."""
+        return max(0, self.blocks_for(num_tokens) - self._held.get(req_id, 0))
+
+    def can_allocate(self, num_new_blocks: int, use_watermark: bool = False) -> bool:
+        """Whether ``num_new_blocks`` more blocks are free (beyond the watermark if asked)."""
+        reserve = self.watermark_blocks if use_watermark else 0
+        return self.num_free - num_new_blocks >= reserve
+
+    def allocate(self, req_id: int, num_tokens: int) -> int:
+        """Grow ``req_id``'s holding to cover ``num_tokens`` tokens; return the blocks added."""
+        extra = self.num_new_blocks(req_id, num_tokens)
+        if extra > self.num_free:
+            raise KVCacheError(f"request {req_id} needs {extra} blocks, {self.num_free} free")
+        if extra:
+            self._held[req_id] = self._held.get(req_id, 0) + extra
+            self.num_free -= extra
+        return extra
+
+    def append_slot(self, req_id: int, num_tokens: int) -> int:
+        """Make room for one more token when ``req_id`` already caches ``num_tokens - 1``."""
+        return self.allocate(req_id, num_tokens)
+
+    def add_block(self, req_id: int) -> None:
+        """Give ``req_id`` one more block (decode fast path: the caller knows one is due)."""
+        if self.num_free < 1:
+            raise KVCacheError(f"request {req_id} needs 1 block, none free")
+        self._held[req_id] += 1
+        self.num_free -= 1
+
+    def free(self, req_id: int) -> int:
+        """Release all of ``req_id``'s blocks; return how many."""
+        n = self._held.pop(req_id, 0)
+        self.num_free += n
+        return n
+
+    def holders(self) -> dict[int, int]:
+        """A copy of request id -> blocks held."""
+        return dict(self._held)

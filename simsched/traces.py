@@ -1,0 +1,328 @@
+"""Reading request traces: the Azure 2023 format, a generic CSV/JSONL format, and length files.
+
+Formats, recognised from the header (CSV) or field names (JSONL, one object per line):
+
+* **azure**: ``TIMESTAMP, ContextTokens, GeneratedTokens`` as published in Azure's LLM inference
+  traces (timestamps like ``2023-11-16 18:17:03.9799600``). Times are made relative to the first
+  request.
+* **generic**: ``arrival_at`` (seconds, >= 0, kept as given), ``num_prompt_tokens``,
+  ``num_output_tokens``, optional ``priority`` (integer) and ``tenant`` (string).
+* **lengths**: ``num_prefill_tokens, num_decode_tokens`` (the bundled ShareGPT length pairs) or a
+  generic file without ``arrival_at``: usable for lengths only.
+
+Files may be gzipped (``.gz``). Loading is vectorised; a bad value raises
+:class:`TraceFormatError` naming the file and line of the first bad row and how many rows are bad.
+Unsorted timestamps are sorted and reported; long prompts are clipped, dropped or refused per
+:func:`apply_long_prompt_policy`, with the count reported in a :class:`LoadReport` and a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import io
+import json
+import math
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simsched import arrivals
+
+DATA_DIR = Path(__file__).parent / "data" / "traces"
+BUNDLED = {
+    "azure-code": DATA_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv.gz",
+    "azure-conv": DATA_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv.gz",
+    "sharegpt": DATA_DIR / "sharegpt-lengths" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",
+}
+LONG_PROMPT_POLICIES = ("clip", "drop", "error")
+_COLUMNS = {  # format -> (time column, prompt column, output column)
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "generic": ("arrival_at", "num_prompt_tokens", "num_output_tokens"),
+    "sharegpt": (None, "num_prefill_tokens", "num_decode_tokens"),
+}
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed; the message names the file and the line."""
+
+
+class TraceWarning(UserWarning):
+    """A trace was changed while loading (sorted, prompts clipped or dropped)."""
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What loading a trace did: rows read, sorted, windowed, long prompts handled, returned."""
+
+    source: str
+    format: str = "generic"
+    num_rows: int = 0
+    num_unsorted: int = 0
+    num_in_window: int = 0
+    max_prompt_tokens: int | None = None
+    long_prompt_policy: str = "error"
+    num_long_prompts: int = 0
+    num_clipped: int = 0
+    num_dropped: int = 0
+    num_returned: int = 0
+    speedup: float = 1.0
+
+    def __str__(self) -> str:
+        parts = [f"{self.source} ({self.format}): {self.num_rows} rows read"]
+        if self.num_unsorted:
+            parts.append(f"{self.num_unsorted} out of order (sorted)")
+        if self.num_in_window != self.num_rows:
+            parts.append(f"{self.num_in_window} in window")
+        if self.num_long_prompts:
+            parts.append(f"{self.num_long_prompts} prompts > {self.max_prompt_tokens} tokens "
+                         f"({self.num_clipped} clipped, {self.num_dropped} dropped)")
+        parts.append(f"{self.num_returned} returned")
+        if self.speedup != 1.0:
+            parts.append(f"time compressed x{self.speedup:.4g}")
+        return ", ".join(parts)
+
+
+def bundled_path(name: str) -> Path:
+    """Path of a bundled trace: ``azure-code``, ``azure-conv`` or ``sharegpt``."""
+    if name not in BUNDLED:
+        raise ValueError(f"no bundled trace {name!r}; bundled: {sorted(BUNDLED)}")
+    return BUNDLED[name]
+
+
+def _fail(path, line, message: str, num_bad: int = 1) -> None:
+    more = f" ({num_bad} bad rows in total)" if num_bad > 1 else ""
+    where = f"{path}, line {line}" if line is not None else str(path)
+    raise TraceFormatError(f"{where}: {message}{more}")
+
+
+def _is_jsonl(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    return bool(suffixes) and suffixes[-1] in (".jsonl", ".json", ".ndjson")
+
+
+def _read_table(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
+    """The raw table and the file line number of each of its rows (blank lines skipped)."""
+    if _is_jsonl(path):
+        opener = gzip.open if path.suffix.lower() == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read().splitlines()
+        lines = np.array([i + 1 for i, s in enumerate(text) if s.strip()], dtype=np.int64)
+        body = "\n".join(s for s in text if s.strip())
+        try:
+            table = pd.read_json(io.StringIO(body), lines=True, dtype=False) if body else \
+                pd.DataFrame()
+        except ValueError:
+            # Error path only: find the first line json cannot parse.
+            for number, s in zip(lines, (s for s in text if s.strip())):
+                try:
+                    if not isinstance(json.loads(s), dict):
+                        _fail(path, number, "expected a JSON object")
+                except json.JSONDecodeError as exc:
+                    _fail(path, number, f"invalid JSON ({exc.msg})")
+            raise
+        return table, lines
+    try:
+        # Numeric columns parse in C; only a column with a bad value falls back to strings.
+        table = pd.read_csv(path, dtype={"tenant": str, "TIMESTAMP": str},
+                            skip_blank_lines=False)
+    except pd.errors.ParserError as exc:
+        raise TraceFormatError(f"{path}: malformed CSV: {exc}") from None
+    except pd.errors.EmptyDataError:
+        raise TraceFormatError(f"{path}: empty file (expected a header line)") from None
+    table.columns = [str(c).strip() for c in table.columns]
+    blank = table.isna().all(axis=1).to_numpy()
+    lines = np.arange(2, len(table) + 2, dtype=np.int64)[~blank]
+    return table[~blank].reset_index(drop=True), lines
+
+
+def _detect(path: Path, columns, require_times: bool) -> str:
+    have = set(columns)
+    missing = {}
+    for fmt, (t, p, o) in _COLUMNS.items():
+        need = [c for c in (t, p, o) if c is not None and (c != t or require_times)]
+        missing[fmt] = [c for c in need if c not in have]
+        if not missing[fmt]:
+            if require_times and t is None:
+                _fail(path, 1, f"has lengths only ({p}, {o}), no timestamps to replay")
+            return fmt
+    closest = min(missing, key=lambda f: len(missing[f]))
+    _fail(path, 1, f"missing column(s) {missing[closest]} for the {closest} format; header has "
+          f"{list(columns)} (see simsched.traces for the accepted formats)")
+    raise AssertionError  # unreachable
+
+
+def _first_bad(path, lines: np.ndarray, bad: np.ndarray, raw: pd.Series, message: str) -> None:
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        value = raw.iloc[i]
+        value = value.item() if isinstance(value, np.generic) else value
+        _fail(path, int(lines[i]), f"{message}, got {value!r}", int(bad.sum()))
+
+
+def _tokens(path, table: pd.DataFrame, lines, column: str, name: str) -> np.ndarray:
+    raw = table[column]
+    values = (raw if pd.api.types.is_numeric_dtype(raw) else
+              pd.to_numeric(raw, errors="coerce")).to_numpy(dtype=float)
+    missing = raw.isna().to_numpy()
+    _first_bad(path, lines, missing, raw, f"missing value for {column} ({name})")
+    bad = ~np.isfinite(values) | (values < 1) | (values != np.floor(values))
+    _first_bad(path, lines, bad, raw, f"{column} ({name}) must be an integer >= 1")
+    return values.astype(np.int64)
+
+
+def _times(path, table: pd.DataFrame, lines, column: str, fmt: str) -> np.ndarray:
+    raw = table[column]
+    _first_bad(path, lines, raw.isna().to_numpy(), raw, f"missing value for {column}")
+    if fmt == "azure":
+        stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce")
+        _first_bad(path, lines, stamps.isna().to_numpy(), raw, f"unparseable timestamp in {column}")
+        ns = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        return (ns - ns.min()) / 1e9
+    values = (raw if pd.api.types.is_numeric_dtype(raw) else
+              pd.to_numeric(raw, errors="coerce")).to_numpy(dtype=float)
+    bad = ~np.isfinite(values) | (values < 0)
+    _first_bad(path, lines, bad, raw, f"{column} must be a finite number of seconds >= 0")
+    return values
+
+
+def _read(path: Path, require_times: bool) -> tuple[pd.DataFrame, LoadReport]:
+    table, lines = _read_table(path)
+    if table.empty:
+        _fail(path, None, "no requests in the file")
+    fmt = _detect(path, table.columns, require_times)
+    t_col, p_col, o_col = _COLUMNS[fmt]
+    out = pd.DataFrame({
+        "num_prompt_tokens": _tokens(path, table, lines, p_col, "prompt"),
+        "num_output_tokens": _tokens(path, table, lines, o_col, "output"),
+    })
+    if t_col is not None and t_col in table.columns:
+        out.insert(0, "arrival_at", _times(path, table, lines, t_col, fmt))
+    else:
+        out.insert(0, "arrival_at", np.nan)
+    out["priority"] = 0
+    if "priority" in table.columns:
+        raw = table["priority"]
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+        given = raw.notna().to_numpy()
+        bad = given & (~np.isfinite(values) | (values != np.floor(values)))
+        _first_bad(path, lines, bad, raw, "priority must be an integer")
+        out["priority"] = np.where(given, values, 0).astype(np.int64)
+    out["tenant"] = None
+    if "tenant" in table.columns:
+        tenant = table["tenant"].astype(object)
+        given = tenant.notna()
+        tenant = tenant.where(given, None)
+        tenant[given] = tenant[given].astype(str)
+        out["tenant"] = pd.Series(tenant.to_numpy(dtype=object), dtype=object)
+    out["line"] = lines
+    num_unsorted = 0
+    if out["arrival_at"].notna().all():
+        t = out["arrival_at"].to_numpy()
+        num_unsorted = int((np.diff(t) < 0).sum())
+        if num_unsorted:
+            out = out.iloc[np.argsort(t, kind="stable")].reset_index(drop=True)
+    report = LoadReport(source=str(path), format=fmt, num_rows=len(out),
+                        num_unsorted=num_unsorted, num_in_window=len(out), num_returned=len(out))
+    return out, report
+
+
+@functools.lru_cache(maxsize=16)
+def _read_cached(path: str, mtime_ns: int, size: int, require_times: bool):
+    return _read(Path(path), require_times)
+
+
+def read_trace(path, require_times: bool = True) -> tuple[pd.DataFrame, LoadReport]:
+    """Read and validate a whole trace file (cached by path and modification time).
+
+    Returns the request table (``REQUEST_COLUMNS`` plus ``line``, the file line of each row,
+    sorted by arrival; ``arrival_at`` is NaN for lengths-only files) and its :class:`LoadReport`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    stat = path.stat()
+    table, report = _read_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size,
+                                 require_times)
+    report = replace(report, source=str(path))
+    if report.num_unsorted:
+        warnings.warn(f"{path}: {report.num_unsorted} timestamps out of order; sorted by arrival",
+                      TraceWarning, stacklevel=3)
+    return table.copy(), report
+
+
+def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | None,
+                             policy: str, source: str) -> tuple[pd.DataFrame, dict]:
+    """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens``.
+
+    Returns the new table and the counts ``num_long_prompts``, ``num_clipped``, ``num_dropped``.
+    Never silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
+    ``ValueError`` naming the source and the first offending line (or request index).
+    """
+    if policy not in LONG_PROMPT_POLICIES:
+        raise ValueError(f"long_prompt_policy must be one of {list(LONG_PROMPT_POLICIES)}, "
+                         f"got {policy!r}")
+    counts = {"num_long_prompts": 0, "num_clipped": 0, "num_dropped": 0}
+    if max_prompt_tokens is None or requests.empty:
+        return requests, counts
+    long = requests["num_prompt_tokens"].to_numpy() > max_prompt_tokens
+    num_long = int(long.sum())
+    counts["num_long_prompts"] = num_long
+    if not num_long:
+        return requests, counts
+    i = int(np.flatnonzero(long)[0])
+    where = (f"line {requests['line'].iloc[i]}" if "line" in requests.columns
+             else f"request {i}")
+    message = (f"{source}: {num_long} prompt(s) longer than max_prompt_tokens="
+               f"{max_prompt_tokens} (first at {where}: "
+               f"{requests['num_prompt_tokens'].iloc[i]} tokens)")
+    if policy == "error":
+        raise ValueError(message + "; set long_prompt_policy='clip' or 'drop' to load anyway")
+    if policy == "clip":
+        requests = requests.copy()
+        requests.loc[long, "num_prompt_tokens"] = max_prompt_tokens
+        counts["num_clipped"] = num_long
+    else:
+        requests = requests[~long].reset_index(drop=True)
+        counts["num_dropped"] = num_long
+    warnings.warn(f"{message}; {policy}ped", TraceWarning, stacklevel=3)
+    return requests, counts
+
+
+def load_trace(path, *, start: float = 0.0, duration: float | None = None,
+               num_requests: int | None = None, speedup: float = 1.0, rate: float | None = None,
+               max_prompt_tokens: int | None = None,
+               long_prompt_policy: str = "error") -> pd.DataFrame:
+    """Load a trace for replay: window, long-prompt policy, request limit, then time scaling.
+
+    ``start`` and ``duration`` select the window ``[start, start + duration)`` in the trace's
+    own clock (seconds from its first request). Of the requests in the window, long prompts are
+    handled per ``long_prompt_policy``, the first ``num_requests`` are kept, and their times are
+    shifted to the window start and divided by ``speedup`` (or scaled to mean ``rate`` req/s).
+    The result has ``REQUEST_COLUMNS`` plus ``line``; ``result.attrs["load_report"]`` is the
+    :class:`LoadReport`.
+    """
+    table, report = read_trace(path, require_times=True)
+    t = table["arrival_at"].to_numpy()
+    end = math.inf if duration is None else start + duration
+    table = table[(t >= start) & (t < end)].reset_index(drop=True)
+    table, counts = apply_long_prompt_policy(table, max_prompt_tokens, long_prompt_policy,
+                                             str(path))
+    num_in_window = len(table) + counts["num_dropped"]
+    if num_requests is not None:
+        table = table.iloc[:num_requests].copy()
+    times = table["arrival_at"].to_numpy()
+    if rate is not None:
+        if len(times) < 2 or times[-1] <= times[0]:
+            raise ValueError(f"{path}: cannot rescale {len(times)} request(s) in the window to "
+                             f"rate={rate}: need two or more distinct timestamps")
+        speedup = rate / arrivals.recorded_rate(times)
+    table["arrival_at"] = arrivals.rescale(times, speedup=speedup, origin=start)
+    report = replace(report, num_in_window=num_in_window, max_prompt_tokens=max_prompt_tokens,
+                     long_prompt_policy=long_prompt_policy, num_returned=len(table),
+                     speedup=float(speedup), **counts)
+    table.attrs["load_report"] = report
+    return table

@@ -1,0 +1,390 @@
+"""Workloads: which requests arrive when, with which prompt and output lengths.
+
+``WorkloadConfig`` names a workload and its parameters; :func:`generate` turns it into a request
+table (a DataFrame with columns ``arrival_at, num_prompt_tokens, num_output_tokens, priority,
+tenant``, sorted by arrival) using the run's ``numpy.random.Generator``. A workload combines an
+arrival process (:mod:`simsched.arrivals`), a length distribution (:mod:`simsched.lengths`),
+optionally a recorded trace (:mod:`simsched.traces`), and a tenant and priority mix.
+:func:`describe` summarises any request table so a trace can be checked before it is run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simsched import arrivals, lengths, traces
+from simsched.arrivals import ARRIVALS
+from simsched.lengths import LENGTHS
+from simsched.traces import LONG_PROMPT_POLICIES, LoadReport
+
+REQUEST_COLUMNS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
+
+WORKLOADS = {
+    "lesson": "Poisson arrivals, the lesson's clipped lognormal lengths",
+    "sharegpt": "Poisson arrivals, (prompt, output) pairs resampled from ShareGPT",
+    "azure-code": "Azure 2023 code-completion trace replayed (bursty, CV ~13)",
+    "azure-conv": "Azure 2023 conversation trace replayed (near-Poisson)",
+    "trace": "replay of a user trace file (trace_path)",
+    "custom": "any arrival process and length distribution, set field by field",
+}
+# What arrival=None and lengths=None mean for each workload.
+_DEFAULTS = {"lesson": ("poisson", "lognormal"), "sharegpt": ("poisson", "empirical"),
+             "azure-code": ("trace", "trace"), "azure-conv": ("trace", "trace"),
+             "trace": ("trace", "trace"), "custom": ("poisson", "lognormal")}
+
+
+def _number(name: str, value, low: float = 0, low_open: bool = True,
+            allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
+          and math.isfinite(value) and (value > low if low_open else value >= low))
+    if not ok:
+        bound = ">" if low_open else ">="
+        raise ValueError(f"workload.{name} must be a finite number {bound} {low}, got {value!r}")
+
+
+def _integer(name: str, value, low: int = 1, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"workload.{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """A workload: arrival process, lengths, trace options and tenant/priority mix.
+
+    ``name`` picks one of :data:`WORKLOADS`; ``arrival`` and ``lengths`` left at ``None`` take
+    that workload's own (e.g. ``trace`` for ``azure-conv``). ``rate`` is the mean rate in
+    requests/s for every arrival process; for a replayed trace ``rate=None`` keeps the recorded
+    times (divided by ``speedup``) and a number rescales them to that mean rate. ``num_requests``
+    caps the count and ``duration`` the time span (for a trace: the window
+    ``[start, start + duration)`` in the trace's own clock); a trace may leave both ``None`` to
+    replay all of it. Use :meth:`preset` for a workload's recommended settings
+    (``WorkloadConfig.preset("azure-conv")`` replays the whole trace as recorded).
+    """
+
+    name: str = "lesson"
+    rate: float | None = 8.0
+    num_requests: int | None = 500
+    duration: float | None = None
+    # arrivals
+    arrival: str | None = None
+    cv: float = 1.0
+    on_seconds: float = 10.0
+    off_seconds: float = 10.0
+    rate_schedule: tuple | None = None
+    # lengths
+    lengths: str | None = None
+    prompt_len: int = 128
+    output_len: int = 128
+    prompt_range: tuple = (10, 512)
+    output_range: tuple = (10, 512)
+    lengths_path: str | None = None
+    # traces
+    trace_path: str | None = None
+    start: float = 0.0
+    speedup: float = 1.0
+    max_prompt_tokens: int | None = None
+    long_prompt_policy: str = "error"
+    # tenant and priority mix
+    num_tenants: int = 1
+    tenant_weights: tuple | None = None
+    num_priorities: int = 1
+    priority_weights: tuple | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOADS:
+            raise ValueError(f"workload.name must be one of {sorted(WORKLOADS)}, got {self.name!r}")
+        if self.arrival is not None and self.arrival not in ARRIVALS:
+            raise ValueError(f"workload.arrival must be one of {list(ARRIVALS)} or None, "
+                             f"got {self.arrival!r}")
+        if self.lengths is not None and self.lengths not in LENGTHS:
+            raise ValueError(f"workload.lengths must be one of {list(LENGTHS)} or None, "
+                             f"got {self.lengths!r}")
+        arrival, length = self.arrival_process, self.length_distribution
+        if self.rate is None:
+            if arrival not in ("trace", "piecewise"):
+                raise ValueError(f"workload.rate must be a finite number > 0 for "
+                                 f"arrival={arrival!r}; None only replays a trace or schedule "
+                                 "as given")
+        else:
+            _number("rate", self.rate)
+        _integer("num_requests", self.num_requests, allow_none=True)
+        _number("duration", self.duration, allow_none=True)
+        if self.num_requests is None and self.duration is None and arrival != "trace":
+            raise ValueError("workload needs num_requests or duration (only a replayed trace "
+                             "may leave both None)")
+        _number("cv", self.cv)
+        _number("on_seconds", self.on_seconds)
+        _number("off_seconds", self.off_seconds)
+        self._check_schedule(arrival)
+        _integer("prompt_len", self.prompt_len)
+        _integer("output_len", self.output_len)
+        for name in ("prompt_range", "output_range"):
+            self._check_range(name)
+        for name in ("lengths_path", "trace_path"):
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
+            elif value is not None and not isinstance(value, str):
+                raise ValueError(f"workload.{name} must be a path or None, got {value!r}")
+        self._check_sources(arrival, length)
+        _number("start", self.start, low_open=False)
+        _number("speedup", self.speedup)
+        if self.speedup != 1.0 and arrival != "trace":
+            raise ValueError(f"workload.speedup only applies to arrival='trace', not {arrival!r}")
+        if self.speedup != 1.0 and self.rate is not None:
+            raise ValueError(f"workload.speedup={self.speedup} and workload.rate={self.rate} "
+                             "both rescale the trace; set rate=None to use speedup")
+        if self.start != 0 and "trace" not in (arrival, length):
+            raise ValueError("workload.start only applies to trace arrivals or lengths")
+        _integer("max_prompt_tokens", self.max_prompt_tokens, allow_none=True)
+        if self.long_prompt_policy not in LONG_PROMPT_POLICIES:
+            raise ValueError(f"workload.long_prompt_policy must be one of "
+                             f"{list(LONG_PROMPT_POLICIES)}, got {self.long_prompt_policy!r}")
+        for count, weights in (("num_tenants", "tenant_weights"),
+                               ("num_priorities", "priority_weights")):
+            self._check_mix(count, weights)
+
+    def _check_schedule(self, arrival: str) -> None:
+        s = self.rate_schedule
+        if s is None:
+            if arrival == "piecewise":
+                raise ValueError("workload.rate_schedule is required for arrival='piecewise': "
+                                 "((seconds, rate), ...)")
+            return
+        try:
+            s = tuple((float(sec), float(r)) for sec, r in s)
+        except (TypeError, ValueError):
+            raise ValueError(f"workload.rate_schedule must be ((seconds, rate), ...), got {s!r}")
+        if not s or any(not (math.isfinite(sec) and sec > 0 and math.isfinite(r) and r >= 0)
+                        for sec, r in s) or arrivals.schedule_mean_rate(s) <= 0:
+            raise ValueError("workload.rate_schedule needs segments with seconds > 0, rate >= 0 "
+                             f"and some rate > 0, got {self.rate_schedule!r}")
+        object.__setattr__(self, "rate_schedule", s)
+
+    def _check_range(self, name: str) -> None:
+        value = getattr(self, name)
+        try:
+            low, high = value
+        except (TypeError, ValueError):
+            raise ValueError(f"workload.{name} must be a (low, high) pair, got {value!r}")
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (low, high)) \
+                or not 1 <= low <= high:
+            raise ValueError(f"workload.{name} must be integers 1 <= low <= high, got {value!r}")
+        object.__setattr__(self, name, (int(low), int(high)))
+
+    def _check_sources(self, arrival: str, length: str) -> None:
+        uses_trace = "trace" in (arrival, length)
+        if self.trace_path is not None and self.name not in ("trace", "custom"):
+            raise ValueError(f"workload.trace_path needs name='trace' or 'custom', not "
+                             f"{self.name!r} (which has its own data)")
+        if self.name in ("trace", "custom") and uses_trace and self.trace_path is None:
+            raise ValueError(f"workload.trace_path is required for name={self.name!r} with "
+                             f"arrival={arrival!r}, lengths={length!r}")
+        if uses_trace and self.name in ("lesson", "sharegpt"):
+            raise ValueError(f"workload {self.name!r} has no timestamped trace; use name='custom' "
+                             "with trace_path, or an azure-* workload")
+
+    def _check_mix(self, count_name: str, weights_name: str) -> None:
+        count, weights = getattr(self, count_name), getattr(self, weights_name)
+        _integer(count_name, count)
+        if weights is None:
+            return
+        try:
+            w = tuple(float(x) for x in weights)
+        except (TypeError, ValueError):
+            raise ValueError(f"workload.{weights_name} must be a tuple of numbers, got {weights!r}")
+        if len(w) != count or any(not (math.isfinite(x) and x >= 0) for x in w) or sum(w) <= 0:
+            raise ValueError(f"workload.{weights_name} must hold {count_name}={count} weights "
+                             f">= 0 with a positive sum, got {weights!r}")
+        object.__setattr__(self, weights_name, w)
+
+    @property
+    def arrival_process(self) -> str:
+        """The arrival process in effect: ``arrival`` or the workload's own."""
+        return self.arrival or _DEFAULTS[self.name][0]
+
+    @property
+    def length_distribution(self) -> str:
+        """The length distribution in effect: ``lengths`` or the workload's own."""
+        return self.lengths or _DEFAULTS[self.name][1]
+
+    def trace_source(self) -> Path | None:
+        """The timestamped trace file this workload reads, if any."""
+        if self.trace_path is not None:
+            return Path(self.trace_path)
+        return traces.BUNDLED.get(self.name) if self.name.startswith("azure") else None
+
+    def lengths_source(self) -> Path:
+        """The file ``lengths='empirical'`` resamples pairs from."""
+        if self.lengths_path is not None:
+            return Path(self.lengths_path)
+        return self.trace_source() or traces.BUNDLED["sharegpt"]
+
+    @classmethod
+    def preset(cls, name: str, **changes) -> "WorkloadConfig":
+        """The recommended settings of workload ``name``, with ``changes`` applied.
+
+        Trace workloads (``azure-*``, ``trace``) replay the whole trace at its recorded rate
+        (``rate=None, num_requests=None``); the others are the field defaults.
+        """
+        base = {"name": name}
+        if _DEFAULTS.get(name, ("",))[0] == "trace":
+            base.update(rate=None, num_requests=None, duration=None)
+        base.update(changes)
+        return cls(**base)
+
+    def describe(self, rng: np.random.Generator | None = None) -> "WorkloadDescription":
+        """Generate this workload (with ``rng``, default seed 0) and :func:`describe` it."""
+        return describe(generate(self, rng if rng is not None else np.random.default_rng(0)))
+
+
+def _synthetic_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
+    kind, n, d, rate = cfg.arrival_process, cfg.num_requests, cfg.duration, cfg.rate
+    if kind == "poisson":
+        return arrivals.poisson(rng, rate, n, d)
+    if kind == "gamma":
+        return arrivals.gamma(rng, rate, cfg.cv, n, d)
+    if kind == "deterministic":
+        return arrivals.deterministic(rate, n, d)
+    if kind == "onoff":
+        return arrivals.onoff(rng, rate, cfg.on_seconds, cfg.off_seconds, n, d)
+    return arrivals.piecewise(rng, cfg.rate_schedule, n, d, rate)
+
+
+def _lengths(cfg: WorkloadConfig, rng: np.random.Generator, n: int):
+    kind = cfg.length_distribution
+    if kind == "lognormal":
+        return lengths.lognormal(rng, n)
+    if kind == "fixed":
+        return lengths.fixed(n, cfg.prompt_len, cfg.output_len)
+    if kind == "uniform":
+        return lengths.uniform(rng, n, cfg.prompt_range, cfg.output_range)
+    pairs, _ = traces.read_trace(cfg.lengths_source(), require_times=False)
+    return lengths.empirical(rng, n, pairs["num_prompt_tokens"].to_numpy(),
+                             pairs["num_output_tokens"].to_numpy())
+
+
+def _mix(rng: np.random.Generator, n: int, count: int, weights) -> np.ndarray:
+    p = None if weights is None else np.asarray(weights) / sum(weights)
+    return rng.choice(count, size=n, p=p)
+
+
+def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
+    """The request table of workload ``cfg`` drawn with ``rng``.
+
+    Columns are :data:`REQUEST_COLUMNS`, sorted by ``arrival_at``. ``frame.attrs["load_report"]``
+    is a :class:`~simsched.traces.LoadReport` saying what trace loading and the long-prompt
+    policy did (counts of sorted, clipped and dropped requests).
+    """
+    arrival, kind = cfg.arrival_process, cfg.length_distribution
+    source = cfg.trace_source()
+    trace = report = None
+    if "trace" in (arrival, kind):
+        trace = traces.load_trace(
+            source, start=cfg.start, duration=cfg.duration if arrival == "trace" else None,
+            num_requests=cfg.num_requests if arrival == "trace" else None,
+            speedup=cfg.speedup, rate=cfg.rate if arrival == "trace" else None,
+            max_prompt_tokens=cfg.max_prompt_tokens if kind == "trace" else None,
+            long_prompt_policy=cfg.long_prompt_policy)
+        report = trace.attrs["load_report"]
+    if arrival == "trace":
+        times = trace["arrival_at"].to_numpy()
+    else:
+        times = _synthetic_arrivals(cfg, rng)
+    if kind == "trace":
+        if len(times) > len(trace):
+            warnings.warn(f"{source}: {len(trace)} length pairs for {len(times)} "
+                                 f"arrivals; keeping the first {len(trace)} arrivals",
+                                 traces.TraceWarning, stacklevel=2)
+            times = times[:len(trace)]
+        prompt, output = lengths.in_order(len(times), trace["num_prompt_tokens"].to_numpy(),
+                                          trace["num_output_tokens"].to_numpy())
+    else:
+        prompt, output = _lengths(cfg, rng, len(times))
+    n = len(times)
+    if arrival == "trace":
+        priority = trace["priority"].to_numpy(dtype=np.int64)
+        tenant = trace["tenant"].astype(object)
+        tenant = tenant.where(tenant.notna(), None).to_numpy(dtype=object)
+    else:
+        priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
+    if cfg.num_priorities > 1:
+        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
+    if cfg.num_tenants > 1:
+        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
+            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
+    frame = pd.DataFrame({"arrival_at": np.asarray(times, dtype=float),
+                          "num_prompt_tokens": np.asarray(prompt, dtype=np.int64),
+                          "num_output_tokens": np.asarray(output, dtype=np.int64),
+                          "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
+    frame, counts = traces.apply_long_prompt_policy(
+        frame, cfg.max_prompt_tokens, cfg.long_prompt_policy, f"workload {cfg.name!r}")
+    if report is None:
+        report = LoadReport(source=f"workload {cfg.name!r}", format="synthetic",
+                            num_rows=n, num_in_window=n)
+    merged = {k: getattr(report, k) + v for k, v in counts.items()}
+    frame.attrs["load_report"] = replace(report, num_returned=len(frame),
+                                         max_prompt_tokens=cfg.max_prompt_tokens,
+                                         long_prompt_policy=cfg.long_prompt_policy, **merged)
+    return frame
+
+
+class WorkloadDescription(dict):
+    """Summary statistics of a request table; prints as a small table."""
+
+    def __str__(self) -> str:
+        head = (f"{self['num_requests']} requests over {self['duration']:.1f} s: "
+                f"{self['rate']:.3f} req/s, inter-arrival CV {self['interarrival_cv']:.2f}")
+        stats = ("mean", "p50", "p90", "p99", "max")
+        rows = [f"{'tokens':<8}" + "".join(f"{s:>9}" for s in stats)]
+        for what in ("prompt", "output"):
+            rows.append(f"{what:<8}" + "".join(f"{self[f'{what}_{s}']:>9.0f}" for s in stats))
+        if self.get("num_tenants", 0) > 1 or self.get("num_priorities", 1) > 1:
+            rows.append(f"tenants {self['num_tenants']}, priorities {self['num_priorities']}")
+        return "\n".join([head] + rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The prompt and output length statistics as a two-row DataFrame."""
+        stats = ("mean", "p50", "p90", "p99", "max")
+        return pd.DataFrame({s: [self[f"prompt_{s}"], self[f"output_{s}"]] for s in stats},
+                            index=["prompt", "output"])
+
+
+def describe(requests: pd.DataFrame) -> WorkloadDescription:
+    """Count, duration, mean rate, inter-arrival CV and length percentiles of a request table.
+
+    ``duration`` is last minus first arrival, ``rate`` one over the mean gap, and the CV is the
+    gaps' standard deviation over their mean (1 for Poisson, >1 for bursty traffic).
+    """
+    times = np.sort(requests["arrival_at"].to_numpy(dtype=float))
+    gaps = np.diff(times)
+    out = WorkloadDescription(
+        num_requests=len(requests),
+        duration=float(times[-1] - times[0]) if len(times) else 0.0,
+        rate=arrivals.recorded_rate(times),
+        interarrival_cv=float(gaps.std() / gaps.mean()) if len(gaps) and gaps.mean() > 0
+        else math.nan)
+    for what in ("prompt", "output"):
+        v = requests[f"num_{what}_tokens"].to_numpy(dtype=float)
+        empty = len(v) == 0
+        out[f"{what}_mean"] = math.nan if empty else float(v.mean())
+        for q in (50, 90, 99):
+            out[f"{what}_p{q}"] = math.nan if empty else float(np.percentile(v, q))
+        out[f"{what}_max"] = math.nan if empty else float(v.max())
+    if "tenant" in requests.columns:
+        out["num_tenants"] = int(requests["tenant"].dropna().nunique())
+    if "priority" in requests.columns:
+        out["num_priorities"] = int(requests["priority"].nunique())
+    return out
+
