@@ -15,11 +15,26 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from simsched.workload import WorkloadConfig
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
 PREEMPTION_MODES = ("recompute", "swap")
 COST_MODELS = ("calibrated", "linear", "unit")
+
+
+def _plain(obj) -> None:
+    """Turn numpy scalars in ``obj``'s fields into Python ones (sweeps often pass np.int64)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, np.generic):
+            object.__setattr__(obj, f.name, value.item())
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
 def _check_int(owner: str, name: str, value: Any, low: int, high: float = math.inf) -> None:
@@ -31,16 +46,21 @@ def _check_int(owner: str, name: str, value: Any, low: int, high: float = math.i
 
 def _check_float(owner: str, name: str, value: Any, low: float, high: float = math.inf,
                  low_open: bool = False) -> None:
+    bracket = "(" if low_open else "["
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{owner}.{name} must be a number, got {value!r}")
+        raise ValueError(f"{owner}.{name} must be a number in {bracket}{low}, {high}], "
+                         f"got {value!r}")
     bad = value <= low if low_open else value < low
     if bad or value > high:
-        bracket = "(" if low_open else "["
         raise ValueError(f"{owner}.{name} must be in {bracket}{low}, {high}], got {value!r}")
 
 
 def _check_choice(owner: str, name: str, value: Any, choices) -> None:
-    if value not in choices:
+    try:
+        known = value in choices
+    except TypeError:  # unhashable, e.g. a list
+        known = False
+    if not known:
         raise ValueError(f"{owner}.{name} must be one of {sorted(choices)}, got {value!r}")
 
 
@@ -59,21 +79,21 @@ class SchedulerConfig:
     preemption: bool = False
     preemption_mode: str = "recompute"
     max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 16
+    max_num_seqs: int = 256
     max_num_prefills: int | None = None
     enable_chunked_prefill: bool = True
     max_num_preemptions: int = 8
     policy_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
+        from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
 
+        _plain(self)
         o = "scheduler"
         _check_choice(o, "style", self.style, SCHEDULER_STYLES)
         _check_choice(o, "policy", self.policy, QUEUE_POLICIES)
         _check_choice(o, "victim_policy", self.victim_policy, VICTIM_POLICIES)
-        if not isinstance(self.preemption, bool):
-            raise ValueError(f"{o}.preemption must be True or False, got {self.preemption!r}")
+        _check_bool(o, "preemption", self.preemption)
         _check_choice(o, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_int(o, "max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int(o, "max_num_seqs", self.max_num_seqs, 1)
@@ -84,11 +104,15 @@ class SchedulerConfig:
                 f"{o}.max_num_seqs ({self.max_num_seqs})")
         if self.max_num_prefills is not None:
             _check_int(o, "max_num_prefills", self.max_num_prefills, 1)
-        if not isinstance(self.enable_chunked_prefill, bool):
-            raise ValueError(f"{o}.enable_chunked_prefill must be True or False")
+        _check_bool(o, "enable_chunked_prefill", self.enable_chunked_prefill)
         _check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
         if not isinstance(self.policy_options, Mapping):
             raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
+        try:  # the policy's factory checks its options: fail here, not at the first run
+            make_queue(self.policy, self.policy_options)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{o}.policy_options {dict(self.policy_options)!r} are invalid for "
+                             f"policy {self.policy!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,7 @@ class CacheConfig:
     swap_bandwidth_gbps: float = 25.0
 
     def __post_init__(self) -> None:
+        _plain(self)
         o = "cache"
         _check_int(o, "block_size", self.block_size, 1, 4096)
         if self.num_blocks is not None:
@@ -127,6 +152,7 @@ class HardwareConfig:
     max_model_len: int | None = None
 
     def __post_init__(self) -> None:
+        _plain(self)
         o = "hardware"
         _check_int(o, "tensor_parallel_size", self.tensor_parallel_size, 1, 64)
         _check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
@@ -137,6 +163,7 @@ class HardwareConfig:
         from simsched import hardware
 
         hardware.validate(self)
+        hardware.max_model_len(self)  # at most the model's context length
 
 
 @dataclass(frozen=True)
@@ -157,14 +184,19 @@ class SimConfig:
     check_invariants: bool = False
 
     def __post_init__(self) -> None:
+        _plain(self)
         for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
                           ("hardware", HardwareConfig), ("workload", WorkloadConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         _check_int("config", "seed", self.seed, 0, 2**63 - 1)
         _check_float("config", "max_sim_time", self.max_sim_time, 0.0, low_open=True)
-        if not isinstance(self.check_invariants, bool):
-            raise ValueError("config.check_invariants must be True or False")
+        _check_bool("config", "check_invariants", self.check_invariants)
+        if self.cache.num_blocks is None:
+            from simsched import hardware
+
+            # Fail at configuration time, not at the first run, if the weights leave no KV room.
+            hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
 
     _PARTS = ("scheduler", "cache", "hardware", "workload")
 

@@ -2,16 +2,19 @@
 
 This is the only module that imports SimPy. The GPU process asks the scheduler for a batch, asks
 the cost model how long it takes, waits that long, commits the progress and wakes the request
-processes whose first token or completion it produced. A recompute preemption interrupts the
-victim's process with a :class:`~simsched.request.PreemptionCause`.
+processes whose first token or completion it produced. A preemption (recompute or swap)
+interrupts the victim's process with a :class:`~simsched.request.PreemptionCause`. Swap transfers
+take ``bytes / (cache.swap_bandwidth_gbps * 1e9)`` seconds on top of the cost model's time.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import simpy
 
+from simsched import hardware
 from simsched.invariants import check_invariants
 from simsched.kv_cache import KVCacheManager
 from simsched.request import Request, Status
@@ -26,11 +29,19 @@ class Engine:
     """Runs one simulation over a list of requests sorted by arrival time."""
 
     def __init__(self, config, requests: list[Request], cost_model, num_blocks: int,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, rng: np.random.Generator | None = None) -> None:
         self.config = config
         self.env = simpy.Environment()
-        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.watermark)
-        self.scheduler = Scheduler(config.scheduler, self.kv, max_model_len)
+        cache = config.cache
+        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark)
+        if rng is None:
+            # An independent stream derived from the run's seed (not the workload's own stream).
+            rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(2)[1])
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, max_model_len, rng,
+            kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
+            swap_space_bytes=cache.swap_space_gib * 2**30)
+        self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
         self.requests = requests
         self.iteration_rows: list[tuple] = []
@@ -87,10 +98,16 @@ class Engine:
                 self._idle = None
                 continue
             batch = sched.schedule(env.now)
+            num_preempted = len(sched.preempted)
             if not batch.num_seqs:
-                # Everything runnable was just preempted back to the queue: plan again now.
+                # Everything runnable was just preempted back to the queue: plan again now, and
+                # charge any swap transfer of the abandoned plan to the iteration that runs.
                 self._interrupt_victims()
+                carried = (batch.swap_out_bytes, batch.swap_in_bytes)
                 batch = sched.schedule(env.now)
+                batch.swap_out_bytes += carried[0]
+                batch.swap_in_bytes += carried[1]
+                num_preempted += len(sched.preempted)
                 if not batch.num_seqs:
                     raise SimulationError(
                         f"no progress at t={env.now:.6f}: {len(sched.running)} running, "
@@ -102,10 +119,12 @@ class Engine:
             duration = cost.iteration_time(batch)
             if not duration > 0 or duration == math.inf:
                 raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
+            swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / self.swap_bytes_per_second
+            duration += swap_time
             yield env.timeout(duration)
             firsts, finished = sched.commit(env.now)
             rows.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                         batch.num_seqs, waiting, used, len(sched.preempted)))
+                         batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
                 req.first_token_event.succeed()
             for req in finished:

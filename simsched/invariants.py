@@ -1,42 +1,97 @@
-"""Invariants of a run, checked after every iteration when ``check_invariants`` is on."""
+"""Invariants of a run: per-iteration state checks, end-of-run checks and result-frame checks.
+
+:func:`check_invariants` runs after every iteration when ``config.check_invariants`` is on;
+:func:`check_final_state` and :func:`check_results` are for tests and fuzzing, after a run.
+Each violation raises :class:`InvariantError` naming the invariant, the request and the time.
+"""
 
 from __future__ import annotations
 
+import math
+
 from simsched.request import Status
+
+_OPEN = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
+_CLOSED = (Status.FINISHED, Status.REJECTED)
 
 
 class InvariantError(AssertionError):
     """An invariant of the simulation does not hold; names the invariant, request and time."""
 
     def __init__(self, name: str, now: float, detail: str, request_id: int | None = None) -> None:
-        who = f" request {request_id}" if request_id is not None else ""
-        super().__init__(f"invariant '{name}' violated at t={now:.6f}{who}: {detail}")
+        # All fields go into args: SimPy re-raises a process's exception as a copy built from
+        # type(exc)(*exc.args), and the copy must keep the invariant's name.
+        super().__init__(name, now, detail, request_id)
         self.invariant = name
         self.request_id = request_id
         self.at = now
+        self.detail = detail
+
+    def __str__(self) -> str:
+        who = f" request {self.request_id}" if self.request_id is not None else ""
+        return f"invariant '{self.invariant}' violated at t={self.at:.6f}{who}: {self.detail}"
+
+
+def _swapped(sched) -> dict:
+    """Requests swapped out to CPU memory, if the scheduler supports swap preemption."""
+    swapped = getattr(sched, "swapped", None)
+    if swapped is None:
+        return {}
+    if isinstance(swapped, dict):
+        return swapped
+    return {r.id: r for r in swapped}
 
 
 def check_invariants(engine, batch) -> None:
     """Verify KV accounting, budgets, membership and per-request progress; raise InvariantError."""
     sched, kv, now = engine.scheduler, engine.kv, engine.env.now
+    _check_kv_and_batch(sched, kv, batch, now)
+    waiting_ids = _check_membership(sched, kv, now)
+    _check_requests(engine, sched, waiting_ids, now)
+
+
+def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     cfg = sched.cfg
     held = kv.holders()
     if kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
         raise InvariantError("kv_conservation", now,
                              f"free {kv.num_free} + held {sum(held.values())} != {kv.num_blocks}")
-    if batch.num_tokens > cfg.max_num_batched_tokens and len(batch.prefill_new_tokens) != 1:
+    for rid, n in held.items():
+        if n < 1:
+            raise InvariantError("kv_conservation", now, f"holds {n} blocks", rid)
+    # Only an unchunked prompt longer than the budget may exceed it, and then it runs alone.
+    lone_prefill = (not sched.chunking and len(batch.prefill_new_tokens) == 1
+                    and batch.num_decode_seqs == 0)
+    if batch.num_tokens > cfg.max_num_batched_tokens and not lone_prefill:
         raise InvariantError("token_budget", now,
-                             f"{batch.num_tokens} tokens > {cfg.max_num_batched_tokens}")
-    if len(sched.running) > cfg.max_num_seqs:
+                             f"{batch.num_tokens} tokens > {cfg.max_num_batched_tokens}: {batch!r}")
+    if batch.num_seqs > cfg.max_num_seqs or len(sched.running) > cfg.max_num_seqs:
         raise InvariantError("max_num_seqs", now,
-                             f"{len(sched.running)} running > {cfg.max_num_seqs}")
+                             f"batch of {batch.num_seqs}, {len(sched.running)} running > "
+                             f"{cfg.max_num_seqs}")
+    if cfg.max_num_prefills is not None and len(batch.prefill_new_tokens) > cfg.max_num_prefills:
+        raise InvariantError("max_num_prefills", now,
+                             f"{len(batch.prefill_new_tokens)} prefills > {cfg.max_num_prefills}")
+    if any(n < 1 for n in batch.prefill_new_tokens) or batch.num_decode_seqs < 0:
+        raise InvariantError("batch_shape", now, f"empty prefill chunk or negative decodes: "
+                                                 f"{batch!r}")
+
+
+def _check_membership(sched, kv, now: float) -> list[int]:
     waiting_ids = [r.id for r in sched.queue] + [r.id for r in sched._requeue]
     if len(waiting_ids) != len(set(waiting_ids)):
-        raise InvariantError("unique_waiting", now, "a request is queued twice")
-    both = set(waiting_ids) & set(sched.running)
+        dup = min(i for i in waiting_ids if waiting_ids.count(i) > 1)
+        raise InvariantError("unique_waiting", now, "request queued twice", dup)
+    swapped = _swapped(sched)
+    for name, group in (("waiting_xor_running", set(sched.running)),
+                        ("waiting_xor_swapped", set(swapped))):
+        both = set(waiting_ids) & group
+        if both:
+            raise InvariantError(name, now, "request in two states at once", min(both))
+    both = set(sched.running) & set(swapped)
     if both:
-        rid = min(both)
-        raise InvariantError("waiting_xor_running", now, "request both waiting and running", rid)
+        raise InvariantError("running_xor_swapped", now, "request in two states", min(both))
+    held = kv.holders()
     for rid in held:
         if rid not in sched.running:
             raise InvariantError("kv_leak", now, f"holds {held[rid]} blocks but is not running",
@@ -52,21 +107,132 @@ def check_invariants(engine, batch) -> None:
         if not 0 <= generated < req.num_output_tokens:
             raise InvariantError("generated_within_target", now,
                                  f"{generated} generated of {req.num_output_tokens}", rid)
+    return waiting_ids
+
+
+def _check_requests(engine, sched, waiting_ids: list[int], now: float) -> None:
     counts = {s: 0 for s in Status}
     for req in engine.requests[:engine.num_arrived]:
         counts[req.status] += 1
+        _check_timestamps(req, now)
         if req.status is Status.FINISHED and req.num_generated != req.num_output_tokens:
             raise InvariantError("finished_complete", now,
                                  f"finished with {req.num_generated}/{req.num_output_tokens}",
                                  req.id)
-        times = (req.arrival_at, req.first_scheduled_at, req.first_token_at, req.finished_at)
-        seen = [t for t in times if t == t]
-        if any(b < a for a, b in zip(seen, seen[1:])):
-            raise InvariantError("monotone_timestamps", now, f"timestamps {times}", req.id)
-    accounted = (counts[Status.WAITING] + counts[Status.RUNNING] + counts[Status.SWAPPED]
-                 + counts[Status.FINISHED] + counts[Status.REJECTED])
+        if req.status is Status.WAITING and not 0 <= req.num_generated < req.num_output_tokens:
+            raise InvariantError("generated_within_target", now,
+                                 f"waiting with {req.num_generated}/{req.num_output_tokens}",
+                                 req.id)
+        if req.status is Status.REJECTED and not req.reject_reason:
+            raise InvariantError("rejected_has_reason", now, "rejected without a reason", req.id)
+    for req in engine.requests[engine.num_arrived:]:
+        if req.status is not Status.PENDING:
+            raise InvariantError("nothing_lost", now,
+                                 f"not arrived but status {req.status.value}", req.id)
+    accounted = sum(counts[s] for s in _OPEN + _CLOSED)
     if accounted != engine.num_arrived or counts[Status.WAITING] != len(waiting_ids) \
-            or counts[Status.RUNNING] != len(sched.running):
+            or counts[Status.RUNNING] != len(sched.running) \
+            or counts[Status.SWAPPED] != len(_swapped(sched)):
         raise InvariantError("nothing_lost", now,
-                             f"arrived {engine.num_arrived}, statuses {counts}, "
+                             f"arrived {engine.num_arrived}, statuses "
+                             f"{ {s.value: n for s, n in counts.items() if n} }, "
                              f"queue {len(waiting_ids)}, running {len(sched.running)}")
+
+
+def _check_timestamps(req, now: float) -> None:
+    times = (req.arrival_at, req.first_scheduled_at, req.first_token_at, req.finished_at)
+    seen = [t for t in times if t == t]
+    if any(b < a for a, b in zip(seen, seen[1:])) or (seen and seen[-1] > now):
+        raise InvariantError("monotone_timestamps", now,
+                             "arrival <= first scheduled <= first token <= finished <= now "
+                             f"fails: {times}", req.id)
+
+
+def check_final_state(engine) -> None:
+    """After a run without a time limit: nothing waits or runs and the KV cache is all free."""
+    sched, kv, now = engine.scheduler, engine.kv, engine.env.now
+    if sched.has_work() or _swapped(sched):
+        raise InvariantError("drained", now, f"{len(sched.running)} running, "
+                                             f"{sched.num_waiting} waiting at the end")
+    if kv.num_free != kv.num_blocks or kv.holders():
+        raise InvariantError("kv_all_free", now,
+                             f"{kv.num_free} of {kv.num_blocks} blocks free, held {kv.holders()}")
+    if engine.num_arrived != len(engine.requests):
+        raise InvariantError("nothing_lost", now,
+                             f"{engine.num_arrived} of {len(engine.requests)} requests arrived")
+    for req in engine.requests:
+        if req.status not in _CLOSED:
+            raise InvariantError("drained", now, f"ends {req.status.value}", req.id)
+
+
+def check_results(results) -> None:
+    """Check the frames of a run that ended without a time limit (every request closed).
+
+    Every request is finished (all tokens generated, ordered timestamps, TTFT >= 0) or rejected
+    with a reason; the iterations' token total equals what the finished requests needed,
+    recomputation included; no iteration is empty.
+    """
+    df, it = results.requests, results.iterations
+    now = results.sim_time
+    for row in df.itertuples(index=False):
+        rid = int(row.request_id)
+        if row.status == Status.REJECTED.value:
+            if not row.reject_reason or not math.isnan(row.first_scheduled_at) \
+                    or row.num_generated_tokens != 0:
+                raise InvariantError("rejected_untouched", now,
+                                     f"reason {row.reject_reason!r}, generated "
+                                     f"{row.num_generated_tokens}", rid)
+            continue
+        if row.status != Status.FINISHED.value:
+            raise InvariantError("drained", now, f"ends {row.status}", rid)
+        if row.num_generated_tokens != row.num_output_tokens:
+            raise InvariantError("finished_complete", now,
+                                 f"{row.num_generated_tokens}/{row.num_output_tokens}", rid)
+        times = (row.arrival_at, row.first_scheduled_at, row.first_token_at, row.finished_at)
+        if any(t != t for t in times) or any(b < a for a, b in zip(times, times[1:])) \
+                or not row.ttft >= 0 or times[-1] > now:
+            raise InvariantError("monotone_timestamps", now, f"timestamps {times}", rid)
+        if row.num_output_tokens > 1 and not row.tpot >= 0:
+            raise InvariantError("monotone_timestamps", now, f"tpot {row.tpot}", rid)
+    done = df[df["status"] == Status.FINISHED.value]
+    need = int((done["num_prompt_tokens"] + done["num_output_tokens"] - 1
+                + done["num_recomputed_tokens"]).sum())
+    work = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum()) if len(it) else 0
+    if work != need:
+        raise InvariantError("work_conservation", now,
+                             f"iterations computed {work} tokens, finished requests need {need}")
+    if len(it) and not (it["num_seqs"] >= 1).all():
+        raise InvariantError("no_empty_iterations", now, "an iteration ran no sequence")
+    if len(done) and len(it) < done["num_output_tokens"].max():
+        raise InvariantError("iteration_count", now,
+                             f"{len(it)} iterations for a {done['num_output_tokens'].max()}"
+                             "-token output")
+    if len(it) and not ((it["duration"] > 0).all() and it["started_at"].is_monotonic_increasing):
+        raise InvariantError("iteration_times", now, "durations <= 0 or start times out of order")
+
+
+def simulate_checked(config, requests=None, cost_model=None):
+    """Run :func:`simsched.simulate` with every invariant checked; return (results, engine).
+
+    Per-iteration invariants are switched on; if the run has no time limit the end-of-run state
+    and the result frames are checked too. For tests and fuzzing (not thread-safe: it wraps the
+    engine class to keep a handle on the finished engine).
+    """
+    from simsched import api
+
+    engines = []
+
+    class _Recording(api.Engine):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    original, api.Engine = api.Engine, _Recording
+    try:
+        results = api.simulate(config.replace(check_invariants=True), requests, cost_model)
+    finally:
+        api.Engine = original
+    if math.isinf(config.max_sim_time):
+        check_final_state(engines[0])
+        check_results(results)
+    return results, engines[0]

@@ -19,7 +19,7 @@ from simsched.request import Status
 
 PERCENTILES = (50, 90, 95, 99)
 ITERATION_COLUMNS = ("started_at", "duration", "num_prefill_tokens", "num_decode_tokens",
-                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted")
+                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted", "swap_time")
 
 
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:

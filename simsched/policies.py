@@ -1,81 +1,115 @@
 """Queue-ordering and preemption-victim policies, each registered by name.
 
-A *queue policy* is a factory ``make(options) -> WaitingQueue``. The waiting queue orders waiting
-requests (a heap: O(log n) per push/pop) and says whether one request ranks below another, which
-the admission trigger uses to choose whom it may preempt. Keys must not change while a request
-waits; time-dependent rules (aging) are written as a fixed key involving the enqueue time.
+A *queue policy* is a factory ``make(options, rng) -> WaitingQueue``: ``options`` is
+``scheduler.policy_options`` and ``rng`` the run's scheduler Generator (for policies that draw
+random numbers, e.g. a noisy length predictor). The waiting queue orders waiting requests
+(push(req, now) / peek / pop / ranks_below(a, b) / __len__ / __iter__) and says whether one request
+ranks below another, which the admission trigger and the ``policy_worst`` victim use. Keys are
+fixed while a request waits; time-dependent rules are written as a fixed key involving the enqueue
+time (aging: ``base - rate * (now - t_enq)`` compared at one ``now`` orders like
+``base + rate * t_enq``). Optional queue hooks the scheduler calls: ``bind(scheduler)`` once,
+``update(now)`` every iteration, ``refresh(running, scheduler)`` every iteration (O(running); only
+MLFQ has it), ``preemptive = True`` (a better waiting request may also preempt for a sequence
+slot), and ``meter`` (a :class:`~simsched.fairness.ServiceMeter` fed with served tokens).
 
 A *victim policy* is a function ``choose(candidates, view) -> Request`` picking which running
-request to preempt; ``view`` is the scheduler, which answers ``num_generated(req)`` and
-``num_cached(req)``.
+request to preempt; ``view`` is the scheduler, which answers ``num_generated(req)``,
+``num_cached(req)``, ``kv`` and ``queue``.
 
 Adding a policy means adding one function and one line in a registry below.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from typing import Any, Callable, Iterator, Mapping
+from functools import cmp_to_key
+from typing import Any, Callable, Mapping
 
+import numpy as np
+
+from simsched.fairness import fair
+from simsched.mlfq import mlfq
+from simsched.predictors import predicted_sjf, sjf_oracle
+from simsched.queues import HeapQueue, check_option_names, option
 from simsched.request import Request
 
-
-class HeapQueue:
-    """A waiting queue ordered by a key function (smaller key = served first)."""
-
-    def __init__(self, key: Callable[[Request, float], tuple]) -> None:
-        self._key = key
-        self._heap: list = []
-        self._tiebreak = itertools.count()
-
-    def push(self, req: Request, now: float) -> None:
-        """Enqueue ``req`` at time ``now``."""
-        req.sort_key = self._key(req, now)
-        heapq.heappush(self._heap, (req.sort_key, next(self._tiebreak), req))
-
-    def peek(self) -> Request:
-        """The request to serve next (the queue must not be empty)."""
-        return self._heap[0][2]
-
-    def pop(self) -> Request:
-        """Remove and return the request to serve next."""
-        return heapq.heappop(self._heap)[2]
-
-    def ranks_below(self, req: Request, other: Request) -> bool:
-        """Whether ``req`` would be served after ``other``."""
-        return req.sort_key > other.sort_key
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (entry[2] for entry in self._heap)
+__all__ = ["HeapQueue", "QUEUE_POLICIES", "VICTIM_POLICIES", "make_queue"]
 
 
-def fcfs(options: Mapping[str, Any]) -> HeapQueue:
+def fcfs(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
     """First come, first served: by arrival time (vLLM's default)."""
+    check_option_names(options, "fcfs", ())
     return HeapQueue(lambda r, now: (r.arrival_at, r.id))
 
 
-def spf(options: Mapping[str, Any]) -> HeapQueue:
+def spf(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
     """Shortest prompt first: ascending prompt tokens, ties by arrival.
 
     Lowers mean TTFT by removing head-of-line blocking behind long prefills; long prompts can
-    starve under sustained load.
+    starve under sustained load unless ``aging_rate`` (prompt tokens of credit per second waited)
+    is set.
     """
-    return HeapQueue(lambda r, now: (r.num_prompt_tokens, r.arrival_at, r.id))
+    check_option_names(options, "spf", ("aging_rate",))
+    rate = option(options, "aging_rate", 0.0)
+    return HeapQueue(lambda r, now: (r.num_prompt_tokens + rate * now, r.arrival_at, r.id))
 
 
-def priority(options: Mapping[str, Any]) -> HeapQueue:
-    """Strict priority (lower value = more urgent), ties by arrival (vLLM's priority policy)."""
-    return HeapQueue(lambda r, now: (r.priority, r.arrival_at, r.id))
+def spf_aging(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
+    """Shortest prompt first with aging: rank = prompt tokens - ``aging_rate`` x seconds waited.
+
+    Default ``aging_rate`` 100 tokens/s: a prompt 1000 tokens longer overtakes after 10 s.
+    """
+    return spf({"aging_rate": 100.0, **options}, rng)
 
 
-QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+def priority(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
+    """Strict priority (lower value = more urgent), ties by arrival (vLLM's priority policy).
+
+    ``aging_rate`` (priority levels per second waited, default 0) lets waiting requests rise.
+    """
+    check_option_names(options, "priority", ("aging_rate",))
+    rate = option(options, "aging_rate", 0.0)
+    return HeapQueue(lambda r, now: (r.priority + rate * now, r.arrival_at, r.id))
+
+
+def priority_aging(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
+    """Priority with aging: rank = priority - ``aging_rate`` x seconds waited (default 0.1/s)."""
+    return priority({"aging_rate": 0.1, **options}, rng)
+
+
+def edf(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
+    """Earliest deadline first on a TTFT deadline: arrival + SLO (the SLO may depend on priority).
+
+    Options: ``ttft_slo`` (seconds, default 1.0) and ``ttft_slo_by_priority`` (priority ->
+    seconds, overriding ``ttft_slo`` for those classes). Classic EDF: under overload, late
+    requests stay first.
+    """
+    check_option_names(options, "edf", ("ttft_slo", "ttft_slo_by_priority"))
+    default = option(options, "ttft_slo", 1.0, 0.0, low_open=True)
+    by_priority = options.get("ttft_slo_by_priority") or {}
+    if not isinstance(by_priority, Mapping):
+        raise ValueError("scheduler.policy_options['ttft_slo_by_priority'] must map priority -> "
+                         f"seconds, got {by_priority!r}")
+    slos = {int(p): option(by_priority, p, default, 0.0, low_open=True) for p in by_priority}
+
+    def key(r: Request, now: float) -> tuple:
+        if r.deadline_at != r.deadline_at:  # NaN: first enqueue
+            r.deadline_at = r.arrival_at + slos.get(r.priority, default)
+        return (r.deadline_at, r.arrival_at, r.id)
+
+    return HeapQueue(key)
+
+
+QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], Any]] = {
     "fcfs": fcfs,
     "spf": spf,
+    "spf_aging": spf_aging,
     "priority": priority,
+    "priority_aging": priority_aging,
+    "sjf_oracle": sjf_oracle,
+    "predicted_sjf": predicted_sjf,
+    "mlfq": mlfq,
+    "fair": fair,
+    "edf": edf,
 }
 
 
@@ -94,18 +128,45 @@ def lowest_priority(candidates, view) -> Request:
     return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
 
 
+def largest_kv(candidates, view) -> Request:
+    """The request holding the most KV blocks (frees the most memory at once); ties: newest."""
+    held = view.kv.num_held
+    return max(candidates, key=lambda r: (held(r.id), r.admitted_seq))
+
+
+def policy_worst(candidates, view) -> Request:
+    """The request the queue policy ranks last (e.g. the lowest MLFQ level); ties: newest."""
+    below = view.queue.ranks_below
+
+    def cmp(a: Request, b: Request) -> int:
+        if below(a, b):
+            return 1
+        if below(b, a):
+            return -1
+        return (a.admitted_seq > b.admitted_seq) - (a.admitted_seq < b.admitted_seq)
+
+    return max(candidates, key=cmp_to_key(cmp))
+
+
 VICTIM_POLICIES: dict[str, Callable[..., Request]] = {
     "fewest_generated": fewest_generated,
     "newest": newest,
     "lowest_priority": lowest_priority,
+    "largest_kv": largest_kv,
+    "policy_worst": policy_worst,
 }
 
 
-def make_queue(name: str, options: Mapping[str, Any]):
-    """Build the waiting queue of queue policy ``name``."""
+def make_queue(name: str, options: Mapping[str, Any], rng: np.random.Generator | None = None):
+    """Build the waiting queue of queue policy ``name`` (``rng`` defaults to seed 0)."""
     try:
         factory = QUEUE_POLICIES[name]
     except KeyError:
         raise ValueError(f"scheduler.policy must be one of {sorted(QUEUE_POLICIES)}, "
                          f"got {name!r}") from None
-    return factory(options)
+    return factory(options, rng if rng is not None else np.random.default_rng(0))
+
+
+def validate_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the option if ``options`` are invalid for queue policy ``name``."""
+    make_queue(name, options)

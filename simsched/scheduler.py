@@ -10,13 +10,20 @@ Decodes are advanced lazily. Every running decoder computes one token in every *
 ``step``, advances them all; a decoder's progress is its count at the start of its decode run
 plus the steps since. The steps at which a decoder needs a new KV block or emits its last token
 are known in advance and kept in calendar dicts, so an iteration costs O(events) rather than
-O(batch), and never O(waiting queue).
+O(batch), and never O(waiting queue). Queue policies with a per-iteration ``refresh`` hook (MLFQ)
+add O(running) per iteration, only when selected.
+
+Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
+``preemption_mode="swap"``, swaps the victim's KV to CPU memory (:mod:`simsched.swap`).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from simsched import swap
 from simsched.cost_model import Batch
 from simsched.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
@@ -24,6 +31,7 @@ from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
                                         Status.REJECTED)
+DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
 
 
 class Scheduler:
@@ -32,15 +40,32 @@ class Scheduler:
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
     admitted, without chunking (vLLM V0 / Orca); ``style="static"`` admits a new batch only when
     the previous one has fully finished.
+
+    ``rng`` feeds randomised queue policies (a noisy length predictor); ``kv_bytes_per_block`` and
+    ``swap_space_bytes`` size swap preemption (the engine passes them from the config).
     """
 
-    def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None) -> None:
+    def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
+                 rng: np.random.Generator | None = None, kv_bytes_per_block: float = 0.0,
+                 swap_space_bytes: float = DEFAULT_SWAP_SPACE_BYTES) -> None:
         self.cfg = cfg
         self.kv = kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
-        self.queue = make_queue(cfg.policy, cfg.policy_options)
+        self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
+        if hasattr(self.queue, "bind"):
+            self.queue.bind(self)
+        self._queue_update = getattr(self.queue, "update", None)
+        self._queue_refresh = getattr(self.queue, "refresh", None)
+        self.preemptive = bool(getattr(self.queue, "preemptive", False))
+        self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
+        self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
+        self.swapping = cfg.preemption_mode == "swap"
+        self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
+        self._swapped_new: list[Request] = []
+        self.swap_out_bytes = 0.0                 # this iteration's transfers
+        self.swap_in_bytes = 0.0
         self.chunking = cfg.enable_chunked_prefill and cfg.style != "prefill_first"
         self.max_num_prefills = cfg.max_num_prefills or math.inf
         self.running: dict[int, Request] = {}     # admission order: the last is the newest
@@ -59,6 +84,7 @@ class Scheduler:
         self.decode_step = 0                      # the step this iteration runs, 0 if none
         self.preempted: list[tuple[Request, PreemptionCause]] = []
         self._decodes_count = True
+        self._grown_step = 0                      # the decode step whose new blocks were handed out
         self._requeue: list[Request] = []
         self.now = 0.0
 
@@ -78,7 +104,8 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
-        return bool(self.running) or bool(self.queue) or bool(self._requeue)
+        return bool(self.running) or bool(self.queue) or bool(self._requeue) \
+            or bool(self.swapped)
 
     @property
     def num_waiting(self) -> int:
@@ -120,9 +147,16 @@ class Scheduler:
         self.planned_tokens = 0
         self.preempted = []
         self.decode_step = 0
+        self.swap_out_bytes = self.swap_in_bytes = 0.0
+        if self._queue_update is not None:
+            self._queue_update(now)
+        if self._queue_refresh is not None:
+            self._queue_refresh(self.running.values(), self)
         if self.cfg.style == "prefill_first":
             self._decodes_count = False
-            self._admit()
+            swap.swap_in(self)
+            if self._may_admit():
+                self._admit()
             if not self.planned:
                 self._decodes_count = True
                 self._grow_decoders(self.step + 1)
@@ -130,11 +164,15 @@ class Scheduler:
             self._decodes_count = True
             self._grow_decoders(self.step + 1)
             self._continue_prefills()
-            if self.cfg.style != "static" or not self.running:
+            swap.swap_in(self)
+            if self._may_admit() and (self.cfg.style != "static" or not self.running):
                 self._admit()
         for req in self._requeue:
             self.queue.push(req, now)
         self._requeue.clear()
+        for req in self._swapped_new:
+            self.swapped[req.id] = req
+        self._swapped_new.clear()
         n_dec = len(self.decoding) if self._decodes_count else 0
         if n_dec:
             self.decode_step = self.step + 1
@@ -142,7 +180,13 @@ class Scheduler:
         for req, chunk in self.planned.values():
             batch.prefill_new_tokens.append(chunk)
             batch.prefill_cached_tokens.append(req.num_computed)
+        batch.swap_out_bytes = self.swap_out_bytes
+        batch.swap_in_bytes = self.swap_in_bytes
         return batch
+
+    def _may_admit(self) -> bool:
+        # Swapped requests resume before new admissions, unless the policy ranks them lower.
+        return not self.swapped or self.preemptive
 
     def _budget_left(self) -> int:
         used = self.planned_tokens + (len(self.decoding) if self._decodes_count else 0)
@@ -150,6 +194,7 @@ class Scheduler:
 
     def _grow_decoders(self, s: int) -> None:
         """Give every decoder whose next token starts a new block that block (step ``s``)."""
+        self._grown_step = s
         due = self.block_due.pop(s, None)
         if not due:
             return
@@ -165,29 +210,49 @@ class Scheduler:
                 self.block_due.setdefault(nxt, []).append((req, epoch))
 
     def _continue_prefills(self) -> None:
-        kv = self.kv
         for req in list(self.prefilling.values()):
             if req.status is not RUNNING or req.id in self.planned:
                 continue
-            if len(self.planned) >= self.max_num_prefills:
+            if not self._continue_prefill(req):
                 break
-            budget = self._budget_left()
-            if budget <= 0:
-                break
-            chunk = min(req.prefill_target - req.num_computed, budget)
-            need = kv.num_new_blocks(req.id, req.num_computed + chunk)
-            if need > kv.num_free and not self._make_room(req, need):
-                continue
-            kv.allocate(req.id, req.num_computed + chunk)
-            self.planned[req.id] = (req, chunk)
-            self.planned_tokens += chunk
+
+    def _continue_prefill(self, req: Request) -> bool:
+        """Plan the next chunk of running ``req``'s prefill; False once the iteration is full."""
+        if len(self.planned) >= self.max_num_prefills:
+            return False
+        budget = self._budget_left()
+        if budget <= 0:
+            return False
+        kv = self.kv
+        chunk = min(req.prefill_target - req.num_computed, budget)
+        need = kv.num_new_blocks(req.id, req.num_computed + chunk)
+        if need > kv.num_free and not self._make_room(req, need):
+            return True
+        kv.allocate(req.id, req.num_computed + chunk)
+        self._plan(req, chunk)
+        return True
+
+    def _plan(self, req: Request, chunk: int) -> None:
+        self.planned[req.id] = (req, chunk)
+        self.planned_tokens += chunk
+        if self.meter is not None:
+            self.meter.prefill(req, chunk)
+
+    def _unplan(self, req: Request) -> None:
+        entry = self.planned.pop(req.id, None)
+        if entry is not None:
+            self.planned_tokens -= entry[1]
+            if self.meter is not None:
+                self.meter.prefill(req, -entry[1])
 
     def _admit(self) -> None:
         cfg, kv, queue = self.cfg, self.kv, self.queue
         static = cfg.style == "static"
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
+        may_preempt = cfg.preemption or self.preemptive
         while queue:
-            if len(self.running) >= cfg.max_num_seqs or len(self.planned) >= self.max_num_prefills:
+            full = len(self.running) >= cfg.max_num_seqs
+            if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
                 break
             budget = self._budget_left()
             if budget <= 0 and not static:
@@ -203,8 +268,8 @@ class Scheduler:
             else:
                 break
             need = kv.blocks_for(remaining if static else chunk) + reserved
-            if not kv.can_allocate(need, use_watermark=True):
-                if not (cfg.preemption and self._preempt_for_admission(req, need)):
+            if full or not kv.can_allocate(need, use_watermark=True):
+                if not (may_preempt and self._preempt_for_admission(req, need, full)):
                     break
             queue.pop()
             req.status = RUNNING
@@ -218,8 +283,7 @@ class Scheduler:
                 reserved += kv.blocks_for(remaining) - kv.blocks_for(chunk)
             if chunk:
                 kv.allocate(req.id, chunk)
-                self.planned[req.id] = (req, chunk)
-                self.planned_tokens += chunk
+                self._plan(req, chunk)
 
     # ----------------------------------------------------------------- preemption
     def _make_room(self, req: Request, need: int) -> bool:
@@ -235,8 +299,11 @@ class Scheduler:
                 return False
         return True
 
-    def _preempt_for_admission(self, req: Request, need: int) -> bool:
-        """Preempt requests ranked below ``req`` so it can be admitted; False if impossible."""
+    def _preempt_for_admission(self, req: Request, need: int, slot: bool = False) -> bool:
+        """Preempt requests ranked below ``req`` so it can be admitted; False if impossible.
+
+        Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
+        """
         cap = self.cfg.max_num_preemptions
         ranks_below = self.queue.ranks_below
         candidates = [r for r in self.running.values()
@@ -248,28 +315,24 @@ class Scheduler:
         freeable = sum(kv.num_held(r.id) for r in candidates)
         if kv.num_free - kv.watermark_blocks + freeable < need:
             return False  # preempting would not help: keep their work
-        while not kv.can_allocate(need, use_watermark=True):
+        while not kv.can_allocate(need, use_watermark=True) or \
+                (slot and len(self.running) >= self.cfg.max_num_seqs):
             victim = self.choose_victim(candidates, self)
             candidates.remove(victim)
             self._preempt(victim, "admission", req.id)
         return True
 
     def _preempt(self, victim: Request, reason: str, by: int | None) -> None:
-        """Recompute preemption: free the victim's blocks and send it back to the queue."""
+        """Preempt ``victim``: swap it out if configured and possible, else recompute.
+
+        Recompute frees the victim's blocks and sends it back to the queue.
+        """
+        if self.swapping and swap.swap_out(self, victim, reason, by):
+            return
         generated = self.num_generated(victim)
         cached = self.num_cached(victim)
-        if victim.run_start_step >= 0:
-            self._close_run(victim, self.step)
-        else:
-            self.prefilling.pop(victim.id, None)
-            entry = self.planned.pop(victim.id, None)
-            if entry is not None:
-                self.planned_tokens -= entry[1]
-        del self.running[victim.id]
-        self.kv.free(victim.id)
+        self._stop(victim)
         victim.num_generated = generated
-        victim.epoch += 1
-        victim.finish_step = -1
         victim.num_computed = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
         victim.prefill_target = victim.num_prompt_tokens + generated
@@ -281,6 +344,18 @@ class Scheduler:
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
+    def _stop(self, victim: Request) -> None:
+        """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
+        if victim.run_start_step >= 0:
+            self._close_run(victim, self.step)
+        else:
+            self.prefilling.pop(victim.id, None)
+            self._unplan(victim)
+        del self.running[victim.id]
+        self.kv.free(victim.id)
+        victim.epoch += 1
+        victim.finish_step = -1
+
     def _close_run(self, req: Request, last_step: int) -> None:
         """End ``req``'s decode run after step ``last_step``."""
         if last_step >= req.run_start_step:
@@ -290,6 +365,8 @@ class Scheduler:
         del self.decoding[req.id]
         self.ctx_base_sum -= req.ctx_base
         req.run_start_step = -1
+        if self.meter is not None:
+            self.meter.stop_decoding(req, last_step)
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
@@ -312,6 +389,8 @@ class Scheduler:
                 continue
             del self.prefilling[req.id]
             req.num_generated += 1
+            if self.meter is not None:
+                self.meter.first_token(req)
             if req.first_token_at != req.first_token_at:  # NaN: this is the first token
                 req.first_token_at = now
                 firsts.append(req)
@@ -325,8 +404,8 @@ class Scheduler:
         self.planned = {}
         return firsts, finished
 
-    def _start_run(self, req: Request) -> None:
-        """Make ``req`` a decoder from the next decode step on."""
+    def _start_run(self, req: Request, resumed: bool = False) -> None:
+        """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
         s1 = self.step + 1
         cached = req.num_computed
         req.run_start_step = s1
@@ -335,7 +414,13 @@ class Scheduler:
         req.finish_step = s1 + req.num_output_tokens - req.num_generated - 1
         self.decoding[req.id] = req
         self.finish_due.setdefault(req.finish_step, []).append((req, req.epoch))
+        if self.meter is not None:
+            self.meter.start_decoding(req, self.step)
         first_block = s1 + (-cached) % self.block_size
+        if resumed and first_block == self._grown_step:
+            # This step's new blocks were already handed out: take ours now (swap_in checked).
+            self.kv.add_block(req.id)
+            first_block += self.block_size
         if first_block <= req.finish_step:
             self.block_due.setdefault(first_block, []).append((req, req.epoch))
 

@@ -1,0 +1,1 @@
+"""Benchmarks and long-running checks (not part of the test suite)."""

@@ -1,0 +1,184 @@
+"""Long fuzz run: thousands of random configurations and workloads, every invariant checked.
+
+Each case draws a scheduler configuration (queue and victim policies as registered at run time,
+style, preemption, budgets, chunking), a KV cache down to the smallest that fits one request,
+and a small adversarial workload (bursts, identical and zero-gap arrivals, one-token outputs,
+prompts at the budget or a block boundary, impossible requests), then runs it with
+:func:`simsched.invariants.simulate_checked`. Usage::
+
+    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0
+
+Prints the number of configurations run, the failures (with the case index to reproduce with
+``--only``) and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import time
+import traceback
+
+import numpy as np
+
+from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
+                             SchedulerConfig, SimConfig)
+from simsched.invariants import simulate_checked
+from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
+from simsched.workload import WorkloadConfig
+
+MODEL_CONTEXT = 4096  # llama-2-7b, the default model
+
+
+def _choice(rng: np.random.Generator, options):
+    options = list(options)
+    return options[int(rng.integers(len(options)))]
+
+
+def _arrivals(rng: np.random.Generator, n: int) -> np.ndarray:
+    kind = _choice(rng, ("same_time", "bursts", "poisson", "zero_gap", "spread"))
+    if kind == "same_time":
+        return np.full(n, float(rng.uniform(0, 2)))
+    if kind == "bursts":
+        starts = np.sort(rng.uniform(0, 20, size=int(rng.integers(1, 5))))
+        return np.sort(rng.choice(starts, size=n))
+    if kind == "zero_gap":
+        times = np.cumsum(rng.exponential(0.5, size=n))
+        times[rng.random(n) < 0.5] = 0.0  # many gaps of exactly zero after the cumsum below
+        return np.maximum.accumulate(np.cumsum(times * (rng.random(n) < 0.5)))
+    if kind == "poisson":
+        return np.cumsum(rng.exponential(1 / rng.uniform(0.1, 50), size=n))
+    return np.sort(rng.uniform(0, 100, size=n))
+
+
+def _length(rng: np.random.Generator, budget: int, block_size: int, high: int) -> int:
+    kind = rng.random()
+    if kind < 0.15:
+        return budget                                    # exactly the token budget
+    if kind < 0.3:
+        return block_size * int(rng.integers(1, 8)) + int(rng.integers(-1, 2))  # block boundary
+    if kind < 0.4:
+        return 1
+    return int(rng.integers(1, high + 1))
+
+
+def random_case(rng: np.random.Generator) -> tuple[SimConfig, list[tuple]]:
+    """One random (config, requests) pair; requests are (arrival, prompt, output, priority)."""
+    max_num_seqs = int(rng.integers(1, 17))
+    budget = max_num_seqs if rng.random() < 0.1 else int(rng.integers(max_num_seqs, 257))
+    block_size = int(rng.integers(1, 33))
+    sched = SchedulerConfig(
+        style=_choice(rng, SCHEDULER_STYLES), policy=_choice(rng, sorted(QUEUE_POLICIES)),
+        victim_policy=_choice(rng, sorted(VICTIM_POLICIES)), preemption=bool(rng.random() < 0.5),
+        preemption_mode=_choice(rng, PREEMPTION_MODES) if rng.random() < 0.3 else "recompute",
+        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+        max_num_prefills=None if rng.random() < 0.7 else int(rng.integers(1, 5)),
+        enable_chunked_prefill=bool(rng.random() < 0.7),
+        max_num_preemptions=int(rng.integers(0, 9)))
+    n = int(rng.integers(1, 41))
+    # Dyadic arrival times: env.now + (arrival - env.now) is then exact. Arbitrary floats can
+    # put a request's start an ulp before its arrival (reported separately; see the tests).
+    times = np.round(_arrivals(rng, n) * 1024) / 1024
+    prompts = [max(1, _length(rng, budget, block_size, 300)) for _ in range(n)]
+    outputs = [1 if rng.random() < 0.2 else max(1, _length(rng, budget, block_size, 120))
+               for _ in range(n)]
+    priorities = rng.integers(0, 3, size=n)
+    # The cache is sized from the largest request, from exactly fitting to roomy.
+    peak = max(p + o - 1 for p, o in zip(prompts, outputs))
+    watermark = 0.0 if rng.random() < 0.5 else float(rng.uniform(0, 0.2))
+    fit = -(-peak // block_size)
+    extra = 0 if rng.random() < 0.3 else int(rng.geometric(0.1))
+    num_blocks = fit + extra
+    num_blocks += math.ceil(watermark * num_blocks) + 1 if watermark else 0
+    max_model_len = None if rng.random() < 0.7 else int(rng.integers(max(2, peak // 2),
+                                                                     peak + 20))
+    for i in range(n):
+        if rng.random() < 0.05:  # impossible: larger than the whole cache
+            prompts[i] = num_blocks * block_size + int(rng.integers(1, 50))
+    cfg = SimConfig(
+        scheduler=sched,
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
+        hardware=HardwareConfig(cost_model=_choice(rng, ("unit", "linear")),
+                                max_model_len=max_model_len),
+        workload=WorkloadConfig(num_requests=n),
+        max_sim_time=math.inf if rng.random() < 0.9 else float(rng.uniform(1, 50)))
+    requests = [(float(t), int(p), int(o), int(pr))
+                for t, p, o, pr in zip(times, prompts, outputs, priorities)]
+    return cfg, requests
+
+
+def check_case(cfg: SimConfig, requests: list[tuple]) -> None:
+    """Run one case with every invariant on; also check that comfortably fitting requests ran."""
+    results, engine = simulate_checked(cfg, requests)
+    kv = engine.kv
+    limit = min(cfg.hardware.max_model_len or MODEL_CONTEXT, MODEL_CONTEXT)
+    df = results.requests
+    for row in df.itertuples(index=False):
+        total = row.num_prompt_tokens + row.num_output_tokens
+        fits = (total <= limit and kv.blocks_for(total) <= kv.num_blocks - kv.watermark_blocks)
+        if fits and row.status == "rejected":
+            raise AssertionError(f"request {row.request_id} ({row.num_prompt_tokens}+"
+                                 f"{row.num_output_tokens}) fits but was rejected: "
+                                 f"{row.reject_reason}")
+        if kv.blocks_for(total - 1) > kv.num_blocks and row.status not in ("rejected",
+                                                                            "pending"):
+            raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
+    summary = results.summary()
+    if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] != len(df):
+        raise AssertionError(f"summary counts do not add up: {summary}")
+    if math.isinf(cfg.max_sim_time) and summary["num_unfinished"]:
+        raise AssertionError(f"{summary['num_unfinished']} unfinished without a time limit")
+
+
+def run_one(args: tuple[int, int]) -> tuple[int, str]:
+    """Run case ``index`` of seed ``seed``; return (index, error text or '')."""
+    seed, index = args
+    rng = np.random.default_rng([seed, index])
+    try:
+        cfg, requests = random_case(rng)
+    except Exception:  # a generator bug, not a simulator bug, but report it all the same
+        return index, "case generation failed:\n" + traceback.format_exc()
+    try:
+        check_case(cfg, requests)
+    except Exception as exc:  # every failure is collected and reported
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return index, f"{detail}\n  config: {cfg.flat()}\n  requests: {requests}"
+    return index, ""
+
+
+def main(argv=None) -> int:
+    """Run the fuzz campaign and print counts; exit status 1 if any case failed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=10000, help="number of random configurations")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", type=int, default=None, help="run only this case index")
+    parser.add_argument("--show", type=int, default=5, help="failures to print in full")
+    args = parser.parse_args(argv)
+    indices = [args.only] if args.only is not None else range(args.n)
+    tasks = [(args.seed, i) for i in indices]
+    started = time.perf_counter()
+    failures = []
+    if args.workers > 1 and len(tasks) > 1:
+        with multiprocessing.Pool(args.workers) as pool:
+            for index, error in pool.imap_unordered(run_one, tasks, chunksize=20):
+                if error:
+                    failures.append((index, error))
+    else:
+        for task in tasks:
+            index, error = run_one(task)
+            if error:
+                failures.append((index, error))
+    elapsed = time.perf_counter() - started
+    failures.sort()
+    for index, error in failures[:args.show]:
+        print(f"--- case {index} (seed {args.seed}) failed:\n{error}\n")
+    print(f"configurations run: {len(tasks)}; failures: {len(failures)}"
+          + (f" (cases {[i for i, _ in failures[:50]]})" if failures else "")
+          + f"; time: {elapsed:.1f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""Peak memory of a run with 1,000,000 requests (target <= 1 GB peak RSS).
+
+``python -m benchmarks.memory [--num-requests N]``
+
+The lesson workload at a load the engine sustains (Llama-2-7B, one A100-80GB, 256 sequences);
+per-token gaps are kept as per-step arrays, never one Python object per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks.common import peak_rss_mb
+from simsched import SimConfig, simulate
+
+
+def main(argv=None) -> None:
+    """Run once and print wall time, tokens, ITL samples and peak RSS."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=40.0)
+    args = parser.parse_args(argv)
+    before = peak_rss_mb()
+    cfg = SimConfig().replace(num_requests=args.num_requests, rate=args.rate)
+    started = time.perf_counter()
+    res = simulate(cfg)
+    wall = time.perf_counter() - started
+    s = res.summary()
+    print(f"{args.num_requests} requests, {int(res.requests['num_generated_tokens'].sum())} output "
+          f"tokens, {len(res.iterations)} iterations, {len(res.itl_samples())} ITL samples; "
+          f"wall {wall:.1f} s; finished {s['num_finished']}; "
+          f"peak RSS {peak_rss_mb():.0f} MiB (interpreter and imports: {before:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""KV cache size x policy: preemptions, recomputed tokens and TTFT/ITL tails under memory pressure.
+
+Shrinks the KV cache (``cache.num_blocks``) under FCFS, SPF and SPF with preemption on the default
+engine with ShareGPT-like requests at a load the full cache carries::
+
+    python -m experiments.memory_pressure [--out out/memory_pressure] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.load_sweep import base_config, run_variants, write_frames
+
+VARIANTS = {"fcfs": {"policy": "fcfs"}, "spf": {"policy": "spf"},
+            "spf+preempt": {"policy": "spf", "preemption": True}}
+
+
+def main(argv=None) -> pd.DataFrame:
+    """Run the study; return preemptions and tails by cache size and policy."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="out/memory_pressure", help="output directory")
+    p.add_argument("--quick", action="store_true", help="fewer sizes, short runs")
+    args = p.parse_args(argv)
+    warnings.simplefilter("ignore")
+    blocks = [1024, 4096] if args.quick else [768, 1024, 2048, 4096, 7422]
+    n = 80 if args.quick else 250
+    runs, requests, iterations = run_variants(base_config(n).replace(rate=1.0), VARIANTS,
+                                              **{"cache.num_blocks": blocks})
+    write_frames(Path(args.out), runs=runs, requests=requests, iterations=iterations)
+    cols = ["cache.num_blocks", "variant", "num_preemptions", "num_recomputed_tokens",
+            "ttft_p99", "itl_p99", "itl_max", "saturation"]
+    table = runs[cols].sort_values(["cache.num_blocks", "variant"])
+    with pd.option_context("display.float_format", "{:.4g}".format, "display.width", 120):
+        print(table.to_string(index=False))
+    print(f"wrote {args.out}/")
+    return table
+
+
+if __name__ == "__main__":
+    main()

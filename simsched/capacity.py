@@ -1,0 +1,231 @@
+"""Capacity search: the largest arrival rate at which a latency target still holds, per policy.
+
+For each policy the search brackets the capacity (doubling the rate from ``low`` until the target
+fails) and then bisects until the bracket is narrower than ``tol`` times its lower end. A rate is
+judged on the mean of each metric over the seeds. The capacity reported is the largest rate
+verified to hold; its confidence interval is a Student-t interval over per-seed capacities (each
+seed searched on its own, reusing the same runs where the probes coincide), or the final bracket
+when there is a single seed. All runs of one round (every policy's and seed's probes) execute
+together on the chosen executor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from simsched.analysis import SLO
+from simsched.config import SimConfig
+from simsched.executors import Job, execute, reraise_warnings
+
+MAX_ROUNDS = 60
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    """What must hold at a rate: upper limits on summary metrics and/or a minimum SLO attainment.
+
+    ``limits`` maps a metric of the sweep rows (e.g. ``"ttft_p99"``, ``"tpot_p99"``,
+    ``"e2el_mean"``, ``"queue_time_mean"``) to its largest allowed value (seconds); with ``slo``
+    and ``min_attainment`` (0-1] at least that share of requests must meet ``slo``. A rate also
+    fails if any run ended (``max_sim_time``) with requests unfinished, since their latencies are
+    then missing from the metrics.
+    """
+
+    limits: Mapping[str, float] = field(default_factory=dict)
+    slo: SLO | None = None
+    min_attainment: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limits, Mapping):
+            raise ValueError(f"target.limits must be a mapping of metric to limit, "
+                             f"got {self.limits!r}")
+        for name, value in self.limits.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not value > 0 or not math.isfinite(value):
+                raise ValueError(f"target limit {name!r} must be a finite number > 0, "
+                                 f"got {value!r}")
+        if self.min_attainment is not None:
+            if not isinstance(self.min_attainment, (int, float)) \
+                    or not 0 < self.min_attainment <= 1:
+                raise ValueError(f"target.min_attainment must be in (0, 1], "
+                                 f"got {self.min_attainment!r}")
+            if not isinstance(self.slo, SLO):
+                raise ValueError("target.min_attainment needs target.slo (an SLO)")
+        if not self.limits and self.min_attainment is None:
+            raise ValueError("a capacity target needs limits and/or min_attainment with an slo")
+
+    def holds(self, rows: pd.DataFrame) -> bool:
+        """Whether the target holds on the mean over ``rows`` (the runs of one rate)."""
+        if (rows["num_unfinished"] > 0).any():
+            return False
+        for name, limit in self.limits.items():
+            if name not in rows.columns:
+                raise ValueError(f"target metric {name!r} is not a sweep column; try e.g. "
+                                 "ttft_p99, tpot_p99, itl_p99, e2el_p90, ttft_mean")
+            if not rows[name].mean() <= limit:      # NaN (no finished request) fails too
+                return False
+        if self.min_attainment is not None and not rows["slo_attainment"].mean() \
+                >= self.min_attainment:
+            return False
+        return True
+
+
+class _Track:
+    """One bracketing-then-bisection search over the rate, for one policy and a set of seeds."""
+
+    def __init__(self, label: str, seeds: tuple, low: float, high: float | None,
+                 tol: float) -> None:
+        self.label, self.seeds, self.tol, self.high = label, seeds, tol, high
+        self.ok: float | None = None
+        self.fail: float | None = None
+        self.probe: float | None = low
+        self.status = "ok"
+
+    def update(self, holds: bool) -> None:
+        rate = self.probe
+        if holds:
+            self.ok = rate
+        else:
+            self.fail = rate
+        if self.ok is None:                          # fails already at ``low``
+            self.probe, self.status = None, "below_low"
+        elif self.fail is None:
+            if self.high is not None and self.ok >= self.high:
+                self.probe, self.status = None, "at_high"
+            else:
+                self.probe = self.ok * 2 if self.high is None else min(self.ok * 2, self.high)
+        elif self.fail - self.ok <= self.tol * self.ok:
+            self.probe = None
+        else:
+            self.probe = (self.ok + self.fail) / 2
+
+    @property
+    def capacity(self) -> float:
+        return self.ok if self.ok is not None else 0.0
+
+
+def _variants(policies) -> list[tuple[str, dict]]:
+    if policies is None:
+        return [("base", {})]
+    if isinstance(policies, (str, bytes)):
+        policies = [policies]
+    if isinstance(policies, Mapping):
+        items = list(policies.items())
+    else:
+        items = []
+        for p in policies:
+            if isinstance(p, str):
+                items.append((p, {"policy": p}))
+            elif isinstance(p, Mapping):
+                changes = dict(p)
+                label = changes.pop("label", None) or "+".join(
+                    f"{k}={v}" for k, v in changes.items())
+                items.append((label, changes))
+            else:
+                raise ValueError(f"policies items must be names or dicts of changes, got {p!r}")
+    out = []
+    for label, changes in items:
+        if isinstance(changes, str):
+            changes = {"policy": changes}
+        out.append((str(label), dict(changes)))
+    if len({label for label, _ in out}) != len(out):
+        raise ValueError(f"policy labels must be distinct, got {[label for label, _ in out]}")
+    return out
+
+
+def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapping[str, float]",
+                    policies: Iterable | Mapping | None = None, seeds: Iterable[int] = (0,),
+                    low: float = 0.5, high: float | None = None, tol: float = 0.05,
+                    rate_field: str = "rate", executor: str = "local",
+                    max_workers: int | None = None, progress: bool = False,
+                    ray_address: str | None = None) -> pd.DataFrame:
+    """The largest arrival rate at which ``slo_target`` holds, for each policy.
+
+    ``slo_target`` is an :class:`SLOTarget` or a mapping of metric to limit
+    (``{"ttft_p99": 0.5, "tpot_p99": 0.1}``). ``policies`` lists policy names, dicts of config
+    changes (an optional ``"label"`` key names them) or a mapping ``label -> changes``.
+    ``low`` is the first rate probed, ``high`` (optional) caps it; ``tol`` is the relative width
+    at which bisection stops. Returns one row per policy: ``policy, capacity, ci_low, ci_high,
+    bracket_low, bracket_high, status`` (``ok``, ``below_low`` if ``low`` already fails,
+    ``at_high`` if ``high`` holds), ``num_seeds``, ``seed_capacities`` and ``num_runs``; every run
+    made (one row per policy, rate and seed, with ``holds``) is in ``result.attrs["runs"]``.
+    """
+    base_config = base_config or SimConfig()
+    target = slo_target if isinstance(slo_target, SLOTarget) else SLOTarget(limits=slo_target)
+    seeds = tuple(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0
+                        for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    for name, value in (("low", low), ("tol", tol)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    if high is not None and (not isinstance(high, (int, float)) or not high >= low):
+        raise ValueError(f"high must be a number >= low ({low}), got {high!r}")
+    variants = _variants(policies)
+    for _, changes in variants:       # fail on bad fields before anything runs
+        base_config.replace(**changes, **{rate_field: low})
+    tracks: dict[str, list[_Track]] = {}
+    for label, _ in variants:
+        group = [_Track(label, seeds, low, high, tol)]
+        if len(seeds) > 1:
+            group += [_Track(label, (s,), low, high, tol) for s in seeds]
+        tracks[label] = group
+    changes_of = dict(variants)
+    cache: dict[tuple, dict] = {}
+    for _ in range(MAX_ROUNDS):
+        live = [t for group in tracks.values() for t in group if t.probe is not None]
+        if not live:
+            break
+        keys = sorted({(t.label, t.probe, s) for t in live for s in t.seeds} - set(cache),
+                      key=str)
+        jobs = [Job(base_config.replace(**changes_of[label], **{rate_field: rate, "seed": seed}),
+                    target.slo, keep_frames=False) for label, rate, seed in keys]
+        outputs = execute(jobs, executor=executor, max_workers=max_workers, progress=progress,
+                          ray_address=ray_address, desc="capacity")
+        reraise_warnings(outputs)
+        for key, out in zip(keys, outputs):
+            cache[key] = out.row
+        for t in live:
+            rows = pd.DataFrame([cache[(t.label, t.probe, s)] for s in t.seeds])
+            t.update(target.holds(rows))
+    runs = _runs_frame(cache, target, seeds)
+    table = []
+    for label, group in tracks.items():
+        main = group[0]
+        per_seed = [t.capacity for t in group[1:]] or [main.capacity]
+        ci_low, ci_high = _interval(per_seed, main)
+        table.append({"policy": label, "capacity": main.capacity, "ci_low": ci_low,
+                      "ci_high": ci_high, "bracket_low": main.ok if main.ok is not None else 0.0,
+                      "bracket_high": main.fail if main.fail is not None else math.inf,
+                      "status": main.status, "num_seeds": len(seeds),
+                      "seed_capacities": per_seed,
+                      "num_runs": int((runs["policy"] == label).sum())})
+    result = pd.DataFrame(table)
+    result.attrs["runs"] = runs
+    return result
+
+
+def _interval(per_seed: list[float], main: _Track) -> tuple[float, float]:
+    if len(per_seed) < 2:
+        return (main.ok if main.ok is not None else 0.0,
+                main.fail if main.fail is not None else math.inf)
+    from scipy import stats
+
+    values = np.asarray(per_seed, dtype=float)
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def _runs_frame(cache: Mapping[tuple, dict], target: SLOTarget, seeds: tuple) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for (label, rate, seed), row in sorted(cache.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                          kv[0][2])):
+        one = pd.DataFrame([row])
+        rows.append({"policy": label, "rate": rate, "seed": seed,
+                     "holds": target.holds(one), **row})
+    return pd.DataFrame(rows)

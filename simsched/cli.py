@@ -1,0 +1,315 @@
+"""The ``simsched`` command: ``run`` one config, ``sweep`` a grid, or find ``capacity``.
+
+A config comes from a TOML file (sections ``[scheduler]``, ``[cache]``, ``[hardware]``,
+``[workload]``, ``[run]`` and ``[slo]``, or flat field names at the top level) and/or flags; flags
+win. Every bad value ends with one line ``simsched: error: ...`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from simsched.analysis import SLO
+from simsched.config import SimConfig, field_names
+from simsched.workload import WorkloadConfig
+
+SECTIONS = ("scheduler", "cache", "hardware", "workload")
+# flag destination -> config field
+FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "policy": "policy",
+               "victim_policy": "victim_policy", "preemption": "preemption",
+               "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+               "num_blocks": "cache.num_blocks", "workload": "name", "rate": "rate",
+               "num_requests": "num_requests", "duration": "duration", "seed": "seed",
+               "max_sim_time": "max_sim_time", "cost_model": "cost_model"}
+SUMMARY_COLUMNS = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99",
+                   "request_throughput", "goodput", "slo_attainment", "num_preemptions",
+                   "kv_usage_mean", "num_unfinished", "saturation")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit status 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise SystemExit(_fail(message))
+
+
+def _fail(message: str) -> int:
+    print(f"simsched: error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse_value(text: str) -> Any:
+    """A flag value as Python: int, float, true/false, none, or the string itself."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """Read a TOML config file into flat ``SimConfig.replace`` changes and SLO bounds."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path}: {exc}") from None
+    changes: dict[str, Any] = {}
+    slo: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if key in SECTIONS:
+                changes.update({f"{key}.{k}": _tupled(v) for k, v in value.items()})
+            elif key == "run":
+                changes.update({k: _tupled(v) for k, v in value.items()})
+            elif key == "slo":
+                slo.update(value)
+            else:
+                raise ValueError(f"config file {path}: unknown section [{key}]; known: "
+                                 f"{', '.join(SECTIONS + ('run', 'slo'))}")
+        else:
+            changes[key] = _tupled(value)
+    return changes, slo
+
+
+def _tupled(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    return value
+
+
+def build_config(changes: dict[str, Any]) -> SimConfig:
+    """A ``SimConfig`` from flat or dotted changes; a workload name starts from its preset."""
+    changes = dict(changes)
+    name = changes.pop("workload.name", changes.pop("name", None))
+    base = SimConfig()
+    if name is not None:
+        wl = {k.split(".", 1)[-1]: changes.pop(k) for k in list(changes)
+              if k.startswith("workload.") or (k in _workload_fields() and "." not in k)}
+        try:
+            base = base.replace(workload=WorkloadConfig.preset(name, **wl))
+        except TypeError as exc:
+            raise ValueError(f"bad workload field: {exc}") from None
+    for key in changes:
+        bare = key.split(".", 1)[-1]
+        if bare not in field_names():
+            raise ValueError(f"unknown config field {key!r}")
+    return base.replace(**changes)
+
+
+def _workload_fields() -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(WorkloadConfig)}
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="TOML config file (sections [scheduler], [cache], "
+                   "[hardware], [workload], [run], [slo], or flat keys)")
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
+    g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--cost-model", choices=["calibrated", "linear", "unit"],
+                   help="iteration cost model (default calibrated)")
+    g.add_argument("--policy", help="waiting-queue order: fcfs, spf, priority, ...")
+    g.add_argument("--victim-policy", help="whom to preempt: fewest_generated, newest, "
+                   "lowest_priority")
+    g.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=None,
+                   help="preempt lower-ranked running requests to admit a better waiting one")
+    g.add_argument("--max-num-batched-tokens", type=int, help="token budget per iteration")
+    g.add_argument("--max-num-seqs", type=int, help="most sequences in a batch")
+    g.add_argument("--num-blocks", type=int, help="KV cache blocks (default: derived from GPU)")
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", help="lesson, sharegpt, azure-code, azure-conv, trace, custom")
+    g.add_argument("--rate", type=float, help="mean arrival rate, requests/s")
+    g.add_argument("--num-requests", type=int, help="number of requests")
+    g.add_argument("--duration", type=float, help="arrival window, seconds")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, help="random seed of the run")
+    g.add_argument("--max-sim-time", type=float, help="stop the simulation at this time (s)")
+    g.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other config field, e.g. --set cache.watermark=0.02 (repeatable)")
+    g.add_argument("--slo-ttft", type=float, help="TTFT SLO for goodput, seconds")
+    g.add_argument("--slo-tpot", type=float, help="TPOT SLO for goodput, seconds")
+    g.add_argument("--slo-e2el", type=float, help="E2E latency SLO for goodput, seconds")
+    g.add_argument("--out", help="output directory (default out/COMMAND)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``simsched`` command."""
+    p = _Parser(prog="simsched", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="simulate one config; print its summary, write its frames")
+    _add_common(run)
+    sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
+    _add_common(sw)
+    sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
+                    help="a field and its values, e.g. --vary rate=1,2,4 --vary policy=fcfs,spf")
+    _add_parallel(sw)
+    cap = sub.add_parser("capacity", help="largest rate at which latency targets hold, "
+                         "per policy")
+    _add_common(cap)
+    cap.add_argument("--target", action="append", default=[], metavar="METRIC=LIMIT",
+                     help="metric limit, e.g. --target ttft_p99=0.5 --target tpot_p99=0.1")
+    cap.add_argument("--min-attainment", type=float,
+                     help="least share (0-1] of requests meeting the --slo-* bounds")
+    cap.add_argument("--policies", default="fcfs", help="comma-separated policies (default fcfs)")
+    cap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    cap.add_argument("--low", type=float, default=0.5, help="first rate probed (default 0.5)")
+    cap.add_argument("--high", type=float, help="highest rate probed (default: no cap)")
+    cap.add_argument("--tol", type=float, default=0.05,
+                     help="stop when the bracket is narrower than this share of the rate")
+    _add_parallel(cap)
+    return p
+
+
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=["local", "serial", "ray"], default="local",
+                   help="local processes (default), serial, or a Ray cluster")
+    p.add_argument("--workers", type=int, help="local worker processes (default: all cores)")
+    p.add_argument("--ray-address", help="address of an existing Ray cluster")
+
+
+def _pairs(items: Sequence[str], what: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{what} expects FIELD=VALUE, got {item!r}")
+        out.append((key.strip(), value))
+    return out
+
+
+def config_from_args(args) -> tuple[SimConfig, SLO | None]:
+    """The config and SLO given by a TOML file and the flags (flags win)."""
+    changes, slo = load_toml(args.config) if args.config else ({}, {})
+    for dest, fld in FLAG_FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            changes = {k: v for k, v in changes.items() if k.split(".", 1)[-1] != fld.split(
+                ".", 1)[-1]}
+            changes[fld] = value
+    for key, value in _pairs(args.set, "--set"):
+        changes[key] = parse_value(value)
+    for name in ("ttft", "tpot", "e2el"):
+        if getattr(args, f"slo_{name}") is not None:
+            slo[name] = getattr(args, f"slo_{name}")
+    unknown = set(slo) - {"ttft", "tpot", "e2el"}
+    if unknown:
+        raise ValueError(f"unknown [slo] key(s) {sorted(unknown)}; known: ttft, tpot, e2el")
+    return build_config(changes), (SLO(**slo) if slo else None)
+
+
+def _print_table(frame: pd.DataFrame, keys: Sequence[str]) -> None:
+    cols = [c for c in (*keys, *SUMMARY_COLUMNS) if c in frame.columns]
+    with pd.option_context("display.width", 200, "display.max_columns", 40,
+                           "display.float_format", "{:.4g}".format):
+        print(frame[cols].to_string(index=False))
+
+
+def cmd_run(args) -> int:
+    """``simsched run``: one simulation."""
+    from simsched.executors import Job, reraise_warnings, run_job
+
+    config, slo = config_from_args(args)
+    out = run_job(Job(config, slo))
+    reraise_warnings([out])
+    row = pd.DataFrame([out.row])
+    _print_table(row, ())
+    path = Path(args.out or "out/run")
+    path.mkdir(parents=True, exist_ok=True)
+    row.to_csv(path / "summary.csv", index=False)
+    for name in ("requests", "iterations", "preemptions"):
+        getattr(out, name).to_csv(path / f"{name}.csv", index=False)
+    print(f"wrote {path}/summary.csv, requests.csv, iterations.csv, preemptions.csv")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """``simsched sweep``: the grid of --vary values."""
+    from simsched.sweep import sweep
+
+    config, slo = config_from_args(args)
+    factors = {key: [parse_value(v) for v in values.split(",") if v.strip()]
+               for key, values in _pairs(args.vary, "--vary")}
+    if not factors:
+        raise ValueError("sweep needs at least one --vary FIELD=V1,V2,...")
+    result = sweep(config, executor=args.executor, max_workers=args.workers,
+                   progress=not args.quiet, slos=slo, ray_address=args.ray_address, **factors)
+    _print_table(result.runs, list(factors))
+    path = Path(args.out or "out/sweep")
+    result.to_csv(path)
+    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv"]
+    rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
+    if rate_key is not None and len(factors[rate_key]) > 1:
+        from simsched import plots
+
+        by = [k for k in factors if k != rate_key and k != "seed"]
+        plots.latency_vs_load(result.runs, path / "latency_vs_load.png", x=rate_key, by=by)
+        plots.ttft_cdf(result.requests, result.runs, path / "ttft_cdf.png", by=by)
+        written += ["latency_vs_load.png", "ttft_cdf.png"]
+    print(f"wrote {path}/: {', '.join(written)}")
+    return 0
+
+
+def cmd_capacity(args) -> int:
+    """``simsched capacity``: the largest rate meeting the targets, per policy."""
+    from simsched.capacity import SLOTarget, capacity_search
+
+    config, slo = config_from_args(args)
+    limits = {}
+    for key, value in _pairs(args.target, "--target"):
+        try:
+            limits[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--target {key} must be a number, got {value!r}") from None
+    target = SLOTarget(limits=limits, slo=slo, min_attainment=args.min_attainment)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    result = capacity_search(config, target, policies=policies, seeds=seeds, low=args.low,
+                             high=args.high, tol=args.tol, executor=args.executor,
+                             max_workers=args.workers, progress=not args.quiet,
+                             ray_address=args.ray_address)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+        print(result[["policy", "capacity", "ci_low", "ci_high", "status", "num_runs"]]
+              .to_string(index=False))
+    path = Path(args.out or "out/capacity")
+    path.mkdir(parents=True, exist_ok=True)
+    result.to_csv(path / "capacity.csv", index=False)
+    result.attrs["runs"].to_csv(path / "runs.csv", index=False)
+    print(f"wrote {path}/capacity.csv, runs.csv")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``simsched`` command; returns the exit status."""
+    args = make_parser().parse_args(argv)
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity}
+    try:
+        return commands[args.command](args)
+    except (ValueError, ImportError, OSError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _fail(message)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

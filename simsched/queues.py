@@ -1,0 +1,113 @@
+"""Waiting-queue building blocks shared by the queue policies: a keyed heap and option parsing.
+
+:class:`HeapQueue` keeps waiting requests in a heap by a key fixed at enqueue time (O(log n) per
+push/pop). With ``max_wait`` it also promotes any request that has waited longer than that, in
+enqueue order, ahead of the key order (an anti-starvation rule): the promotion is evaluated at the
+time of the scheduler's last :meth:`HeapQueue.update` call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from typing import Any, Callable, Iterator, Mapping
+
+from simsched.request import Request
+
+
+def option(options: Mapping[str, Any], name: str, default: float, low: float = 0.0,
+           high: float = math.inf, low_open: bool = False) -> float:
+    """Read number option ``name`` of ``scheduler.policy_options``, checking its range."""
+    value = options.get(name, default)
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"scheduler.policy_options[{name!r}] must be a number, got {value!r}")
+    if (value <= low if low_open else value < low) or value > high:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"scheduler.policy_options[{name!r}] must be in {bracket}{low}, {high}], "
+                         f"got {value!r}")
+    return float(value)
+
+
+def check_option_names(options: Mapping[str, Any], policy: str, allowed) -> None:
+    """Reject options that policy ``policy`` does not understand (typos would be ignored)."""
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ValueError(f"scheduler.policy_options {bad} not understood by policy {policy!r}; "
+                         f"it accepts {sorted(allowed)}")
+
+
+class HeapQueue:
+    """A waiting queue ordered by a key function (smaller key = served first).
+
+    ``key(req, now)`` is evaluated once, when ``req`` is enqueued at ``now``. ``max_wait``
+    (seconds, optional) promotes requests that have waited longer, oldest first.
+    """
+
+    def __init__(self, key: Callable[[Request, float], tuple],
+                 max_wait: float | None = None) -> None:
+        self._key = key
+        self._heap: list = []
+        self._tiebreak = itertools.count()
+        self.max_wait = max_wait
+        self._fifo: deque = deque()       # (queued_at, tiebreak, req), only with max_wait
+        self._live: dict[int, int] = {}   # request id -> tiebreak of its live entry
+        self.now = 0.0
+
+    def push(self, req: Request, now: float) -> None:
+        """Enqueue ``req`` at time ``now``."""
+        req.sort_key = self._key(req, now)
+        tb = next(self._tiebreak)
+        self._live[req.id] = tb
+        heapq.heappush(self._heap, (req.sort_key, tb, req))
+        if self.max_wait is not None:
+            self._fifo.append((now, tb, req))
+
+    def update(self, now: float) -> None:
+        """Set the time at which waiting times are judged (called once per iteration)."""
+        self.now = now
+
+    def _clean(self) -> None:
+        live = self._live
+        heap, fifo = self._heap, self._fifo
+        while heap and live.get(heap[0][2].id) != heap[0][1]:
+            heapq.heappop(heap)
+        while fifo and live.get(fifo[0][2].id) != fifo[0][1]:
+            fifo.popleft()
+
+    def _promoted(self) -> bool:
+        return bool(self._fifo) and self.now - self._fifo[0][0] > self.max_wait
+
+    def peek(self) -> Request:
+        """The request to serve next (the queue must not be empty)."""
+        self._clean()
+        return self._fifo[0][2] if self._promoted() else self._heap[0][2]
+
+    def pop(self) -> Request:
+        """Remove and return the request to serve next."""
+        req = self.peek()
+        del self._live[req.id]
+        return req
+
+    def rank(self, req: Request) -> tuple:
+        """A comparable rank of ``req`` (waiting or running): smaller is served first."""
+        if self.max_wait is not None and req.id in self._live \
+                and self.now - req.queued_at > self.max_wait:
+            return (0, req.queued_at)
+        return (1, req.sort_key)
+
+    def ranks_below(self, req: Request, other: Request) -> bool:
+        """Whether ``req`` would be served after ``other``."""
+        if self.max_wait is None:
+            return req.sort_key > other.sort_key
+        return self.rank(req) > self.rank(other)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[Request]:
+        live = self._live
+        return (e[2] for e in self._heap if live.get(e[2].id) == e[1])
