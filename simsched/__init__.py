@@ -1,12 +1,15 @@
 """simsched: a discrete-event simulator of an LLM serving engine's scheduler."""
 
+from simsched.analysis import SLO
 from simsched.api import make_requests, simulate
+from simsched.capacity import SLOTarget, capacity_search
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.cost_model import Batch, LinearCostModel, UnitCostModel
 from simsched.metrics import Results
+from simsched.sweep import SweepResult, sweep
 from simsched.workload import WorkloadConfig
 
 __all__ = ["simulate", "make_requests", "SimConfig", "SchedulerConfig", "CacheConfig",
            "HardwareConfig", "WorkloadConfig", "Batch", "LinearCostModel", "UnitCostModel",
-           "Results"]
+           "Results", "sweep", "SweepResult", "SLO", "SLOTarget", "capacity_search"]
 __version__ = "0.1.0"

@@ -18,60 +18,77 @@ from simsched.workload import generate
 _FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
 
 
+def _as_frame(table: Any) -> pd.DataFrame:
+    """A request table as a DataFrame with at least the three required columns."""
+    if isinstance(table, pd.DataFrame):
+        df = table
+    else:
+        items = list(table)
+        if items and all(isinstance(item, dict) for item in items):
+            df = pd.DataFrame(items)
+        else:
+            rows = []
+            for i, item in enumerate(items):
+                if isinstance(item, dict) or not hasattr(item, "__len__") \
+                        or not 3 <= len(item) <= 5:
+                    raise ValueError(f"requests[{i}]: expected (arrival_at, prompt, output"
+                                     f"[, priority[, tenant]]), got {item!r}")
+                rows.append(tuple(item))
+            width = max((len(r) for r in rows), default=3)
+            df = pd.DataFrame(rows, columns=list(_FIELDS[:width]))
+    missing = [c for c in _FIELDS[:3] if c not in df.columns]
+    if missing:
+        raise ValueError(f"requests table lacks column(s) {missing}")
+    return df
+
+
+def _numbers(df: pd.DataFrame, column: str, integer: bool, low: float) -> np.ndarray:
+    """A numeric column as floats; the first bad row raises ValueError naming row and field."""
+    raw = df[column]
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    bad = ~np.isfinite(values) | (values < low)
+    if integer:
+        bad |= values != np.round(values)
+    if raw.dtype == bool:
+        bad[:] = True
+    if bad.any():
+        i = int(np.argmax(bad))
+        kind = "an integer" if integer else "a finite number"
+        bound = f" >= {low:g}" if low > -2**62 else ""
+        got = raw.iloc[i]
+        got = got.item() if isinstance(got, np.generic) else got
+        raise ValueError(f"requests[{i}].{column} must be {kind}{bound}, got {got!r}")
+    return values
+
+
 def make_requests(table: Any) -> list[Request]:
     """Turn a request table into ``Request`` objects sorted by arrival, ids 0..n-1 in that order.
 
     ``table`` may be a DataFrame with columns ``arrival_at, num_prompt_tokens,
     num_output_tokens`` (optional ``priority``, ``tenant``), or an iterable of tuples
     ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
+    Validation is vectorised; the first bad row is named in the error.
     """
-    if isinstance(table, pd.DataFrame):
-        missing = [c for c in _FIELDS[:3] if c not in table.columns]
-        if missing:
-            raise ValueError(f"requests table lacks column(s) {missing}")
-        rows = table.to_dict("records")
+    df = _as_frame(table)
+    arrival = _numbers(df, "arrival_at", False, 0)
+    prompt = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
+    output = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
+    if "priority" in df.columns:
+        prio_frame = pd.DataFrame({"priority": df["priority"].fillna(0)})
+        priority = _numbers(prio_frame, "priority", True, -2**62).astype(np.int64)
     else:
-        rows = []
-        for i, item in enumerate(table):
-            if isinstance(item, dict):
-                rows.append(item)
-            else:
-                item = tuple(item)
-                if not 3 <= len(item) <= 5:
-                    raise ValueError(f"requests[{i}]: expected (arrival_at, prompt, output"
-                                     f"[, priority[, tenant]]), got {item!r}")
-                rows.append(dict(zip(_FIELDS, item)))
-    parsed = []
-    for i, row in enumerate(rows):
-        try:
-            arrival = float(row["arrival_at"])
-            prompt = row["num_prompt_tokens"]
-            output = row["num_output_tokens"]
-        except KeyError as exc:
-            raise ValueError(f"requests[{i}] lacks field {exc.args[0]!r}") from None
-        except (TypeError, ValueError):
-            raise ValueError(f"requests[{i}].arrival_at must be a number, "
-                             f"got {row.get('arrival_at')!r}") from None
-        if not math.isfinite(arrival) or arrival < 0:
-            raise ValueError(f"requests[{i}].arrival_at must be finite and >= 0, got {arrival}")
-        for name, value in (("num_prompt_tokens", prompt), ("num_output_tokens", output)):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                    or value < 1:
-                raise ValueError(f"requests[{i}].{name} must be an integer >= 1, got {value!r}")
-        prio = row.get("priority", 0)
-        prio = 0 if prio is None or (isinstance(prio, float) and math.isnan(prio)) else prio
-        if isinstance(prio, float) and prio.is_integer():
-            prio = int(prio)
-        if not isinstance(prio, (int, np.integer)) or isinstance(prio, bool):
-            raise ValueError(f"requests[{i}].priority must be an integer, got {prio!r}")
-        tenant = row.get("tenant")
-        if isinstance(tenant, float) and math.isnan(tenant):
-            tenant = None
-        parsed.append((arrival, i, int(prompt), int(output), int(prio), tenant))
-    parsed.sort()
-    return [Request(n, a, p, o, pr, t) for n, (a, _, p, o, pr, t) in enumerate(parsed)]
+        priority = np.zeros(len(df), dtype=np.int64)
+    if "tenant" in df.columns:
+        tenant = [None if t is None or (isinstance(t, float) and math.isnan(t)) else t
+                  for t in df["tenant"].tolist()]
+    else:
+        tenant = [None] * len(df)
+    order = np.argsort(arrival, kind="stable")
+    arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
+                                         output[order].tolist(), priority[order].tolist())
+    tenant = [tenant[i] for i in order.tolist()]
+    return [Request(n, a, p, o, pr, t)
+            for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,

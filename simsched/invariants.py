@@ -112,8 +112,15 @@ def _check_membership(sched, kv, now: float) -> list[int]:
 
 def _check_requests(engine, sched, waiting_ids: list[int], now: float) -> None:
     counts = {s: 0 for s in Status}
+    members = {Status.WAITING: set(waiting_ids), Status.RUNNING: sched.running,
+               Status.SWAPPED: _swapped(sched)}
     for req in engine.requests[:engine.num_arrived]:
         counts[req.status] += 1
+        if req.status in members and req.id not in members[req.status]:
+            raise InvariantError("nothing_lost", now,
+                                 f"status {req.status.value} but not in that collection", req.id)
+        if req.status is Status.PENDING:
+            raise InvariantError("nothing_lost", now, "arrived but never queued", req.id)
         _check_timestamps(req, now)
         if req.status is Status.FINISHED and req.num_generated != req.num_output_tokens:
             raise InvariantError("finished_complete", now,

@@ -71,54 +71,52 @@ class ItlSamples:
         return weighted_percentiles(values, weights, qs)
 
 
+_REQUEST_ATTRS = (
+    ("request_id", "id"), ("arrival_at", "arrival_at"),
+    ("first_scheduled_at", "first_scheduled_at"), ("first_token_at", "first_token_at"),
+    ("finished_at", "finished_at"), ("num_prompt_tokens", "num_prompt_tokens"),
+    ("num_output_tokens", "num_output_tokens"), ("num_generated_tokens", "num_generated"),
+    ("priority", "priority"), ("tenant", "tenant"), ("num_preemptions", "num_preemptions"),
+    ("num_recomputed_tokens", "num_recomputed_tokens"), ("num_swaps", "num_swaps"),
+    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
+
+
 def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFrame, ItlSamples,
                                                                      pd.DataFrame]:
-    """One row per request, the pooled ITL samples and one row per preemption cause."""
+    """One row per request, the pooled ITL samples and one row per preemption cause.
+
+    A decode run ``(prev_token_at, a, b)`` emitted tokens at decode steps ``a..b``: its first
+    gap is ``end[a] - prev_token_at`` and the others are the step gaps ``end[s] - end[s-1]`` for
+    ``s`` in ``a+1..b``. Runs are processed as arrays, one pass over the requests in all.
+    """
+    n = len(requests)
     n_steps = len(step_end_at)
-    step_gap = np.zeros(n_steps)
+    step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
-        step_gap[2:] = np.diff(step_end_at[1:])
+        step_gap[2:n_steps] = np.diff(step_end_at[1:])
+    runs = [(i, prev, a, b) for i, r in enumerate(requests) if r.runs for prev, a, b in r.runs]
+    gaps = [(i, g) for i, r in enumerate(requests) if r.gaps for g in r.gaps]
+    run_arr = np.array(runs, dtype=float).reshape(-1, 4)
+    owner, prev = run_arr[:, 0].astype(np.int64), run_arr[:, 1]
+    a, b = run_arr[:, 2].astype(np.int64), run_arr[:, 3].astype(np.int64)
+    first_gaps = step_end_at[a] - prev
+    itl_max = np.full(n, -np.inf)
+    np.maximum.at(itl_max, owner, first_gaps)
+    long = b > a
     delta = np.zeros(n_steps + 1, dtype=np.int64)
-    other: list[float] = []
-    cols: dict[str, list] = {k: [] for k in (
-        "request_id", "arrival_at", "first_scheduled_at", "first_token_at", "finished_at",
-        "num_prompt_tokens", "num_output_tokens", "num_generated_tokens", "priority", "tenant",
-        "itl_max", "num_preemptions", "num_recomputed_tokens", "num_swaps", "status",
-        "reject_reason")}
-    causes: list[tuple] = []
-    for req in requests:
-        itl_max = -math.inf
-        for prev_at, a, b in req.runs:
-            first_gap = step_end_at[a] - prev_at
-            other.append(first_gap)
-            itl_max = max(itl_max, first_gap)
-            if b > a:
-                delta[a + 1] += 1
-                delta[b + 1] -= 1
-                itl_max = max(itl_max, step_gap[a + 1:b + 1].max())
-        if req.gaps:
-            other.extend(req.gaps)
-            itl_max = max(itl_max, max(req.gaps))
-        for c in req.causes:
-            causes.append((c.request_id, c.at, c.reason, c.preempted_by, c.num_lost_tokens, c.mode))
-        c = cols
-        c["request_id"].append(req.id)
-        c["arrival_at"].append(req.arrival_at)
-        c["first_scheduled_at"].append(req.first_scheduled_at)
-        c["first_token_at"].append(req.first_token_at)
-        c["finished_at"].append(req.finished_at)
-        c["num_prompt_tokens"].append(req.num_prompt_tokens)
-        c["num_output_tokens"].append(req.num_output_tokens)
-        c["num_generated_tokens"].append(req.num_generated)
-        c["priority"].append(req.priority)
-        c["tenant"].append(req.tenant)
-        c["itl_max"].append(itl_max if itl_max > -math.inf else math.nan)
-        c["num_preemptions"].append(req.num_preemptions)
-        c["num_recomputed_tokens"].append(req.num_recomputed_tokens)
-        c["num_swaps"].append(req.num_swaps)
-        c["status"].append(req.status.value)
-        c["reject_reason"].append(req.reject_reason)
+    np.add.at(delta, a[long] + 1, 1)
+    np.add.at(delta, b[long] + 1, -1)
+    if long.any():
+        bounds = np.empty(2 * int(long.sum()), dtype=np.int64)
+        bounds[0::2], bounds[1::2] = a[long] + 1, b[long] + 1
+        np.maximum.at(itl_max, owner[long], np.maximum.reduceat(step_gap, bounds)[0::2])
+    gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
+    np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
+    itl_max[np.isinf(itl_max)] = np.nan
+    cols = {name: [getattr(r, attr) for r in requests] for name, attr in _REQUEST_ATTRS}
+    cols["status"] = [r.status.value for r in requests]
     df = pd.DataFrame(cols)
+    df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
     df["ttft"] = df["first_token_at"] - df["arrival_at"]
     df["e2el"] = df["finished_at"] - df["arrival_at"]
     df["queue_time"] = df["first_scheduled_at"] - df["arrival_at"]
@@ -127,7 +125,9 @@ def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFram
                           np.nan)
     df["itl_mean"] = df["tpot"]
     counts = np.cumsum(delta)[:n_steps]
-    itl = ItlSamples(step_gap, counts, np.asarray(other, dtype=float))
+    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
+    causes = [(c.request_id, c.at, c.reason, c.preempted_by, c.num_lost_tokens, c.mode)
+              for r in requests if r.causes for c in r.causes]
     cause_df = pd.DataFrame(causes, columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
     return df, itl, cause_df
