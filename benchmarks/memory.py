@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     wall = time.perf_counter() - started
     s = res.summary()
     print(f"{args.num_requests} requests, {int(res.requests['num_generated_tokens'].sum())} output "
-          f"tokens, {len(res.iterations)} iterations, {len(res.itl_samples())} ITL samples; "
+          f"tokens, {len(res.iterations)} iterations, {res.num_itl_samples} ITL samples; "
           f"wall {wall:.1f} s; finished {s['num_finished']}; "
           f"peak RSS {peak_rss_mb():.0f} MiB (interpreter and imports: {before:.0f} MiB)")
 

@@ -12,7 +12,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 
 from simsched import calibration as cal
 from simsched.hardware import GPUS, MODELS, REFERENCE_GPU

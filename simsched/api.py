@@ -11,7 +11,7 @@ import pandas as pd
 from simsched import hardware
 from simsched.config import SimConfig
 from simsched.engine import Engine
-from simsched.metrics import Results, build_iterations_frame, build_requests_frame
+from simsched.metrics import Results, build_requests_frame
 from simsched.request import Request
 from simsched.workload import generate
 
@@ -105,6 +105,7 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     rng = np.random.default_rng(config.seed)
     table = generate(config.workload, rng) if requests is None else requests
     reqs = make_requests(table)
+    del table  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is None:
         cost_model = hardware.make_cost_model(config.hardware)
     elif not callable(getattr(cost_model, "iteration_time", None)):
@@ -118,6 +119,7 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     step_end = np.asarray(sched.step_end_at, dtype=float)
     req_df, itl, causes = build_requests_frame(reqs, step_end)
     info = {"num_blocks": num_blocks, "num_events": engine.num_events,
-            "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running)}
-    return Results(req_df, build_iterations_frame(engine.iteration_rows), itl, causes,
+            "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running),
+            "kv_blocks_used_at_end": engine.kv.num_used}
+    return Results(req_df, engine.iteration_rows.frame(), itl, causes,
                    config=config, sim_time=engine.env.now, info=info)

@@ -17,6 +17,7 @@ import simpy
 from simsched import hardware
 from simsched.invariants import check_invariants
 from simsched.kv_cache import KVCacheManager
+from simsched.metrics import IterationLog
 from simsched.request import Request, Status
 from simsched.scheduler import Scheduler
 
@@ -44,7 +45,7 @@ class Engine:
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
         self.requests = requests
-        self.iteration_rows: list[tuple] = []
+        self.iteration_rows = IterationLog()
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark
         self._idle: simpy.Event | None = None
@@ -64,15 +65,17 @@ class Engine:
             delay = req.arrival_at - env.now
             if delay > 0:
                 yield env.timeout(delay)
+                req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
             req.process = env.process(self._request(req))
 
     def _request(self, req: Request):
         """A request's life: queue (or be rejected), wait for first token, then completion."""
         self.num_arrived += 1
+        if not self.scheduler.add(req, self.env.now):
+            req.process = None
+            return
         req.first_token_event = self.env.event()
         req.done_event = self.env.event()
-        if not self.scheduler.add(req, self.env.now):
-            return
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
         waits = (req.first_token_event, req.done_event)
@@ -84,12 +87,16 @@ class Engine:
             except simpy.Interrupt as interrupt:
                 # Recompute preemption: the scheduler already sent us back to the queue;
                 # keep the cause and wait again for re-admission to produce our tokens.
+                if not req.causes:
+                    req.causes = []
                 req.causes.append(interrupt.cause)
             self.num_events += 1
+        # A finished request keeps no SimPy objects alive: big runs stay small in memory.
+        req.process = req.first_token_event = req.done_event = None
 
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
-        rows = self.iteration_rows
+        log = self.iteration_rows
         check = self.config.check_invariants
         while True:
             if not sched.has_work():
@@ -123,7 +130,7 @@ class Engine:
             duration += swap_time
             yield env.timeout(duration)
             firsts, finished = sched.commit(env.now)
-            rows.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+            log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
                          batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
                 req.first_token_event.succeed()

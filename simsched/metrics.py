@@ -81,11 +81,15 @@ _REQUEST_ATTRS = (
     ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
 
 
+_OBJECT_ATTRS = {"tenant": object, "reject_reason": object}
+
+
 def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFrame, ItlSamples,
                                                                      pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
-    A decode run ``(prev_token_at, a, b)`` emitted tokens at decode steps ``a..b``: its first
+    ``req.runs`` is a flat tuple of triples ``(prev_token_at, a, b)``: a decode run that emitted
+    tokens at decode steps ``a..b``: its first
     gap is ``end[a] - prev_token_at`` and the others are the step gaps ``end[s] - end[s-1]`` for
     ``s`` in ``a+1..b``. Runs are processed as arrays, one pass over the requests in all.
     """
@@ -94,11 +98,13 @@ def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFram
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
         step_gap[2:n_steps] = np.diff(step_end_at[1:])
-    runs = [(i, prev, a, b) for i, r in enumerate(requests) if r.runs for prev, a, b in r.runs]
+    # Straight into arrays: a million requests' runs never become Python tuples here.
+    flat = np.fromiter((x for r in requests for x in r.runs), dtype=float)
+    owner = np.repeat(np.arange(n), np.fromiter((len(r.runs) // 3 for r in requests),
+                                                dtype=np.int64, count=n))
+    prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
+    del flat
     gaps = [(i, g) for i, r in enumerate(requests) if r.gaps for g in r.gaps]
-    run_arr = np.array(runs, dtype=float).reshape(-1, 4)
-    owner, prev = run_arr[:, 0].astype(np.int64), run_arr[:, 1]
-    a, b = run_arr[:, 2].astype(np.int64), run_arr[:, 3].astype(np.int64)
     first_gaps = step_end_at[a] - prev
     itl_max = np.full(n, -np.inf)
     np.maximum.at(itl_max, owner, first_gaps)
@@ -113,7 +119,15 @@ def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFram
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
-    cols = {name: [getattr(r, attr) for r in requests] for name, attr in _REQUEST_ATTRS}
+    cols = {}
+    for name, attr in _REQUEST_ATTRS:
+        kind = _OBJECT_ATTRS.get(attr)
+        if kind is None:
+            # Numeric columns go straight into arrays: no million-element Python lists.
+            dtype = float if attr.endswith("_at") or attr == "swapped_bytes" else np.int64
+            cols[name] = np.fromiter((getattr(r, attr) for r in requests), dtype=dtype, count=n)
+        else:
+            cols[name] = [getattr(r, attr) for r in requests]
     cols["status"] = [r.status.value for r in requests]
     df = pd.DataFrame(cols)
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
@@ -151,10 +165,16 @@ class Results:
         """Every inter-token gap of every request, as a float array (seconds)."""
         return self._itl.array()
 
+    @property
+    def num_itl_samples(self) -> int:
+        """How many inter-token gaps there are, without materialising them."""
+        return len(self._itl)
+
     def summary(self) -> dict:
         """Mean, median, p90, p95, p99 of TTFT, TPOT, ITL and E2EL; throughput; counts."""
         df = self.requests
-        done = df[df["status"] == Status.FINISHED.value]
+        finished = (df["status"] == Status.FINISHED.value).to_numpy()
+        done = df[["e2el", "tpot", "finished_at", "num_output_tokens"]][finished]
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
@@ -177,6 +197,10 @@ class Results:
                                     if span and span > 0 else math.nan)
         out["num_preemptions"] = int(df["num_preemptions"].sum())
         out["num_recomputed_tokens"] = int(df["num_recomputed_tokens"].sum())
+        out["num_swaps"] = int(df["num_swaps"].sum())
+        out["swapped_bytes"] = float(df["swapped_bytes"].sum())
+        out["swap_time"] = (float(self.iterations["swap_time"].sum())
+                            if "swap_time" in self.iterations else 0.0)
         it = self.iterations
         out["num_iterations"] = len(it)
         if len(it) and self.info.get("num_blocks"):
@@ -206,9 +230,37 @@ def _percentiles(values: np.ndarray) -> list[float]:
     return [float(v) for v in np.percentile(values, PERCENTILES)]
 
 
-def build_iterations_frame(rows: list[tuple]) -> pd.DataFrame:
-    """One row per GPU iteration."""
-    df = pd.DataFrame.from_records(rows, columns=list(ITERATION_COLUMNS))
-    if not len(df):
-        df = df.astype({c: float for c in ITERATION_COLUMNS})
-    return df
+class IterationLog:
+    """One row per GPU iteration, buffered as tuples and packed into a float array every
+    ``CHUNK`` rows, so a run of millions of iterations keeps 8 bytes per value."""
+
+    CHUNK = 65536
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self._chunks: list[np.ndarray] = []
+
+    def append(self, row: tuple) -> None:
+        """Record one iteration (values in ``ITERATION_COLUMNS`` order)."""
+        self.rows.append(row)
+        if len(self.rows) >= self.CHUNK:
+            self._chunks.append(np.array(self.rows, dtype=float))
+            self.rows.clear()
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self._chunks) + len(self.rows)
+
+    def __iter__(self):
+        for chunk in self._chunks:
+            yield from chunk
+        yield from self.rows
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame; count columns are integers."""
+        parts = self._chunks + ([np.array(self.rows, dtype=float)] if self.rows else [])
+        columns = {}
+        for j, col in enumerate(ITERATION_COLUMNS):  # column by column: one copy at a time
+            values = (np.concatenate([p[:, j] for p in parts]) if parts else np.empty(0))
+            integer = col.startswith("num_") or col == "kv_blocks_used"
+            columns[col] = values.astype(np.int64) if integer else values
+        return pd.DataFrame(columns, copy=False)

@@ -73,9 +73,10 @@ class Request:
         self.last_token_at = NAN
         # Decode runs as (prev_token_at, first_step, last_step): tokens in consecutive decode
         # steps, so per-token gaps are rebuilt from step end times at the end, not stored per token.
-        self.runs: list = []
-        self.gaps: list = []            # gaps of tokens emitted by a (re)prefill after a stall
-        self.causes: list = []          # PreemptionCause objects received by the process
+        self.runs: tuple = ()           # flat (prev_token_at, first_step, last_step) triples
+        # Rare, so a shared empty tuple until the first entry (saves memory on big runs).
+        self.gaps: list | tuple = ()    # gaps of tokens emitted by a (re)prefill after a stall
+        self.causes: list | tuple = ()  # PreemptionCause objects received by the process
         self.process = None
         self.first_token_event = None
         self.done_event = None

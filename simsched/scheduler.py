@@ -20,6 +20,7 @@ Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
 from __future__ import annotations
 
 import math
+from array import array
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from simsched import swap
 from simsched.cost_model import Batch
 from simsched.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
+from simsched.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
@@ -34,7 +36,7 @@ RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.F
 DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
 
 
-class Scheduler:
+class Scheduler(PreemptionMixin):
     """Stall-free continuous batching (Sarathi-Serve style) with a paged KV cache.
 
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
@@ -58,6 +60,12 @@ class Scheduler:
         self._queue_update = getattr(self.queue, "update", None)
         self._queue_refresh = getattr(self.queue, "refresh", None)
         self.preemptive = bool(getattr(self.queue, "preemptive", False))
+        # With fixed ranks a failed admission preemption fails again until the running set
+        # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan.
+        self._static_ranks = (self._queue_refresh is None
+                              and getattr(self.queue, "max_wait", False) is None)
+        self.running_version = 0
+        self._failed_admission: tuple | None = None
         self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
         self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
@@ -72,7 +80,7 @@ class Scheduler:
         self.decoding: dict[int, Request] = {}
         self.prefilling: dict[int, Request] = {}
         self.step = 0                             # decode steps completed
-        self.step_end_at: list[float] = [math.nan]
+        self.step_end_at = array("d", [math.nan])   # 8 bytes per decode step
         self.ctx_base_sum = 0                     # sum of decoders' ctx_base
         self.block_due: dict[int, list] = {}
         self.finish_due: dict[int, list] = {}
@@ -123,13 +131,10 @@ class Scheduler:
                       f"{self.max_model_len}")
         else:
             peak = total - 1  # the last token's KV is never written
-            first = min(peak, self.cfg.max_num_batched_tokens) if self.chunking else peak
+            # Anything that fits the cache is admitted once the engine is empty (no watermark).
             if kv.blocks_for(peak) > kv.num_blocks:
                 reason = (f"needs {kv.blocks_for(peak)} KV blocks, the cache has "
                           f"{kv.num_blocks}")
-            elif kv.blocks_for(first) > kv.num_blocks - kv.watermark_blocks:
-                reason = (f"first prefill chunk needs {kv.blocks_for(first)} KV blocks, "
-                          f"{kv.num_blocks - kv.watermark_blocks} admissible")
         if reason:
             req.status = REJECTED
             req.reject_reason = reason
@@ -268,7 +273,9 @@ class Scheduler:
             else:
                 break
             need = kv.blocks_for(remaining if static else chunk) + reserved
-            if full or not kv.can_allocate(need, use_watermark=True):
+            # The watermark keeps headroom for running requests to grow; with none running it
+            # would only block a request that fits the cache forever.
+            if full or not kv.can_allocate(need, use_watermark=bool(self.running)):
                 if not (may_preempt and self._preempt_for_admission(req, need, full)):
                     break
             queue.pop()
@@ -278,71 +285,13 @@ class Scheduler:
             if req.first_scheduled_at != req.first_scheduled_at:  # NaN: first admission
                 req.first_scheduled_at = self.now
             self.running[req.id] = req
+            self.running_version += 1
             self.prefilling[req.id] = req
             if static:
                 reserved += kv.blocks_for(remaining) - kv.blocks_for(chunk)
             if chunk:
                 kv.allocate(req.id, chunk)
                 self._plan(req, chunk)
-
-    # ----------------------------------------------------------------- preemption
-    def _make_room(self, req: Request, need: int) -> bool:
-        """Preempt victims until ``need`` blocks are free for running ``req``; False if req went."""
-        cap = self.cfg.max_num_preemptions
-        while self.kv.num_free < need:
-            running = list(self.running.values())
-            # Requests preempted too often are protected, so every request eventually finishes.
-            candidates = [r for r in running if r.num_preemptions < cap] or running
-            victim = self.choose_victim(candidates, self)
-            self._preempt(victim, "kv_full", None)
-            if victim is req:
-                return False
-        return True
-
-    def _preempt_for_admission(self, req: Request, need: int, slot: bool = False) -> bool:
-        """Preempt requests ranked below ``req`` so it can be admitted; False if impossible.
-
-        Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
-        """
-        cap = self.cfg.max_num_preemptions
-        ranks_below = self.queue.ranks_below
-        candidates = [r for r in self.running.values()
-                      if r.num_preemptions < cap and r.id not in self.planned
-                      and ranks_below(r, req)]
-        if not candidates:
-            return False
-        kv = self.kv
-        freeable = sum(kv.num_held(r.id) for r in candidates)
-        if kv.num_free - kv.watermark_blocks + freeable < need:
-            return False  # preempting would not help: keep their work
-        while not kv.can_allocate(need, use_watermark=True) or \
-                (slot and len(self.running) >= self.cfg.max_num_seqs):
-            victim = self.choose_victim(candidates, self)
-            candidates.remove(victim)
-            self._preempt(victim, "admission", req.id)
-        return True
-
-    def _preempt(self, victim: Request, reason: str, by: int | None) -> None:
-        """Preempt ``victim``: swap it out if configured and possible, else recompute.
-
-        Recompute frees the victim's blocks and sends it back to the queue.
-        """
-        if self.swapping and swap.swap_out(self, victim, reason, by):
-            return
-        generated = self.num_generated(victim)
-        cached = self.num_cached(victim)
-        self._stop(victim)
-        victim.num_generated = generated
-        victim.num_computed = 0
-        # Re-prefill the prompt and every token already generated; the next one is new.
-        victim.prefill_target = victim.num_prompt_tokens + generated
-        victim.status = WAITING
-        victim.queued_at = self.now
-        victim.num_preemptions += 1
-        victim.num_recomputed_tokens += cached
-        self.num_preemptions += 1
-        self._requeue.append(victim)
-        self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
     def _stop(self, victim: Request) -> None:
         """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
@@ -352,6 +301,7 @@ class Scheduler:
             self.prefilling.pop(victim.id, None)
             self._unplan(victim)
         del self.running[victim.id]
+        self.running_version += 1
         self.kv.free(victim.id)
         victim.epoch += 1
         victim.finish_step = -1
@@ -359,7 +309,7 @@ class Scheduler:
     def _close_run(self, req: Request, last_step: int) -> None:
         """End ``req``'s decode run after step ``last_step``."""
         if last_step >= req.run_start_step:
-            req.runs.append((req.last_token_at, req.run_start_step, last_step))
+            req.runs += (req.last_token_at, req.run_start_step, last_step)
             req.last_token_at = self.step_end_at[last_step]
         req.num_generated += max(0, last_step - req.run_start_step + 1)
         del self.decoding[req.id]
@@ -395,6 +345,8 @@ class Scheduler:
                 req.first_token_at = now
                 firsts.append(req)
             else:
+                if not req.gaps:
+                    req.gaps = []
                 req.gaps.append(now - req.last_token_at)  # stall of a recomputed request
             req.last_token_at = now
             if req.num_generated >= req.num_output_tokens:
@@ -429,7 +381,12 @@ class Scheduler:
         req.finished_at = now
         req.num_generated = req.num_output_tokens
         del self.running[req.id]
+        self.running_version += 1
         self.kv.free(req.id)
+        # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
+        # which keeps a million finished requests within memory.
+        req.sort_key = None
+        req.prefill_target = req.num_computed = req.ctx_base = req.finish_step = 0
         finished.append(req)
 
     def close(self) -> None:

@@ -83,6 +83,7 @@ def swap_in(sched) -> None:
         req.admitted_seq = sched.num_admitted
         sched.num_admitted += 1
         sched.running[req.id] = req
+        sched.running_version += 1
         if decoding:
             sched._start_run(req, resumed=True)
         else:

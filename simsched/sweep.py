@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 

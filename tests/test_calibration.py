@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -106,18 +105,6 @@ def test_component_fit_errors():
     assert comp["decode attention"].max() <= 10.0  # 6.6 % reached
     assert comp["all-reduce"].max() <= 8.0  # 4.6-4.8 % on noisy medians
     assert comp["cpu overhead"].median() <= 6.0  # Qwen-72B tp4 (18 %) is an outlier
-
-
-def test_iteration_time_is_fast():
-    m = model_for()
-    batches = [decode(16, 700), Batch([300], [200], 14, 14 * 700), Batch([512, 40], [0, 300], 8, 999)]
-    n = 30000
-    start = time.perf_counter()
-    for _ in range(n):
-        for b in batches:
-            m.iteration_time(b)
-    per_call = (time.perf_counter() - start) / (3 * n)
-    assert per_call < 5e-6  # ~0.4-1.3 us measured; loose for slow CI machines
 
 
 def test_kv_capacity_7b():

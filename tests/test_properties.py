@@ -16,9 +16,6 @@ from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, Ha
 from simsched.invariants import check_final_state, check_results, simulate_checked
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 
-# largest_kv can livelock under memory pressure (tests/test_reliability.py xfails it); drop it
-# from this set once scheduler._make_room's fallback is fixed.
-KNOWN_LIVELOCK = {"largest_kv"}
 
 
 @st.composite
@@ -48,7 +45,7 @@ def cases(draw):
     sched = SchedulerConfig(
         style=draw(st.sampled_from(SCHEDULER_STYLES)),
         policy=draw(st.sampled_from(sorted(QUEUE_POLICIES))),
-        victim_policy=draw(st.sampled_from(sorted(set(VICTIM_POLICIES) - KNOWN_LIVELOCK))),
+        victim_policy=draw(st.sampled_from(sorted(VICTIM_POLICIES))),
         preemption=draw(st.booleans()), preemption_mode=draw(st.sampled_from(PREEMPTION_MODES)),
         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
         max_num_prefills=draw(st.one_of(st.none(), st.integers(1, 3))),
