@@ -75,3 +75,22 @@ def test_summarize_adds_named_goodput_columns():
     assert row["slo_attainment_loose"] == 1.0
     assert row["num_good_tight"] < row["num_good_loose"]
     assert "ttft_p50" in row and "ttft_median" not in row
+
+
+def test_t_quantile_table_matches_scipy_where_available():
+    from simsched.capacity import t_quantile_975
+
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 10, 29, 30, 31, 45, 60, 120, 1000):
+        assert t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-3)
+
+
+def test_t_quantile_known_values():
+    from simsched.capacity import t_quantile_975
+
+    # Published 97.5 % points: df 1, 4, 30, 60, 120 and the normal limit.
+    for df, value in ((1, 12.706), (4, 2.776), (30, 2.042), (60, 2.000), (120, 1.980)):
+        assert t_quantile_975(df) == pytest.approx(value, abs=1e-3)
+    assert t_quantile_975(10**6) == pytest.approx(1.95996, abs=1e-4)
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
