@@ -58,6 +58,13 @@ def run_variants(base: SimConfig, variants: dict, progress: bool = False, **fact
             pd.concat(iterations, ignore_index=True))
 
 
+def print_table(table: pd.DataFrame, out) -> None:
+    """Print an experiment's table with four significant digits and where its files went."""
+    with pd.option_context("display.float_format", "{:.4g}".format, "display.width", 120):
+        print(table.to_string(index=False))
+    print(f"wrote {out}/")
+
+
 def write_frames(out: Path, **frames: pd.DataFrame) -> None:
     """Each frame as CSV into ``out``."""
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.load_sweep import base_config, run_variants, write_frames
+from experiments.load_sweep import base_config, print_table, run_variants, write_frames
 
 VARIANTS = {"fcfs": {"policy": "fcfs"}, "spf": {"policy": "spf"},
             "spf+preempt": {"policy": "spf", "preemption": True}}
@@ -35,9 +35,7 @@ def main(argv=None) -> pd.DataFrame:
     cols = ["cache.num_blocks", "variant", "num_preemptions", "num_recomputed_tokens",
             "ttft_p99", "itl_p99", "itl_max", "saturation"]
     table = runs[cols].sort_values(["cache.num_blocks", "variant"])
-    with pd.option_context("display.float_format", "{:.4g}".format, "display.width", 120):
-        print(table.to_string(index=False))
-    print(f"wrote {args.out}/")
+    print_table(table, args.out)
     return table
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.load_sweep import base_config
+from experiments.load_sweep import base_config, print_table
 from simsched.sweep import sweep
 
 
@@ -33,9 +33,7 @@ def main(argv=None) -> pd.DataFrame:
             "tpot_p99", "saturation"]
     table = res.runs[cols]
     res.to_csv(Path(args.out))
-    with pd.option_context("display.float_format", "{:.4g}".format, "display.width", 120):
-        print(table.to_string(index=False))
-    print(f"wrote {args.out}/")
+    print_table(table, args.out)
     return table
 
 
