@@ -117,9 +117,15 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     engine.run()
     sched = engine.scheduler
     step_end = np.asarray(sched.step_end_at, dtype=float)
-    req_df, itl, causes = build_requests_frame(reqs, step_end)
     info = {"num_blocks": num_blocks, "num_events": engine.num_events,
             "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running),
             "kv_blocks_used_at_end": engine.kv.num_used}
-    return Results(req_df, engine.iteration_rows.frame(), itl, causes,
-                   config=config, sim_time=engine.env.now, info=info)
+    iterations, sim_time = engine.iteration_rows.frame(), engine.env.now
+    engine.iteration_rows = None
+    # Without end-of-run checks nothing needs the request objects once read: let them go while
+    # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
+    release = not config.check_invariants
+    if release:
+        del engine, sched
+    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release)
+    return Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time, info=info)

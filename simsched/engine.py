@@ -49,6 +49,7 @@ class Engine:
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark
         self._idle: simpy.Event | None = None
+        self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.env.process(self._arrivals())
         self.env.process(self._gpu())
 
@@ -66,19 +67,18 @@ class Engine:
             if delay > 0:
                 yield env.timeout(delay)
                 req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
-            req.process = env.process(self._request(req))
+            env.process(self._request(req))
 
     def _request(self, req: Request):
         """A request's life: queue (or be rejected), wait for first token, then completion."""
         self.num_arrived += 1
         if not self.scheduler.add(req, self.env.now):
-            req.process = None
             return
-        req.first_token_event = self.env.event()
-        req.done_event = self.env.event()
+        waits = (self.env.event(), self.env.event())      # first token, done
+        # SimPy handles live in the engine, only while the request is in flight.
+        self._live[req.id] = (self.env.active_process, *waits)
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
-        waits = (req.first_token_event, req.done_event)
         stage = 0
         while stage < 2:
             try:
@@ -91,8 +91,7 @@ class Engine:
                     req.causes = []
                 req.causes.append(interrupt.cause)
             self.num_events += 1
-        # A finished request keeps no SimPy objects alive: big runs stay small in memory.
-        req.process = req.first_token_event = req.done_event = None
+        del self._live[req.id]
 
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
@@ -133,15 +132,15 @@ class Engine:
             log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
                          batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
-                req.first_token_event.succeed()
+                self._live[req.id][1].succeed()
             for req in finished:
-                req.done_event.succeed()
+                self._live[req.id][2].succeed()
             if check:
                 check_invariants(self, batch)
 
     def _interrupt_victims(self) -> None:
         for victim, cause in self.scheduler.preempted:
-            victim.process.interrupt(cause)
+            self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
 
     # ------------------------------------------------------------------ state

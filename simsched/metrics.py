@@ -81,30 +81,71 @@ _REQUEST_ATTRS = (
     ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
 
 
-_OBJECT_ATTRS = {"tenant": object, "reject_reason": object}
+_OBJECT_ATTRS = ("tenant", "reject_reason")
+_CHUNK = 65536
 
 
-def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFrame, ItlSamples,
-                                                                     pd.DataFrame]:
+def _extract(requests, release: bool) -> dict:
+    """Everything the frames need from the request objects, as arrays, in one chunked pass.
+
+    With ``release`` each chunk's list entries are dropped once read, so a big run never holds
+    its request objects and the finished frame at the same time.
+    """
+    n = len(requests)
+    parts: dict[str, list] = {name: [] for name, _ in _REQUEST_ATTRS}
+    parts.update(status=[], runs=[], num_runs=[])
+    gaps: list[tuple] = []
+    causes: list[tuple] = []
+    for lo in range(0, n, _CHUNK):
+        chunk = requests[lo:lo + _CHUNK]
+        for name, attr in _REQUEST_ATTRS:
+            if attr in _OBJECT_ATTRS:
+                parts[name].append([getattr(r, attr) for r in chunk])
+            else:
+                # Numeric columns go straight into arrays: no million-element Python lists.
+                dtype = float if attr.endswith("_at") or attr == "swapped_bytes" else np.int64
+                parts[name].append(np.fromiter((getattr(r, attr) for r in chunk), dtype=dtype,
+                                                count=len(chunk)))
+        parts["status"].append([r.status.value for r in chunk])
+        parts["runs"].append(np.fromiter((x for r in chunk for x in r.runs), dtype=float))
+        parts["num_runs"].append(np.fromiter((len(r.runs) // 3 for r in chunk),
+                                             dtype=np.int64, count=len(chunk)))
+        gaps.extend((lo + i, g) for i, r in enumerate(chunk) if r.gaps for g in r.gaps)
+        causes.extend((c.request_id, c.at, c.reason, c.preempted_by, c.num_lost_tokens, c.mode)
+                      for r in chunk if r.causes for c in r.causes)
+        del chunk
+        if release:
+            requests[lo:lo + _CHUNK] = [None] * min(_CHUNK, n - lo)
+    out: dict = {}
+    for key, chunks in parts.items():
+        if key in _OBJECT_ATTRS or key == "status":
+            out[key] = [x for c in chunks for x in c]
+        else:
+            out[key] = np.concatenate(chunks) if chunks else np.empty(0)
+    out["gaps"], out["causes"], out["n"] = gaps, causes, n
+    return out
+
+
+def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False
+                         ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
     ``req.runs`` is a flat tuple of triples ``(prev_token_at, a, b)``: a decode run that emitted
-    tokens at decode steps ``a..b``: its first
-    gap is ``end[a] - prev_token_at`` and the others are the step gaps ``end[s] - end[s-1]`` for
-    ``s`` in ``a+1..b``. Runs are processed as arrays, one pass over the requests in all.
+    tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
+    are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
+    of ``requests`` are set to None as they are read (see :func:`_extract`).
     """
-    n = len(requests)
+    data = _extract(requests, release)
+    n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
         step_gap[2:n_steps] = np.diff(step_end_at[1:])
-    # Straight into arrays: a million requests' runs never become Python tuples here.
-    flat = np.fromiter((x for r in requests for x in r.runs), dtype=float)
-    owner = np.repeat(np.arange(n), np.fromiter((len(r.runs) // 3 for r in requests),
-                                                dtype=np.int64, count=n))
+    flat = data.pop("runs")
+    owner = np.repeat(np.arange(n), data.pop("num_runs").astype(np.int64))
     prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
     del flat
-    gaps = [(i, g) for i, r in enumerate(requests) if r.gaps for g in r.gaps]
+    gaps = data.pop("gaps")
     first_gaps = step_end_at[a] - prev
     itl_max = np.full(n, -np.inf)
     np.maximum.at(itl_max, owner, first_gaps)
@@ -119,17 +160,9 @@ def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFram
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
-    cols = {}
-    for name, attr in _REQUEST_ATTRS:
-        kind = _OBJECT_ATTRS.get(attr)
-        if kind is None:
-            # Numeric columns go straight into arrays: no million-element Python lists.
-            dtype = float if attr.endswith("_at") or attr == "swapped_bytes" else np.int64
-            cols[name] = np.fromiter((getattr(r, attr) for r in requests), dtype=dtype, count=n)
-        else:
-            cols[name] = [getattr(r, attr) for r in requests]
-    cols["status"] = [r.status.value for r in requests]
-    df = pd.DataFrame(cols)
+    cols = {name: data[name] for name, _ in _REQUEST_ATTRS}
+    cols["status"] = data["status"]
+    df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
     df["ttft"] = df["first_token_at"] - df["arrival_at"]
     df["e2el"] = df["finished_at"] - df["arrival_at"]
@@ -140,9 +173,7 @@ def build_requests_frame(requests, step_end_at: np.ndarray) -> tuple[pd.DataFram
     df["itl_mean"] = df["tpot"]
     counts = np.cumsum(delta)[:n_steps]
     itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
-    causes = [(c.request_id, c.at, c.reason, c.preempted_by, c.num_lost_tokens, c.mode)
-              for r in requests if r.causes for c in r.causes]
-    cause_df = pd.DataFrame(causes, columns=["request_id", "at", "reason", "preempted_by",
+    cause_df = pd.DataFrame(data["causes"], columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
     return df, itl, cause_df
 
@@ -256,11 +287,22 @@ class IterationLog:
         yield from self.rows
 
     def frame(self) -> pd.DataFrame:
-        """The rows as a DataFrame; count columns are integers."""
-        parts = self._chunks + ([np.array(self.rows, dtype=float)] if self.rows else [])
-        columns = {}
-        for j, col in enumerate(ITERATION_COLUMNS):  # column by column: one copy at a time
-            values = (np.concatenate([p[:, j] for p in parts]) if parts else np.empty(0))
-            integer = col.startswith("num_") or col == "kv_blocks_used"
-            columns[col] = values.astype(np.int64) if integer else values
+        """The rows as a DataFrame (count columns are integers); empties the log.
+
+        Each packed chunk is dropped as soon as it is copied, so building the frame of a run of
+        millions of iterations needs little more memory than the frame itself.
+        """
+        total = len(self)
+        columns = {col: np.empty(total) for col in ITERATION_COLUMNS}
+        chunks = self._chunks + ([np.array(self.rows, dtype=float)] if self.rows else [])
+        self._chunks, self.rows = [], []
+        pos = 0
+        while chunks:
+            chunk = chunks.pop(0)
+            for j, col in enumerate(ITERATION_COLUMNS):
+                columns[col][pos:pos + len(chunk)] = chunk[:, j]
+            pos += len(chunk)
+        for col in ITERATION_COLUMNS:
+            if col.startswith("num_") or col == "kv_blocks_used":
+                columns[col] = columns[col].astype(np.int64)
         return pd.DataFrame(columns, copy=False)

@@ -39,7 +39,7 @@ class Request:
         # accounting
         "num_preemptions", "num_recomputed_tokens", "num_swaps", "swapped_bytes",
         "first_scheduled_at", "first_token_at", "finished_at", "last_token_at",
-        "runs", "gaps", "causes", "process", "first_token_event", "done_event",
+        "runs", "gaps", "causes",
         "predicted_output_tokens", "deadline_at",
     )
 
@@ -77,9 +77,6 @@ class Request:
         # Rare, so a shared empty tuple until the first entry (saves memory on big runs).
         self.gaps: list | tuple = ()    # gaps of tokens emitted by a (re)prefill after a stall
         self.causes: list | tuple = ()  # PreemptionCause objects received by the process
-        self.process = None
-        self.first_token_event = None
-        self.done_event = None
         self.predicted_output_tokens = NAN
         self.deadline_at = NAN
 
