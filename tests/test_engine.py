@@ -100,3 +100,27 @@ def test_max_sim_time_stops_an_overloaded_run():
     assert res.sim_time == 2.0
     assert s["num_unfinished"] > 0 and res.info["num_waiting_at_end"] > 0
     assert set(res.requests["status"]) <= {"finished", "waiting", "running", "pending"}
+
+
+def test_releasing_requests_while_building_frames_changes_nothing():
+    # Without check_invariants the request objects are dropped chunk by chunk as the frame is
+    # built (memory of big runs); the frames must equal those of a run that keeps them.
+    cfg = pressured_config(policy="spf", preemption=True)
+    kept = simsched.simulate(cfg)
+    released = simsched.simulate(cfg.replace(check_invariants=False))
+    pd.testing.assert_frame_equal(kept.requests, released.requests)
+    pd.testing.assert_frame_equal(kept.iterations, released.iterations)
+    pd.testing.assert_frame_equal(kept.preemptions, released.preemptions)
+    np.testing.assert_array_equal(kept.itl_samples(), released.itl_samples())
+
+
+def test_frames_do_not_depend_on_the_extraction_chunk_size(monkeypatch):
+    import simsched.metrics as metrics
+
+    cfg = pressured_config(policy="spf", preemption=True, check_invariants=False)
+    whole = simsched.simulate(cfg)
+    monkeypatch.setattr(metrics, "_CHUNK", 7)        # many chunks, a ragged last one
+    chunked = simsched.simulate(cfg)
+    pd.testing.assert_frame_equal(whole.requests, chunked.requests)
+    pd.testing.assert_frame_equal(whole.preemptions, chunked.preemptions)
+    np.testing.assert_array_equal(whole.itl_samples(), chunked.itl_samples())
