@@ -18,7 +18,7 @@ from simsched import hardware
 from simsched.invariants import check_invariants
 from simsched.kv_cache import KVCacheManager
 from simsched.metrics import IterationLog
-from simsched.request import Request, Status
+from simsched.request import Request
 from simsched.scheduler import Scheduler
 
 
@@ -142,11 +142,3 @@ class Engine:
         for victim, cause in self.scheduler.preempted:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
-
-    # ------------------------------------------------------------------ state
-    def statuses(self) -> dict[Status, int]:
-        """How many requests are in each status now."""
-        out: dict[Status, int] = {}
-        for req in self.requests:
-            out[req.status] = out.get(req.status, 0) + 1
-        return out

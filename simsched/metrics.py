@@ -96,7 +96,7 @@ def _extract(requests, release: bool) -> dict:
     parts.update(status=[], runs=[], num_runs=[])
     gaps: list[tuple] = []
     causes: list[tuple] = []
-    for lo in range(0, n, _CHUNK):
+    for lo in range(0, max(n, 1), _CHUNK):    # once even when empty: typed empty columns
         chunk = requests[lo:lo + _CHUNK]
         for name, attr in _REQUEST_ATTRS:
             if attr in _OBJECT_ATTRS:
@@ -121,7 +121,7 @@ def _extract(requests, release: bool) -> dict:
         if key in _OBJECT_ATTRS or key == "status":
             out[key] = [x for c in chunks for x in c]
         else:
-            out[key] = np.concatenate(chunks) if chunks else np.empty(0)
+            out[key] = np.concatenate(chunks)
     out["gaps"], out["causes"], out["n"] = gaps, causes, n
     return out
 
@@ -142,7 +142,7 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     if n_steps > 2:
         step_gap[2:n_steps] = np.diff(step_end_at[1:])
     flat = data.pop("runs")
-    owner = np.repeat(np.arange(n), data.pop("num_runs").astype(np.int64))
+    owner = np.repeat(np.arange(n), data.pop("num_runs"))
     prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
     del flat
     gaps = data.pop("gaps")

@@ -165,8 +165,3 @@ def make_queue(name: str, options: Mapping[str, Any], rng: np.random.Generator |
         raise ValueError(f"scheduler.policy must be one of {sorted(QUEUE_POLICIES)}, "
                          f"got {name!r}") from None
     return factory(options, rng if rng is not None else np.random.default_rng(0))
-
-
-def validate_options(name: str, options: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the option if ``options`` are invalid for queue policy ``name``."""
-    make_queue(name, options)

@@ -88,6 +88,5 @@ class PreemptionMixin:
         victim.queued_at = self.now
         victim.num_preemptions += 1
         victim.num_recomputed_tokens += cached
-        self.num_preemptions += 1
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))

@@ -85,7 +85,6 @@ class Scheduler(PreemptionMixin):
         self.block_due: dict[int, list] = {}
         self.finish_due: dict[int, list] = {}
         self.num_admitted = 0
-        self.num_preemptions = 0
         # this iteration's decision
         self.planned: dict[int, tuple] = {}       # id -> (request, prefill chunk)
         self.planned_tokens = 0

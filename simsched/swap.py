@@ -43,7 +43,6 @@ def swap_out(sched, victim: Request, reason: str, by: int | None) -> bool:
     victim.num_preemptions += 1
     victim.num_swaps += 1
     victim.swapped_bytes += num_bytes
-    sched.num_preemptions += 1
     sched.swap.used_bytes += num_bytes
     sched.swap_out_bytes += num_bytes
     sched._swapped_new.append(victim)

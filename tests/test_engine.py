@@ -124,3 +124,14 @@ def test_frames_do_not_depend_on_the_extraction_chunk_size(monkeypatch):
     pd.testing.assert_frame_equal(whole.requests, chunked.requests)
     pd.testing.assert_frame_equal(whole.preemptions, chunked.preemptions)
     np.testing.assert_array_equal(whole.itl_samples(), chunked.itl_samples())
+
+
+def test_batch_from_sequences_splits_prefills_and_decodes():
+    from simsched import Batch
+
+    batch = Batch.from_sequences([(100, 0), (1, 50), (1, 30), (20, 40)])
+    assert batch.prefill_new_tokens == [100, 20] and batch.prefill_cached_tokens == [0, 40]
+    assert (batch.num_decode_seqs, batch.decode_context_sum) == (2, 80)
+    assert batch.num_tokens == 122 and batch.num_seqs == 4
+    with pytest.raises(ValueError, match="bad sequence"):
+        Batch.from_sequences([(0, 5)])
