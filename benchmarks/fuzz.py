@@ -4,7 +4,7 @@ Each case draws a scheduler configuration (queue and victim policies as register
 style, preemption, budgets, chunking), a KV cache down to the smallest that fits one request,
 and a small adversarial workload (bursts, identical and zero-gap arrivals, one-token outputs,
 prompts at the budget or a block boundary, impossible requests), then runs it with
-:func:`simsched.invariants.simulate_checked`. Usage::
+:func:`simsched.api.simulate_checked`. Usage::
 
     python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0
 
@@ -24,9 +24,10 @@ import numpy as np
 
 from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
                              SchedulerConfig, SimConfig)
-from simsched.invariants import check_final_state, check_results, simulate_checked
+from simsched.api import simulate_checked
+from simsched.engine.invariants import check_final_state, check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
-from simsched.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig
 
 MODEL_CONTEXT = 4096  # llama-2-7b, the default model
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks.common import TimedCostModel
 from simsched import SimConfig, simulate
-from simsched.hardware import make_cost_model
+from simsched.cost.factory import make_cost_model
 
 
 def per_iteration_us(num_waiting: int, changes: dict, sim_seconds: float) -> tuple[float, int]:

@@ -13,7 +13,7 @@ import argparse
 import time
 
 from simsched import SimConfig, simulate
-from simsched.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig
 
 CASES = {
     "fcfs 1x": ({"policy": "fcfs"}, 1.0),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-OUT = Path(__file__).resolve().parent.parent / "simsched" / "data" / "a100"
+OUT = Path(__file__).resolve().parent.parent / "simsched" / "cost" / "data"
 MODELS = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf": "llama-2-70b",
           "meta-llama/Meta-Llama-3-8B": "llama-3-8b", "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
           "microsoft/phi-2": "phi-2"}

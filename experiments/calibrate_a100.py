@@ -2,7 +2,7 @@
 
     python -m experiments.calibrate_a100 [--out out/calibrate_a100/]
 
-The coefficients the simulator uses are exactly :func:`simsched.calibration.fit_all` on the
+The coefficients the simulator uses are exactly :func:`simsched.cost.calibration.fit_all` on the
 bundled data (fitted at first use), i.e. what this script reports.
 """
 
@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 
-from simsched import calibration as cal
-from simsched.hardware import GPUS, MODELS, REFERENCE_GPU
+from simsched.cost import calibration as cal
+from simsched.cost import report
+from simsched.cost.hardware import GPUS, MODELS, REFERENCE_GPU
 
 
 def _plot(out: Path) -> Path:
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    lin = cal.linear_errors()
+    lin = report.linear_errors()
     print("Linear ops (all layers), MAPE % over 1..4096 tokens, A100-80GB")
     print("  seen = the simulator's linear term (measured table, interpolated, monotone);")
     print("  interp_holdout = interpolation judged on every other point after dropping it;")

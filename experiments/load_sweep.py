@@ -20,10 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from simsched import SimConfig
-from simsched.analysis import SLO
-from simsched.capacity import SLOTarget, capacity_search
-from simsched.plots import latency_vs_load, run_timeline, saturation_rate, ttft_cdf
-from simsched.sweep import sweep
+from simsched.analysis.slo import SLO
+from simsched.analysis.capacity import SLOTarget, capacity_search
+from simsched.analysis.plots import latency_vs_load, run_timeline, saturation_rate, ttft_cdf
+from simsched.analysis.sweep import sweep
 
 VARIANTS = {  # label -> config changes
     "fcfs": {"policy": "fcfs"},

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from simsched import SimConfig, simulate
-from simsched.hardware import model_spec
+from simsched.cost.hardware import model_spec
 
 POLICIES = {
     "FCFS": {"policy": "fcfs", "preemption": False},

@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 import simsched
-from simsched.traces import TraceWarning
-from simsched.workload import WorkloadConfig, generate
+from simsched.workloads.traces import TraceWarning
+from simsched.workloads.workload import WorkloadConfig, generate
 
 POLICIES = {  # label -> (policy, policy_options, victim_policy)
     "fcfs": ("fcfs", {}, "fewest_generated"),

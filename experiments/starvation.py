@@ -16,7 +16,7 @@ import pandas as pd
 
 from experiments.load_sweep import base_config
 from simsched.policies import QUEUE_POLICIES
-from simsched.sweep import sweep
+from simsched.analysis.sweep import sweep
 
 BUCKETS = [0, 256, 1024, 2048, 4096]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.load_sweep import base_config, print_table
-from simsched.sweep import sweep
+from simsched.analysis.sweep import sweep
 
 
 def main(argv=None) -> pd.DataFrame:

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 import simsched
-from simsched.traces import TraceWarning
-from simsched.workload import WorkloadConfig, describe, generate
+from simsched.workloads.traces import TraceWarning
+from simsched.workloads.workload import WorkloadConfig, describe, generate
 
 VARIANTS = {  # label -> SimConfig.replace changes
     "fcfs": {"policy": "fcfs", "preemption": False},

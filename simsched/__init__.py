@@ -1,13 +1,13 @@
 """simsched: a discrete-event simulator of an LLM serving engine's scheduler."""
 
-from simsched.analysis import SLO
+from simsched.analysis.slo import SLO
 from simsched.api import make_requests, simulate
-from simsched.capacity import SLOTarget, capacity_search
+from simsched.analysis.capacity import SLOTarget, capacity_search
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
-from simsched.cost_model import Batch, LinearCostModel, UnitCostModel
-from simsched.metrics import Results
-from simsched.sweep import SweepResult, sweep
-from simsched.workload import WorkloadConfig
+from simsched.cost.base import Batch, LinearCostModel, UnitCostModel
+from simsched.analysis.metrics import Results
+from simsched.analysis.sweep import SweepResult, sweep
+from simsched.workloads.workload import WorkloadConfig
 
 __all__ = ["simulate", "make_requests", "SimConfig", "SchedulerConfig", "CacheConfig",
            "HardwareConfig", "WorkloadConfig", "Batch", "LinearCostModel", "UnitCostModel",

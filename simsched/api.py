@@ -1,131 +1,24 @@
-"""The Python entry point: ``simulate(config, requests=None, cost_model=None) -> Results``."""
+"""The public Python entry points: ``simulate``, ``make_requests`` and ``simulate_checked``."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
 
-import numpy as np
-import pandas as pd
+from simsched.analysis.runner import make_requests, run, simulate
+from simsched.engine.invariants import check_final_state, check_results
 
-from simsched import hardware
-from simsched.config import SimConfig
-from simsched.engine import Engine
-from simsched.metrics import Results, build_requests_frame
-from simsched.request import Request
-from simsched.workload import generate
-
-_FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
+__all__ = ["make_requests", "simulate", "simulate_checked"]
 
 
-def _as_frame(table: Any) -> pd.DataFrame:
-    """A request table as a DataFrame with at least the three required columns."""
-    if isinstance(table, pd.DataFrame):
-        df = table
-    else:
-        items = list(table)
-        if items and all(isinstance(item, dict) for item in items):
-            df = pd.DataFrame(items)
-        else:
-            rows = []
-            for i, item in enumerate(items):
-                if isinstance(item, dict) or not hasattr(item, "__len__") \
-                        or not 3 <= len(item) <= 5:
-                    raise ValueError(f"requests[{i}]: expected (arrival_at, prompt, output"
-                                     f"[, priority[, tenant]]), got {item!r}")
-                rows.append(tuple(item))
-            width = max((len(r) for r in rows), default=3)
-            df = pd.DataFrame(rows, columns=list(_FIELDS[:width]))
-    missing = [c for c in _FIELDS[:3] if c not in df.columns]
-    if missing:
-        raise ValueError(f"requests table lacks column(s) {missing}")
-    return df
+def simulate_checked(config, requests=None, cost_model=None):
+    """Run :func:`simulate` with every invariant checked; return (results, engine).
 
-
-def _numbers(df: pd.DataFrame, column: str, integer: bool, low: float) -> np.ndarray:
-    """A numeric column as floats; the first bad row raises ValueError naming row and field."""
-    raw = df[column]
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    bad = ~np.isfinite(values) | (values < low)
-    if integer:
-        bad |= values != np.round(values)
-    if raw.dtype == bool:
-        bad[:] = True
-    if bad.any():
-        i = int(np.argmax(bad))
-        kind = "an integer" if integer else "a finite number"
-        bound = f" >= {low:g}" if low > -2**62 else ""
-        got = raw.iloc[i]
-        got = got.item() if isinstance(got, np.generic) else got
-        raise ValueError(f"requests[{i}].{column} must be {kind}{bound}, got {got!r}")
-    return values
-
-
-def make_requests(table: Any) -> list[Request]:
-    """Turn a request table into ``Request`` objects sorted by arrival, ids 0..n-1 in that order.
-
-    ``table`` may be a DataFrame with columns ``arrival_at, num_prompt_tokens,
-    num_output_tokens`` (optional ``priority``, ``tenant``), or an iterable of tuples
-    ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
-    Validation is vectorised; the first bad row is named in the error.
+    Per-iteration invariants are switched on; if the run has no time limit the end-of-run state
+    and the result frames are checked too. For tests and fuzzing.
     """
-    df = _as_frame(table)
-    arrival = _numbers(df, "arrival_at", False, 0)
-    prompt = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
-    output = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
-    if "priority" in df.columns:
-        prio_frame = pd.DataFrame({"priority": df["priority"].fillna(0)})
-        priority = _numbers(prio_frame, "priority", True, -2**62).astype(np.int64)
-    else:
-        priority = np.zeros(len(df), dtype=np.int64)
-    if "tenant" in df.columns:
-        tenant = [None if t is None or (isinstance(t, float) and math.isnan(t)) else t
-                  for t in df["tenant"].tolist()]
-    else:
-        tenant = [None] * len(df)
-    order = np.argsort(arrival, kind="stable")
-    arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
-                                         output[order].tolist(), priority[order].tolist())
-    tenant = [tenant[i] for i in order.tolist()]
-    return [Request(n, a, p, o, pr, t)
-            for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
-
-
-def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None) -> Results:
-    """Run one simulation and return its :class:`~simsched.metrics.Results`.
-
-    ``requests`` overrides the configured workload (a table or tuples, see
-    :func:`make_requests`); ``cost_model`` overrides the one named by ``config.hardware``.
-    The same config and seed give identical frames.
-    """
-    config = config or SimConfig()
-    if not isinstance(config, SimConfig):
-        raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
-    rng = np.random.default_rng(config.seed)
-    table = generate(config.workload, rng) if requests is None else requests
-    reqs = make_requests(table)
-    del table  # the Request objects now hold everything; keep a big run's peak memory down
-    if cost_model is None:
-        cost_model = hardware.make_cost_model(config.hardware)
-    elif not callable(getattr(cost_model, "iteration_time", None)):
-        raise ValueError("cost_model must have an iteration_time(batch) method")
-    num_blocks = config.cache.num_blocks
-    if num_blocks is None:
-        num_blocks = hardware.kv_capacity_blocks(config.hardware, config.cache.block_size)
-    engine = Engine(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware))
-    engine.run()
-    sched = engine.scheduler
-    step_end = np.asarray(sched.step_end_at, dtype=float)
-    info = {"num_blocks": num_blocks, "num_events": engine.num_events,
-            "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running),
-            "kv_blocks_used_at_end": engine.kv.num_used}
-    iterations, sim_time = engine.iteration_rows.frame(), engine.env.now
-    engine.iteration_rows = None
-    # Without end-of-run checks nothing needs the request objects once read: let them go while
-    # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
-    release = not config.check_invariants
-    if release:
-        del engine, sched
-    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release)
-    return Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time, info=info)
+    results, engine = run(config.replace(check_invariants=True), requests, cost_model,
+                          keep_engine=True)
+    if math.isinf(config.max_sim_time):
+        check_final_state(engine)
+        check_results(results)
+    return results, engine

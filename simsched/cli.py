@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from simsched.analysis import SLO
+from simsched.analysis.slo import SLO
 from simsched.config import SimConfig, field_names
-from simsched.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig
 
 SECTIONS = ("scheduler", "cache", "hardware", "workload")
 # flag destination -> config field
@@ -225,7 +225,7 @@ def _print_table(frame: pd.DataFrame, keys: Sequence[str]) -> None:
 
 def cmd_run(args) -> int:
     """``simsched run``: one simulation."""
-    from simsched.executors import Job, reraise_warnings, run_job
+    from simsched.analysis.executors import Job, reraise_warnings, run_job
 
     config, slo = config_from_args(args)
     out = run_job(Job(config, slo))
@@ -243,7 +243,7 @@ def cmd_run(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``simsched sweep``: the grid of --vary values."""
-    from simsched.sweep import sweep
+    from simsched.analysis.sweep import sweep
 
     config, slo = config_from_args(args)
     factors = {key: [parse_value(v) for v in values.split(",") if v.strip()]
@@ -258,7 +258,7 @@ def cmd_sweep(args) -> int:
     written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv"]
     rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
     if rate_key is not None and len(factors[rate_key]) > 1:
-        from simsched import plots
+        from simsched.analysis import plots
 
         by = [k for k in factors if k != rate_key and k != "seed"]
         try:
@@ -273,7 +273,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_capacity(args) -> int:
     """``simsched capacity``: the largest rate meeting the targets, per policy."""
-    from simsched.capacity import SLOTarget, capacity_search
+    from simsched.analysis.capacity import SLOTarget, capacity_search
 
     config, slo = config_from_args(args)
     limits = {}

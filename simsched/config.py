@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from simsched.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -160,7 +160,7 @@ class HardwareConfig:
         _check_choice(o, "cost_model", self.cost_model, COST_MODELS)
         if self.max_model_len is not None:
             _check_int(o, "max_model_len", self.max_model_len, 1)
-        from simsched import hardware
+        from simsched.cost import hardware
 
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
@@ -193,7 +193,7 @@ class SimConfig:
         _check_float("config", "max_sim_time", self.max_sim_time, 0.0, low_open=True)
         _check_bool("config", "check_invariants", self.check_invariants)
         if self.cache.num_blocks is None:
-            from simsched import hardware
+            from simsched.cost import hardware
 
             # Fail at configuration time, not at the first run, if the weights leave no KV room.
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)

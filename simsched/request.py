@@ -26,7 +26,7 @@ class Request:
     policies may read it. Timestamps are simulated seconds, NaN until set.
 
     Decoding progress is kept lazily (the scheduler advances all decoders with one counter), so
-    read ``num_generated`` and ``num_cached`` through :class:`~simsched.scheduler.Scheduler`
+    read ``num_generated`` and ``num_cached`` through :class:`~simsched.engine.scheduler.Scheduler`
     helpers while a request runs; after it stops they are exact.
     """
 

@@ -9,7 +9,7 @@ import pytest
 
 import simsched
 from simsched import SimConfig
-from simsched.analysis import SLO, goodput, saturation_label, saturation_signals, summarize
+from simsched.analysis.slo import SLO, goodput, saturation_label, saturation_signals, summarize
 
 # Unit cost model, one sequence at a time, 4 output tokens: every request takes exactly 4
 # iterations of 1 s, so the engine serves 0.25 requests/s.
@@ -78,7 +78,7 @@ def test_summarize_adds_named_goodput_columns():
 
 
 def test_t_quantile_table_matches_scipy_where_available():
-    from simsched.capacity import t_quantile_975
+    from simsched.analysis.capacity import t_quantile_975
 
     stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 5, 10, 29, 30, 31, 45, 60, 120, 1000):
@@ -86,7 +86,7 @@ def test_t_quantile_table_matches_scipy_where_available():
 
 
 def test_t_quantile_known_values():
-    from simsched.capacity import t_quantile_975
+    from simsched.analysis.capacity import t_quantile_975
 
     # Published 97.5 % points: df 1, 4, 30, 60, 120 and the normal limit.
     for df, value in ((1, 12.706), (4, 2.776), (30, 2.042), (60, 2.000), (120, 1.980)):

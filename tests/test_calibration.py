@@ -7,15 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from simsched import calibration as cal
-from simsched import hardware as hwmod
-from simsched.calibrated import CalibratedCostModel
+from simsched.cost import calibration as cal
+from simsched.cost import factory, report
+from simsched.cost import hardware as hwmod
+from simsched.cost.calibrated import CalibratedCostModel
 from simsched.config import HardwareConfig
-from simsched.cost_model import Batch, LinearCostModel, UnitCostModel
+from simsched.cost.base import Batch, LinearCostModel, UnitCostModel
 
 
 def model_for(**kw) -> CalibratedCostModel:
-    return hwmod.make_cost_model(HardwareConfig(**kw))
+    return factory.make_cost_model(HardwareConfig(**kw))
 
 
 def decode(n: int, ctx: int) -> Batch:
@@ -81,14 +82,14 @@ def test_positive_finite_everywhere():
                     hw = HardwareConfig(model=model, gpu=gpu, tensor_parallel_size=tp)
                 except ValueError:
                     continue
-                m = hwmod.make_cost_model(hw)
+                m = factory.make_cost_model(hw)
                 for b in batches:
                     t = m.iteration_time(b)
                     assert math.isfinite(t) and t > 0, (model, gpu, tp, b)
 
 
 def test_seen_and_leave_one_model_out_errors():
-    errs = cal.linear_errors()
+    errs = report.linear_errors()
     assert len(errs) == 17  # four models x 4 TP + phi-2 at TP1
     # The simulator's linear term for profiled models is the measured table itself (~0.1 %);
     # even judged on held-out midpoints the interpolation is well inside 5 %.
@@ -166,7 +167,7 @@ def test_register_model_from_hf_config():
     hwmod.register_model("test-llama-3b", spec)
     try:
         hw = HardwareConfig(model="test-llama-3b", max_model_len=8192)
-        t = hwmod.make_cost_model(hw).iteration_time(decode(4, 500))
+        t = factory.make_cost_model(hw).iteration_time(decode(4, 500))
         assert 0.003 < t < 0.02
         assert hwmod.kv_capacity_blocks(hw, 16) > 0
     finally:
@@ -182,8 +183,8 @@ def test_other_gpus_are_faster_or_slower_as_datasheets_say():
 
 
 def test_make_cost_model_kinds_and_cache():
-    assert isinstance(hwmod.make_cost_model(HardwareConfig(cost_model="unit")), UnitCostModel)
-    assert isinstance(hwmod.make_cost_model(HardwareConfig(cost_model="linear")), LinearCostModel)
+    assert isinstance(factory.make_cost_model(HardwareConfig(cost_model="unit")), UnitCostModel)
+    assert isinstance(factory.make_cost_model(HardwareConfig(cost_model="linear")), LinearCostModel)
     assert model_for() is model_for()  # sweeps reuse one instance
 
 

@@ -12,7 +12,7 @@ import pytest
 import simsched
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
-from simsched.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig
 
 SECTIONS = {"scheduler": SchedulerConfig, "cache": CacheConfig, "hardware": HardwareConfig,
             "workload": WorkloadConfig}

@@ -7,7 +7,7 @@ import pytest
 import simsched
 from simsched import SimConfig, UnitCostModel
 from simsched.api import make_requests
-from simsched.engine import Engine
+from simsched.engine.replica import Engine
 from simsched.request import PreemptionCause
 
 
@@ -20,7 +20,7 @@ def pressured_config(**changes):
 
 def test_preempted_process_receives_interrupt_with_cause_and_finishes():
     cfg = pressured_config(policy="spf", preemption=True)
-    reqs = make_requests(simsched.workload.generate(cfg.workload, np.random.default_rng(0)))
+    reqs = make_requests(simsched.workloads.workload.generate(cfg.workload, np.random.default_rng(0)))
     engine = Engine(cfg, reqs, simsched.LinearCostModel(), num_blocks=40)
     engine.run()
     victims = [r for r in reqs if r.causes]
@@ -115,7 +115,7 @@ def test_releasing_requests_while_building_frames_changes_nothing():
 
 
 def test_frames_do_not_depend_on_the_extraction_chunk_size(monkeypatch):
-    import simsched.metrics as metrics
+    import simsched.analysis.metrics as metrics
 
     cfg = pressured_config(policy="spf", preemption=True, check_invariants=False)
     whole = simsched.simulate(cfg)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from benchmarks.fuzz import livelock_guard
 from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
                              SchedulerConfig, SimConfig)
-from simsched.invariants import check_final_state, check_results, simulate_checked
+from simsched.api import simulate_checked
+from simsched.engine.invariants import check_final_state, check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from simsched import SimConfig
-from simsched.sweep import sweep
+from simsched.analysis.sweep import sweep
 
 ray = pytest.importorskip("ray")
 

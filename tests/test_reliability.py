@@ -8,11 +8,12 @@ import pytest
 
 import simsched
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
-from simsched.invariants import InvariantError, simulate_checked
-from simsched.kv_cache import KVCacheManager
+from simsched.api import simulate_checked
+from simsched.engine.invariants import InvariantError
+from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES
-from simsched.scheduler import Scheduler
-from simsched.workload import WorkloadConfig
+from simsched.engine.scheduler import Scheduler
+from simsched.workloads.workload import WorkloadConfig
 
 
 def small_config(**changes) -> SimConfig:

@@ -2,10 +2,10 @@
 
 import simsched
 from simsched.config import SchedulerConfig, SimConfig
-from simsched.kv_cache import KVCacheManager
+from simsched.engine.kv_cache import KVCacheManager
 from simsched.request import Request
-from simsched.scheduler import Scheduler
-from simsched.workload import WorkloadConfig
+from simsched.engine.scheduler import Scheduler
+from simsched.workloads.workload import WorkloadConfig
 
 WORKLOAD = WorkloadConfig(name="lesson", num_requests=120, rate=30.0, lengths="uniform",
                           prompt_range=(20, 600), output_range=(10, 200))

@@ -2,11 +2,11 @@
 
 import pytest
 
-from simsched import hardware
+from simsched.cost import hardware
 from simsched.api import make_requests
 from simsched.config import SimConfig
-from simsched.cost_model import UnitCostModel
-from simsched.engine import Engine
+from simsched.cost.base import UnitCostModel
+from simsched.engine.replica import Engine
 from simsched.request import Status
 
 BLOCKS = 60

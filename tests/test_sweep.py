@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from simsched import SimConfig
-from simsched.analysis import SLO
-from simsched.capacity import SLOTarget, capacity_search
-from simsched.sweep import sweep
+from simsched.analysis.slo import SLO
+from simsched.analysis.capacity import SLOTarget, capacity_search
+from simsched.analysis.sweep import sweep
 
 TINY = SimConfig().replace(name="lesson", num_requests=40, rate=5.0)
 UNIT = SimConfig().replace(cost_model="unit", max_num_seqs=1, max_num_batched_tokens=64,

@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simsched import arrivals, lengths, traces
-from simsched.traces import TraceFormatError, TraceWarning
-from simsched.workload import REQUEST_COLUMNS, WORKLOADS, WorkloadConfig, describe, generate
+from simsched.workloads import arrivals
+from simsched.workloads import lengths
+from simsched.workloads import traces
+from simsched.workloads.traces import TraceFormatError, TraceWarning
+from simsched.workloads.workload import REQUEST_COLUMNS, WORKLOADS, WorkloadConfig, describe, generate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 AZURE_SRC = Path("/work/shared/data/traces/azure-llm-2023")

@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from simsched.analysis import SLO
+from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
-from simsched.executors import Job, execute, reraise_warnings
+from simsched.analysis.executors import Job, execute, reraise_warnings
 
 MAX_ROUNDS = 60
 

@@ -1,4 +1,4 @@
-"""Queue-ordering and preemption-victim policies, each registered by name.
+"""Queue-ordering policies, each registered by name.
 
 A *queue policy* is a factory ``make(options, rng) -> WaitingQueue``: ``options`` is
 ``scheduler.policy_options`` and ``rng`` the run's scheduler Generator (for policies that draw
@@ -10,29 +10,24 @@ time (aging: ``base - rate * (now - t_enq)`` compared at one ``now`` orders like
 ``base + rate * t_enq``). Optional queue hooks the scheduler calls: ``bind(scheduler)`` once,
 ``update(now)`` every iteration, ``refresh(running, scheduler)`` every iteration (O(running); only
 MLFQ has it), ``preemptive = True`` (a better waiting request may also preempt for a sequence
-slot), and ``meter`` (a :class:`~simsched.fairness.ServiceMeter` fed with served tokens).
-
-A *victim policy* is a function ``choose(candidates, view) -> Request`` picking which running
-request to preempt; ``view`` is the scheduler, which answers ``num_generated(req)``,
-``num_cached(req)``, ``kv`` and ``queue``.
+slot), and ``meter`` (a :class:`~simsched.policies.fairness.ServiceMeter` fed with served tokens).
 
 Adding a policy means adding one function and one line in a registry below.
 """
 
 from __future__ import annotations
 
-from functools import cmp_to_key
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from simsched.fairness import fair
-from simsched.mlfq import mlfq
-from simsched.predictors import predicted_sjf, sjf_oracle
-from simsched.queues import HeapQueue, check_option_names, option
+from simsched.policies.fairness import fair
+from simsched.policies.mlfq import mlfq
+from simsched.policies.predictors import predicted_sjf, sjf_oracle
+from simsched.policies.queues import HeapQueue, check_option_names, option
 from simsched.request import Request
 
-__all__ = ["HeapQueue", "QUEUE_POLICIES", "VICTIM_POLICIES", "make_queue"]
+__all__ = ["HeapQueue", "QUEUE_POLICIES", "make_queue"]
 
 
 def fcfs(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
@@ -110,50 +105,6 @@ QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], Any
     "mlfq": mlfq,
     "fair": fair,
     "edf": edf,
-}
-
-
-def fewest_generated(candidates, view) -> Request:
-    """The request that has generated the fewest tokens (least sunk decode work); ties: newest."""
-    return min(candidates, key=lambda r: (view.num_generated(r), -r.admitted_seq))
-
-
-def newest(candidates, view) -> Request:
-    """The most recently admitted request (vLLM's rule: pop the tail of the running list)."""
-    return max(candidates, key=lambda r: r.admitted_seq)
-
-
-def lowest_priority(candidates, view) -> Request:
-    """The least urgent request (largest priority value); ties: newest."""
-    return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
-
-
-def largest_kv(candidates, view) -> Request:
-    """The request holding the most KV blocks (frees the most memory at once); ties: newest."""
-    held = view.kv.num_held
-    return max(candidates, key=lambda r: (held(r.id), r.admitted_seq))
-
-
-def policy_worst(candidates, view) -> Request:
-    """The request the queue policy ranks last (e.g. the lowest MLFQ level); ties: newest."""
-    below = view.queue.ranks_below
-
-    def cmp(a: Request, b: Request) -> int:
-        if below(a, b):
-            return 1
-        if below(b, a):
-            return -1
-        return (a.admitted_seq > b.admitted_seq) - (a.admitted_seq < b.admitted_seq)
-
-    return max(candidates, key=cmp_to_key(cmp))
-
-
-VICTIM_POLICIES: dict[str, Callable[..., Request]] = {
-    "fewest_generated": fewest_generated,
-    "newest": newest,
-    "lowest_priority": lowest_priority,
-    "largest_kv": largest_kv,
-    "policy_worst": policy_worst,
 }
 
 

@@ -1,7 +1,7 @@
 """One iteration's scheduling decision: decodes, partial prefills, admissions, preemptions.
 
 The scheduler is a plain object (no SimPy). The engine calls :meth:`Scheduler.schedule` at the
-start of an iteration, which returns the :class:`~simsched.cost_model.Batch` to run, and
+start of an iteration, which returns the :class:`~simsched.cost.base.Batch` to run, and
 :meth:`Scheduler.commit` at its end, which advances progress and reports first tokens and
 finished requests.
 
@@ -24,11 +24,11 @@ from array import array
 
 import numpy as np
 
-from simsched import swap
-from simsched.cost_model import Batch
-from simsched.kv_cache import KVCacheManager
+from simsched.engine import swap
+from simsched.cost.base import Batch
+from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
-from simsched.preemption import PreemptionMixin
+from simsched.engine.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,

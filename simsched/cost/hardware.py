@@ -7,7 +7,6 @@ extrapolation from the roofline with A100-fitted efficiencies (see :mod:`simsche
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -134,7 +133,6 @@ def register_model(name: str, spec: ModelSpec) -> None:
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     MODELS[name] = spec
-    _cached_cost_model.cache_clear()
 
 
 def validate(hw) -> None:
@@ -210,25 +208,3 @@ def kv_capacity_blocks(hw, block_size: int) -> int:
             f"at hardware.tensor_parallel_size={hw.tensor_parallel_size}; raise "
             f"tensor_parallel_size or gpu_memory_utilization")
     return blocks
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_cost_model(model: str, gpu: str, tp: int):
-    from simsched.calibrated import CalibratedCostModel
-
-    return CalibratedCostModel(MODELS[model], GPUS[gpu], tp, model_name=model)
-
-
-def make_cost_model(hw):
-    """The cost model named by ``hw.cost_model``: calibrated, linear or unit."""
-    from simsched.cost_model import LinearCostModel, UnitCostModel
-
-    if hw.cost_model == "unit":
-        return UnitCostModel()
-    if hw.cost_model == "linear":
-        return LinearCostModel()
-    if hw.cost_model != "calibrated":
-        raise ValueError(f"hardware.cost_model must be one of ['calibrated', 'linear', 'unit'], "
-                         f"got {hw.cost_model!r}")
-    validate(hw)
-    return _cached_cost_model(hw.model, hw.gpu, hw.tensor_parallel_size)

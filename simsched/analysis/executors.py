@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from simsched.analysis import summarize
+from simsched.analysis.slo import summarize
 from simsched.config import SimConfig
 
 EXECUTORS = ("local", "serial", "ray")
@@ -51,8 +51,8 @@ class Job:
 
 def run_job(job: Job) -> RunOutput:
     """Simulate one config (applying the default time limit) and summarise it."""
-    from simsched.api import simulate
-    from simsched.workload import generate
+    from simsched.analysis.runner import simulate
+    from simsched.workloads.workload import generate
 
     config = job.config
     # Workers collect warnings (e.g. clipped prompts) so the caller can show each once.

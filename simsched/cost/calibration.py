@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simsched.hardware import GPUS, MODELS, REFERENCE_GPU, GPUSpec, ModelSpec
+from simsched.cost.hardware import GPUS, MODELS, REFERENCE_GPU, GPUSpec, ModelSpec
 
-DATA_DIR = Path(__file__).resolve().parent / "data" / "a100"
+DATA_DIR = Path(__file__).resolve().parent / "data"
 PROFILED_MODELS = ("llama-2-7b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "phi-2")
 # The attention profile's shape per GPU: 64 q heads / TP2 = 32 heads x 128 channels; 8 kv heads /
 # TP2 = 4 kv heads x 128 x (K and V) x 2 bytes per token.
@@ -145,41 +145,6 @@ def mape(pred, meas) -> float:
     """Mean absolute percentage error, in percent."""
     pred, meas = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
     return float(np.mean(np.abs(pred - meas) / meas) * 100.0)
-
-
-def linear_errors(max_tokens: int = 4096) -> pd.DataFrame:
-    """Linear-op MAPE per profiled (model, TP) over 1..max_tokens: seen and leave-one-model-out.
-
-    ``seen`` is the simulator's own linear term for a profiled model (the measured table,
-    interpolated and made monotone) against every measured point; ``interp_holdout`` the same
-    interpolation judged on every other point after dropping it; ``roofline_seen`` the roofline
-    fitted on all models and ``loo`` the roofline fitted without the model.
-    """
-    from simsched.calibrated import CalibratedCostModel
-
-    gpu = GPUS[REFERENCE_GPU]
-    full = fit_linear()
-    rows = []
-    for model in PROFILED_MODELS:
-        loo = fit_linear(exclude=model)
-        spec = MODELS[model]
-        for tp in sorted(load("compute").query("model == @model").tp.unique()):
-            n, meas, _ = measured_linear(model, tp)
-            keep = n <= max_tokens
-            n, meas = n[keep], meas[keep]
-            # Interpolation error: predict every other point from its neighbours only.
-            odd = np.arange(1, len(n) - 1, 2)
-            interp = np.interp(n[odd], np.delete(n, odd), np.delete(meas, odd))
-            table = CalibratedCostModel(spec, gpu, int(tp), model_name=model)._linear
-            rows.append({"model": model, "tp": int(tp), "points": len(n),
-                         "seen": mape(np.take(table, n) / spec.num_layers, meas),
-                         "interp_holdout": mape(interp, meas[odd]),
-                         "roofline_seen": mape(predict_linear(full, spec, tp, gpu, n), meas),
-                         "loo": mape(predict_linear(loo, spec, tp, gpu, n), meas)})
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- attention
 
 
 def fit_prefill_attention() -> dict:

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import simpy
 
-from simsched import hardware
-from simsched.invariants import check_invariants
-from simsched.kv_cache import KVCacheManager
-from simsched.metrics import IterationLog
+from simsched.cost import hardware
+from simsched.engine.invariants import check_invariants
+from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.log import IterationLog
 from simsched.request import Request
-from simsched.scheduler import Scheduler
+from simsched.engine.scheduler import Scheduler
 
 
 class SimulationError(RuntimeError):

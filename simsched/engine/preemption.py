@@ -9,14 +9,14 @@ every running request is protected the newest is evicted, so the oldest always f
 
 from __future__ import annotations
 
-from simsched import swap
+from simsched.engine import swap
 from simsched.request import PreemptionCause, Request, Status
 
 WAITING = Status.WAITING
 
 
 class PreemptionMixin:
-    """Preemption triggers and recompute preemption for :class:`~simsched.scheduler.Scheduler`."""
+    """Preemption triggers and recompute preemption for :class:`~simsched.engine.scheduler.Scheduler`."""
 
     def _make_room(self, req: Request, need: int) -> bool:
         """Preempt victims until ``need`` blocks are free for running ``req``; False if req went."""

@@ -20,7 +20,7 @@ from typing import Any, Hashable, Iterator, Mapping
 
 import numpy as np
 
-from simsched.queues import check_option_names, option
+from simsched.policies.queues import check_option_names, option
 from simsched.request import Request
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simsched import calibration as cal
-from simsched.cost_model import Batch
-from simsched.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
+from simsched.cost import calibration as cal
+from simsched.cost.base import Batch
+from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
 
 MIN_TABLE = 8192
 
@@ -42,7 +42,7 @@ class CalibratedCostModel:
     """Iteration time of ``spec`` on ``gpu`` at tensor-parallel degree ``tp``, from A100 fits.
 
     Immutable after construction (instances are cached and shared between runs).
-    ``coefficients`` defaults to :func:`simsched.calibration.fit_all`.
+    ``coefficients`` defaults to :func:`simsched.cost.calibration.fit_all`.
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,

@@ -216,30 +216,3 @@ def check_results(results) -> None:
                              "-token output")
     if len(it) and not ((it["duration"] > 0).all() and it["started_at"].is_monotonic_increasing):
         raise InvariantError("iteration_times", now, "durations <= 0 or start times out of order")
-
-
-def simulate_checked(config, requests=None, cost_model=None):
-    """Run :func:`simsched.simulate` with every invariant checked; return (results, engine).
-
-    Per-iteration invariants are switched on; if the run has no time limit the end-of-run state
-    and the result frames are checked too. For tests and fuzzing (not thread-safe: it wraps the
-    engine class to keep a handle on the finished engine).
-    """
-    from simsched import api
-
-    engines = []
-
-    class _Recording(api.Engine):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    original, api.Engine = api.Engine, _Recording
-    try:
-        results = api.simulate(config.replace(check_invariants=True), requests, cost_model)
-    finally:
-        api.Engine = original
-    if math.isinf(config.max_sim_time):
-        check_final_state(engines[0])
-        check_results(results)
-    return results, engines[0]

@@ -195,7 +195,7 @@ def label_from_signals(signals: Mapping[str, Any]) -> str:
 
 
 def saturation_label(results) -> str:
-    """``stable``, ``backlogged`` or ``overloaded`` for a :class:`~simsched.metrics.Results`.
+    """``stable``, ``backlogged`` or ``overloaded`` for a :class:`~simsched.analysis.metrics.Results`.
 
     The rule is :func:`label_from_signals` applied to :func:`saturation_signals`.
     """

@@ -14,9 +14,9 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from simsched.analysis import SLO
+from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
-from simsched.executors import Job, RunOutput, execute, reraise_warnings
+from simsched.analysis.executors import Job, RunOutput, execute, reraise_warnings
 
 FRAMES = ("runs", "requests", "iterations", "preemptions")
 
@@ -149,7 +149,7 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     ``**{"cache.num_blocks": [512, 1024]}``) with a list of values. Runs execute on local cores
     (``executor="local"``, a process pool of ``max_workers``), in this process (``"serial"``) or
     on Ray (``"ray"``, connecting to ``ray_address`` or starting a local instance); the rows are
-    identical whichever executor ran them. ``slos`` (an :class:`~simsched.analysis.SLO` or a
+    identical whichever executor ran them. ``slos`` (an :class:`~simsched.analysis.slo.SLO` or a
     mapping of name to SLO) adds goodput and attainment columns. If a config has no
     ``max_sim_time``, each run stops at twice its last arrival time plus 60 s, so overloaded runs
     end and report their unfinished requests. ``keep_frames=False`` returns only the rows.

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from simsched.queues import HeapQueue, check_option_names, option
+from simsched.policies.queues import HeapQueue, check_option_names, option
 from simsched.request import Request
 
 

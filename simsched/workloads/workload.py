@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simsched import arrivals, lengths, traces
-from simsched.arrivals import ARRIVALS
-from simsched.lengths import LENGTHS
-from simsched.traces import LONG_PROMPT_POLICIES, LoadReport
+from simsched.workloads import arrivals
+from simsched.workloads import lengths
+from simsched.workloads import traces
+from simsched.workloads.arrivals import ARRIVALS
+from simsched.workloads.lengths import LENGTHS
+from simsched.workloads.traces import LONG_PROMPT_POLICIES, LoadReport
 
 REQUEST_COLUMNS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
 
@@ -284,7 +286,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     """The request table of workload ``cfg`` drawn with ``rng``.
 
     Columns are :data:`REQUEST_COLUMNS`, sorted by ``arrival_at``. ``frame.attrs["load_report"]``
-    is a :class:`~simsched.traces.LoadReport` saying what trace loading and the long-prompt
+    is a :class:`~simsched.workloads.traces.LoadReport` saying what trace loading and the long-prompt
     policy did (counts of sorted, clipped and dropped requests).
     """
     arrival, kind = cfg.arrival_process, cfg.length_distribution

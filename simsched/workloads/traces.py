@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simsched import arrivals
+from simsched.workloads import arrivals
 
 DATA_DIR = Path(__file__).parent / "data" / "traces"
 BUNDLED = {
