@@ -7,7 +7,7 @@ import pytest
 import simsched
 from simsched import SimConfig, UnitCostModel
 from simsched.api import make_requests
-from simsched.engine.replica import Engine
+from simsched.cluster.cluster import Cluster
 from simsched.request import PreemptionCause
 
 
@@ -21,7 +21,7 @@ def pressured_config(**changes):
 def test_preempted_process_receives_interrupt_with_cause_and_finishes():
     cfg = pressured_config(policy="spf", preemption=True)
     reqs = make_requests(simsched.workloads.workload.generate(cfg.workload, np.random.default_rng(0)))
-    engine = Engine(cfg, reqs, simsched.LinearCostModel(), num_blocks=40)
+    engine = Cluster(cfg, reqs, simsched.LinearCostModel(), num_blocks=40)
     engine.run()
     victims = [r for r in reqs if r.causes]
     assert victims, "the scenario must preempt"

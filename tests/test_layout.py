@@ -17,7 +17,7 @@ LAYERS = {
     "__init__": 9,
 }
 SIMPY_MODULES = {"simsched.engine.replica", "simsched.cluster.cluster", "simsched.cluster.disagg",
-                 "simsched.workloads.sessions"}
+                 "simsched.cluster.sessions"}
 
 
 def _modules():

@@ -8,7 +8,7 @@ import pytest
 import simsched
 from simsched.api import make_requests
 from simsched.config import SchedulerConfig, SimConfig
-from simsched.engine.replica import Engine
+from simsched.cluster.cluster import Cluster
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
 from simsched.request import Request, Status
@@ -168,7 +168,7 @@ def test_fair_share_counters_stay_within_the_vtc_bound():
         policy="fair", max_num_seqs=16, max_num_batched_tokens=256, cost_model="unit",
         **{"cache.num_blocks": 200})
     reqs = make_requests(table)
-    engine = Engine(config, reqs, simsched.cost.base.UnitCostModel(), 200)
+    engine = Cluster(config, reqs, simsched.cost.base.UnitCostModel(), 200)
     sched = engine.scheduler
     gaps = []
     commit = sched.commit

@@ -6,7 +6,7 @@ from simsched.cost import hardware
 from simsched.api import make_requests
 from simsched.config import SimConfig
 from simsched.cost.base import UnitCostModel
-from simsched.engine.replica import Engine
+from simsched.cluster.cluster import Cluster
 from simsched.request import Status
 
 BLOCKS = 60
@@ -19,21 +19,21 @@ def run(swap_space_gib=1.0, bandwidth=10.0, n=24, style="stall_free"):
         **{"cache.num_blocks": BLOCKS, "cache.swap_space_gib": swap_space_gib,
            "cache.swap_bandwidth_gbps": bandwidth})
     reqs = make_requests(table)
-    engine = Engine(config, reqs, UnitCostModel(0.01), BLOCKS)
+    engine = Cluster(config, reqs, UnitCostModel(0.01), BLOCKS)
     engine.run()
     return engine, reqs
 
 
 def test_swap_time_is_bytes_over_bandwidth():
     engine, reqs = run(bandwidth=10.0)
-    swap_time = sum(row[-1] for row in engine.iteration_rows)
+    swap_time = sum(row[-1] for row in engine.replicas[0].iteration_rows)
     moved = sum(r.swapped_bytes for r in reqs)          # out and back in
     assert moved > 0
     assert swap_time == pytest.approx(moved / 10e9)
     per_block = hardware.kv_bytes_per_token(engine.config.hardware) * 16
     assert all(r.swapped_bytes % per_block == 0 for r in reqs)
     # every iteration's duration is the cost model's 0.01 s plus its swap time
-    assert all(row[1] == pytest.approx(0.01 + row[-1]) for row in engine.iteration_rows)
+    assert all(row[1] == pytest.approx(0.01 + row[-1]) for row in engine.replicas[0].iteration_rows)
 
 
 def test_swap_in_restores_progress_without_recomputation():
@@ -44,8 +44,8 @@ def test_swap_in_restores_progress_without_recomputation():
                for r in reqs)
     assert sum(r.num_recomputed_tokens for r in reqs) == 0
     # decode work equals exactly the tokens needed: nothing was computed twice
-    prefill = sum(row[2] for row in engine.iteration_rows)
-    decode = sum(row[3] for row in engine.iteration_rows)
+    prefill = sum(row[2] for row in engine.replicas[0].iteration_rows)
+    decode = sum(row[3] for row in engine.replicas[0].iteration_rows)
     assert prefill + decode == sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in reqs)
     causes = [c for r in swapped for c in r.causes]
     assert causes and all(c.mode == "swap" and c.num_lost_tokens == 0 for c in causes)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from simsched.cost import factory, hardware
 from simsched.config import SimConfig
-from simsched.engine.replica import Engine
+from simsched.cluster.cluster import Cluster
 from simsched.analysis.metrics import Results, build_requests_frame
 from simsched.request import Request
 from simsched.workloads.workload import generate
@@ -105,7 +105,7 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-        cost_model=None, keep_engine: bool = False) -> tuple[Results, Engine | None]:
+        cost_model=None, keep_engine: bool = False) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks)."""
     config = config or SimConfig()
     if not isinstance(config, SimConfig):
@@ -121,15 +121,17 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     num_blocks = config.cache.num_blocks
     if num_blocks is None:
         num_blocks = hardware.kv_capacity_blocks(config.hardware, config.cache.block_size)
-    engine = Engine(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware))
+    engine = Cluster(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware))
     engine.run()
     sched = engine.scheduler
     step_end = np.asarray(sched.step_end_at, dtype=float)
     info = {"num_blocks": num_blocks, "num_events": engine.num_events,
             "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running),
             "kv_blocks_used_at_end": engine.kv.num_used}
-    iterations, sim_time = engine.iteration_rows.frame(), engine.env.now
-    engine.iteration_rows = None
+    replica = engine.replicas[0]
+    iterations, sim_time = replica.iteration_rows.frame(), engine.env.now
+    replica.iteration_rows = None
+    del replica
     # Without end-of-run checks nothing needs the request objects once read: let them go while
     # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
     release = not (config.check_invariants or keep_engine)

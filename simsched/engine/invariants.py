@@ -42,12 +42,18 @@ def _swapped(sched) -> dict:
     return {r.id: r for r in swapped}
 
 
-def check_invariants(engine, batch) -> None:
-    """Verify KV accounting, budgets, membership and per-request progress; raise InvariantError."""
-    sched, kv, now = engine.scheduler, engine.kv, engine.env.now
-    _check_kv_and_batch(sched, kv, batch, now)
-    waiting_ids = _check_membership(sched, kv, now)
-    _check_requests(engine, sched, waiting_ids, now)
+def check_invariants(cluster, replica, batch) -> None:
+    """Verify KV accounting, budgets, membership and per-request progress; raise InvariantError.
+
+    ``replica`` just ran ``batch``; its KV cache, budgets and members are checked, and every
+    arrived request of ``cluster`` is checked against the collections of all replicas.
+    """
+    now = cluster.env.now
+    _check_kv_and_batch(replica.scheduler, replica.kv, batch, now)
+    waiting_ids = []
+    for other in cluster.replicas:
+        waiting_ids += _check_membership(other.scheduler, other.kv, now)
+    _check_requests(cluster, [r.scheduler for r in cluster.replicas], waiting_ids, now)
 
 
 def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
@@ -110,10 +116,15 @@ def _check_membership(sched, kv, now: float) -> list[int]:
     return waiting_ids
 
 
-def _check_requests(engine, sched, waiting_ids: list[int], now: float) -> None:
+def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) -> None:
     counts = {s: 0 for s in Status}
-    members = {Status.WAITING: set(waiting_ids), Status.RUNNING: sched.running,
-               Status.SWAPPED: _swapped(sched)}
+    running: dict = {}
+    swapped: dict = {}
+    for sched in scheds:
+        running.update(sched.running)
+        swapped.update(_swapped(sched))
+    members = {Status.WAITING: set(waiting_ids), Status.RUNNING: running,
+               Status.SWAPPED: swapped}
     for req in engine.requests[:engine.num_arrived]:
         counts[req.status] += 1
         if req.status in members and req.id not in members[req.status]:
@@ -138,12 +149,12 @@ def _check_requests(engine, sched, waiting_ids: list[int], now: float) -> None:
                                  f"not arrived but status {req.status.value}", req.id)
     accounted = sum(counts[s] for s in _OPEN + _CLOSED)
     if accounted != engine.num_arrived or counts[Status.WAITING] != len(waiting_ids) \
-            or counts[Status.RUNNING] != len(sched.running) \
-            or counts[Status.SWAPPED] != len(_swapped(sched)):
+            or counts[Status.RUNNING] != len(running) \
+            or counts[Status.SWAPPED] != len(swapped):
         raise InvariantError("nothing_lost", now,
                              f"arrived {engine.num_arrived}, statuses "
                              f"{ {s.value: n for s, n in counts.items() if n} }, "
-                             f"queue {len(waiting_ids)}, running {len(sched.running)}")
+                             f"queue {len(waiting_ids)}, running {len(running)}")
 
 
 def _check_timestamps(req, now: float) -> None:
@@ -156,14 +167,18 @@ def _check_timestamps(req, now: float) -> None:
 
 
 def check_final_state(engine) -> None:
-    """After a run without a time limit: nothing waits or runs and the KV cache is all free."""
-    sched, kv, now = engine.scheduler, engine.kv, engine.env.now
-    if sched.has_work() or _swapped(sched):
-        raise InvariantError("drained", now, f"{len(sched.running)} running, "
-                                             f"{sched.num_waiting} waiting at the end")
-    if kv.num_free != kv.num_blocks or kv.holders():
-        raise InvariantError("kv_all_free", now,
-                             f"{kv.num_free} of {kv.num_blocks} blocks free, held {kv.holders()}")
+    """After a run without a time limit: nothing waits or runs and every KV cache is all free."""
+    now = engine.env.now
+    for replica in engine.replicas:
+        sched, kv = replica.scheduler, replica.kv
+        if sched.has_work() or _swapped(sched):
+            raise InvariantError("drained", now, f"replica {replica.index}: "
+                                                 f"{len(sched.running)} running, "
+                                                 f"{sched.num_waiting} waiting at the end")
+        if kv.num_free != kv.num_blocks or kv.holders():
+            raise InvariantError("kv_all_free", now,
+                                 f"replica {replica.index}: {kv.num_free} of {kv.num_blocks} "
+                                 f"blocks free, held {kv.holders()}")
     if engine.num_arrived != len(engine.requests):
         raise InvariantError("nothing_lost", now,
                              f"{engine.num_arrived} of {len(engine.requests)} requests arrived")

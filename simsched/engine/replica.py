@@ -1,10 +1,14 @@
-"""The SimPy processes of one run: arrivals, one process per request, and the GPU loop.
+"""One replica's GPU as a SimPy process: schedule, time, wait, commit, wake, interrupt.
 
-This is the only module that imports SimPy. The GPU process asks the scheduler for a batch, asks
-the cost model how long it takes, waits that long, commits the progress and wakes the request
-processes whose first token or completion it produced. A preemption (recompute or swap)
-interrupts the victim's process with a :class:`~simsched.request.PreemptionCause`. Swap transfers
-take ``bytes / (cache.swap_bandwidth_gbps * 1e9)`` seconds on top of the cost model's time.
+The GPU process asks the scheduler for a batch, asks the cost model how long it takes, waits that
+long, commits the progress and wakes the request processes whose first token or completion it
+produced. A preemption (recompute or swap) interrupts the victim's process with a
+:class:`~simsched.request.PreemptionCause`. Swap transfers take
+``bytes / (cache.swap_bandwidth_gbps * 1e9)`` seconds on top of the cost model's time.
+
+Request processes belong to the cluster (:mod:`simsched.cluster.cluster`), which hands each
+admitted request to a replica with :meth:`Replica.add` together with the SimPy handles the replica
+fires: the process to interrupt and the first-token and done events.
 """
 
 from __future__ import annotations
@@ -15,88 +19,60 @@ import numpy as np
 import simpy
 
 from simsched.cost import hardware
-from simsched.engine.invariants import check_invariants
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.engine.log import IterationLog
-from simsched.request import Request
 from simsched.engine.scheduler import Scheduler
+from simsched.request import Request
 
 
 class SimulationError(RuntimeError):
     """The engine could not make progress (a scheduler bug, never a user error)."""
 
 
-class Engine:
-    """Runs one simulation over a list of requests sorted by arrival time."""
+class Replica:
+    """One serving replica on a shared SimPy clock: scheduler, KV cache, cost model, GPU loop.
 
-    def __init__(self, config, requests: list[Request], cost_model, num_blocks: int,
-                 max_model_len: int | None = None, rng: np.random.Generator | None = None) -> None:
+    ``on_iteration(replica, batch)``, if given, runs after every committed iteration (the
+    invariant checker uses it).
+    """
+
+    def __init__(self, env: simpy.Environment, config, cost_model, num_blocks: int,
+                 max_model_len: int | None, rng: np.random.Generator, index: int = 0,
+                 on_iteration=None) -> None:
+        self.env = env
+        self.index = index
         self.config = config
-        self.env = simpy.Environment()
         cache = config.cache
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark)
-        if rng is None:
-            # An independent stream derived from the run's seed (not the workload's own stream).
-            rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(2)[1])
         self.scheduler = Scheduler(
             config.scheduler, self.kv, max_model_len, rng,
             kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
-        self.requests = requests
         self.iteration_rows = IterationLog()
-        self.num_arrived = 0
-        self.num_events = 0             # request-process wake-ups, for the events benchmark
+        self.on_iteration = on_iteration
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
-        self.env.process(self._arrivals())
-        self.env.process(self._gpu())
+        env.process(self._gpu())
 
-    def run(self) -> None:
-        """Run until every request has finished or ``config.max_sim_time`` is reached."""
-        until = self.config.max_sim_time
-        self.env.run(until=None if math.isinf(until) else until)
-        self.scheduler.close()
+    def add(self, req: Request, handles: tuple) -> bool:
+        """Queue ``req`` here (False if it can never be served: it is then marked rejected).
 
-    # ------------------------------------------------------------------ processes
-    def _arrivals(self):
-        env = self.env
-        for req in self.requests:
-            delay = req.arrival_at - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-                req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
-            env.process(self._request(req))
-
-    def _request(self, req: Request):
-        """A request's life: queue (or be rejected), wait for first token, then completion."""
-        self.num_arrived += 1
+        ``handles`` is ``(process, first_token_event, done_event)``; the replica keeps them only
+        while the request is in flight here.
+        """
         if not self.scheduler.add(req, self.env.now):
-            return
-        waits = (self.env.event(), self.env.event())      # first token, done
-        # SimPy handles live in the engine, only while the request is in flight.
-        self._live[req.id] = (self.env.active_process, *waits)
+            return False
+        self._live[req.id] = handles
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
-        stage = 0
-        while stage < 2:
-            try:
-                yield waits[stage]
-                stage += 1
-            except simpy.Interrupt as interrupt:
-                # Recompute preemption: the scheduler already sent us back to the queue;
-                # keep the cause and wait again for re-admission to produce our tokens.
-                if not req.causes:
-                    req.causes = []
-                req.causes.append(interrupt.cause)
-            self.num_events += 1
-        del self._live[req.id]
+        return True
 
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
         log = self.iteration_rows
-        check = self.config.check_invariants
+        live = self._live
         while True:
             if not sched.has_work():
                 self._idle = env.event()
@@ -132,11 +108,11 @@ class Engine:
             log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
                          batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
-                self._live[req.id][1].succeed()
+                live[req.id][1].succeed()
             for req in finished:
-                self._live[req.id][2].succeed()
-            if check:
-                check_invariants(self, batch)
+                live.pop(req.id)[2].succeed()
+            if self.on_iteration is not None:
+                self.on_iteration(self, batch)
 
     def _interrupt_victims(self) -> None:
         for victim, cause in self.scheduler.preempted:
