@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.doc_blocks import Drift, wrap_md
+from experiments.doc_format import Drift, wrap_md
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = ("README.md", "docs/experiments.md", "docs/policies.md", "docs/workloads.md",
@@ -76,6 +76,7 @@ class Block:
 
 def _blocks() -> dict[str, Block]:
     from experiments import doc_blocks as d
+    from experiments import doc_studies as e
 
     return {
         "readme-policy-comparison": Block("README.md", d.readme_policy_comparison, True),
@@ -83,13 +84,13 @@ def _blocks() -> dict[str, Block]:
         "readme-cost": Block("README.md", d.readme_cost, True),
         "readme-traces": Block("README.md", d.readme_traces, True),
         "readme-policy-zoo": Block("README.md", d.readme_policy_zoo, False),
-        "experiments-load-sweep": Block("docs/experiments.md", d.experiments_load_sweep, False),
-        "experiments-token-budget": Block("docs/experiments.md", d.experiments_token_budget,
+        "experiments-load-sweep": Block("docs/experiments.md", e.experiments_load_sweep, False),
+        "experiments-token-budget": Block("docs/experiments.md", e.experiments_token_budget,
                                           False),
         "experiments-memory-pressure": Block("docs/experiments.md",
-                                             d.experiments_memory_pressure, False),
-        "experiments-starvation": Block("docs/experiments.md", d.experiments_starvation, False),
-        "policies-zoo": Block("docs/policies.md", d.policies_zoo, False),
+                                             e.experiments_memory_pressure, False),
+        "experiments-starvation": Block("docs/experiments.md", e.experiments_starvation, False),
+        "policies-zoo": Block("docs/policies.md", e.policies_zoo, False),
         "workloads-traces": Block("docs/workloads.md", d.workloads_traces, True),
         "cost-iteration": Block("docs/cost_model.md", d.cost_iteration, True),
         "cost-fit": Block("docs/cost_model.md", d.cost_fit, True),

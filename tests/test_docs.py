@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments import check_docs
-from experiments.doc_blocks import Drift, md_table, num, wrap_md
+from experiments.doc_format import Drift, md_table, num, wrap_md
 
 ROOT = Path(__file__).resolve().parent.parent
 
