@@ -9,7 +9,6 @@ import importlib
 import json
 import math
 import sys
-import tomllib
 import types
 import warnings
 from pathlib import Path
@@ -17,6 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import simsched
 from simsched import SimConfig, UnitCostModel
