@@ -5,6 +5,7 @@ Lives below the executors so sweeps can run it; :mod:`simsched.api` re-exports i
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable
 
 import numpy as np
@@ -13,9 +14,14 @@ import pandas as pd
 from simsched.cost import factory, hardware
 from simsched.config import SimConfig
 from simsched.cluster.cluster import Cluster
-from simsched.analysis.metrics import Results, build_requests_frame
+from simsched.analysis.metrics import Results, build_requests_frame, rejection_note
 from simsched.request import Request
+from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
+
+
+class RejectionWarning(UserWarning):
+    """Some requests of a run were rejected (they can never fit the model's context or cache)."""
 
 _FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
 
@@ -93,6 +99,27 @@ def make_requests(table: Any) -> list[Request]:
             for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
 
 
+def workload_requests(config: SimConfig) -> pd.DataFrame:
+    """The request table of ``config``'s workload, drawn from its seed.
+
+    With ``long_prompt_policy`` ``clip`` or ``drop`` the workload is also fitted to the model's
+    context: a request whose prompt plus output exceeds the context length (``max_model_len``)
+    is clipped or dropped, as an over-long prompt is. With ``error`` such requests are left to
+    the engine, which rejects them with a reason.
+    """
+    table = generate(config.workload, np.random.default_rng(config.seed))
+    policy = config.workload.long_prompt_policy
+    if policy != "error" and len(table):
+        load_report = table.attrs.get("load_report")
+        table, _ = apply_long_prompt_policy(table, None, policy,
+                                            f"workload {config.workload.name!r}",
+                                            max_total_tokens=hardware.max_model_len(
+                                                config.hardware))
+        if load_report is not None:
+            table.attrs["load_report"] = load_report
+    return table
+
+
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
              cost_model=None) -> Results:
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
@@ -105,13 +132,18 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-        cost_model=None, keep_engine: bool = False) -> tuple[Results, Cluster | None]:
-    """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks)."""
+        cost_model=None, keep_engine: bool = False,
+        from_workload: bool | None = None) -> tuple[Results, Cluster | None]:
+    """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
+
+    ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
+    caller), so a rejection warning may suggest the workload's ``long_prompt_policy``.
+    """
     config = config or SimConfig()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
-    rng = np.random.default_rng(config.seed)
-    table = generate(config.workload, rng) if requests is None else requests
+    from_workload = requests is None if from_workload is None else from_workload
+    table = workload_requests(config) if from_workload else requests
     reqs = make_requests(table)
     del table  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is None:
@@ -140,4 +172,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info)
+    note = rejection_note(req_df, hint=from_workload)
+    if note:
+        warnings.warn(note, RejectionWarning, stacklevel=3)
     return results, (None if release else engine)

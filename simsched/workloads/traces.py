@@ -255,20 +255,30 @@ def read_trace(path, require_times: bool = True) -> tuple[pd.DataFrame, LoadRepo
 
 
 def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | None,
-                             policy: str, source: str) -> tuple[pd.DataFrame, dict]:
-    """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens``.
+                             policy: str, source: str,
+                             max_total_tokens: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens`` or whose prompt
+    plus output exceeds ``max_total_tokens`` (a model's context length).
 
-    Returns the new table and the counts ``num_long_prompts``, ``num_clipped``, ``num_dropped``.
-    Never silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
+    Clipping shortens the prompt so that both limits hold (the output too, if the output alone
+    leaves no room for a one-token prompt). Returns the new table and the counts
+    ``num_long_prompts`` (requests over a limit), ``num_clipped``, ``num_dropped``. Never
+    silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
     ``ValueError`` naming the source and the first offending line (or request index).
     """
     if policy not in LONG_PROMPT_POLICIES:
         raise ValueError(f"long_prompt_policy must be one of {list(LONG_PROMPT_POLICIES)}, "
                          f"got {policy!r}")
     counts = {"num_long_prompts": 0, "num_clipped": 0, "num_dropped": 0}
-    if max_prompt_tokens is None or requests.empty:
+    if (max_prompt_tokens is None and max_total_tokens is None) or requests.empty:
         return requests, counts
-    long = requests["num_prompt_tokens"].to_numpy() > max_prompt_tokens
+    prompt = requests["num_prompt_tokens"].to_numpy()
+    output = requests["num_output_tokens"].to_numpy()
+    long = np.zeros(len(requests), dtype=bool)
+    if max_prompt_tokens is not None:
+        long |= prompt > max_prompt_tokens
+    if max_total_tokens is not None:
+        long |= prompt + output > max_total_tokens
     num_long = int(long.sum())
     counts["num_long_prompts"] = num_long
     if not num_long:
@@ -276,14 +286,27 @@ def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | No
     i = int(np.flatnonzero(long)[0])
     where = (f"line {requests['line'].iloc[i]}" if "line" in requests.columns
              else f"request {i}")
-    message = (f"{source}: {num_long} prompt(s) longer than max_prompt_tokens="
-               f"{max_prompt_tokens} (first at {where}: "
-               f"{requests['num_prompt_tokens'].iloc[i]} tokens)")
+    if max_total_tokens is None:
+        message = (f"{source}: {num_long} prompt(s) longer than max_prompt_tokens="
+                   f"{max_prompt_tokens} (first at {where}: {prompt[i]} tokens)")
+    else:
+        limits = (f"max_prompt_tokens={max_prompt_tokens} or " if max_prompt_tokens else "")
+        message = (f"{source}: {num_long} request(s) over {limits}prompt + output > "
+                   f"{max_total_tokens} tokens (first at {where}: {prompt[i]} + {output[i]} "
+                   "tokens)")
     if policy == "error":
         raise ValueError(message + "; set long_prompt_policy='clip' or 'drop' to load anyway")
     if policy == "clip":
         requests = requests.copy()
-        requests.loc[long, "num_prompt_tokens"] = max_prompt_tokens
+        new_prompt = prompt.copy()
+        new_output = output.copy()
+        if max_prompt_tokens is not None:
+            new_prompt = np.minimum(new_prompt, max_prompt_tokens)
+        if max_total_tokens is not None:
+            new_prompt = np.maximum(np.minimum(new_prompt, max_total_tokens - output), 1)
+            new_output = np.minimum(output, max_total_tokens - new_prompt)
+        requests["num_prompt_tokens"] = new_prompt.astype(prompt.dtype)
+        requests["num_output_tokens"] = new_output.astype(output.dtype)
         counts["num_clipped"] = num_long
     else:
         requests = requests[~long].reset_index(drop=True)
