@@ -1,10 +1,11 @@
-"""The ``simsched`` command: ``run`` one config, ``sweep`` a grid, or find ``capacity``.
+"""The ``simsched`` command: ``run`` one config, ``sweep`` a grid, find ``capacity``, or
+``plan`` a deployment.
 
 A config comes from a TOML file (sections ``[scheduler]``, ``[cache]``, ``[hardware]``,
-``[workload]``, ``[run]`` and ``[slo]``, or flat field names at the top level) and/or flags; flags
-win. Every bad value ends with one line ``simsched: error: ...`` on stderr and exit status 2; a
-run in which no request finished exits with status 1. Warnings print as one line each,
-``simsched: warning: ...``.
+``[workload]``, ``[cluster]``, ``[run]`` and ``[slo]``, or flat field names at the top level)
+and/or flags; flags win. Every bad value ends with one line ``simsched: error: ...`` on stderr and
+exit status 2; a run in which no request finished exits with status 1. Warnings print as one line
+each, ``simsched: warning: ...``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 
 DESCRIPTION = ("Simulate an LLM serving engine's scheduler: run one config, sweep a grid of "
-               "configs, or find the largest rate that meets latency targets.")
+               "configs, find the largest rate that meets latency targets, or plan the "
+               "cheapest deployment.")
 
-SECTIONS = ("scheduler", "cache", "hardware", "workload")
+SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster")
 # flag destination -> config field
 FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "policy": "policy",
                "victim_policy": "victim_policy", "preemption": "preemption",
@@ -91,8 +93,12 @@ def parse_value(text: str) -> Any:
     return text.strip()
 
 
-def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
-    """Read a TOML config file into flat ``SimConfig.replace`` changes and SLO bounds."""
+def load_toml(path: str | Path, skip: Sequence[str] = ()
+              ) -> tuple[dict[str, Any], dict[str, float]]:
+    """Read a TOML config file into flat ``SimConfig.replace`` changes and SLO bounds.
+
+    Sections named in ``skip`` belong to the caller (``plan`` reads its own) and are left out.
+    """
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -110,9 +116,13 @@ def load_toml(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
                 changes.update({k: _tupled(v) for k, v in value.items()})
             elif key == "slo":
                 slo.update(value)
+            elif key in skip:
+                continue
             else:
                 raise ValueError(f"config file {path}: unknown section [{key}]; known: "
                                  f"{', '.join(SECTIONS + ('run', 'slo'))}")
+        elif key in skip:
+            continue
         else:
             changes[key] = _tupled(value)
     return changes, slo
@@ -215,6 +225,7 @@ def make_parser() -> argparse.ArgumentParser:
     cap.add_argument("--tol", type=float, default=0.05,
                      help="stop when the bracket is narrower than this share of the rate")
     _add_parallel(cap)
+    _add_plan_parser(sub)
     return p
 
 
@@ -388,12 +399,49 @@ class _WarningPrinter:
         if text not in self.seen:
             self.seen.add(text)
             print(f"simsched: warning: {text}", file=sys.stderr)
+def _add_plan_parser(sub) -> None:
+    pl = sub.add_parser("plan", help="cheapest deployment (GPU, TP, replicas, router) meeting "
+                        "latency targets, per rate")
+    pl.add_argument("config", help="TOML plan file: config sections plus [plan] (rates, seeds), "
+                    "[target] (metric limits, min_attainment), [slo], [prices] and "
+                    "[[candidates]] (gpu, tp, router, min_replicas, max_replicas, settings)")
+    pl.add_argument("--out", help="output directory (default out/plan)")
+    _add_parallel(pl)
+
+
+def cmd_plan(args) -> int:
+    """``simsched plan``: for each candidate and rate, the fewest replicas meeting the target."""
+    from simsched.analysis.plan import PLAN_SECTIONS, plan, plan_from_toml
+
+    changes, slo = load_toml(args.config, skip=PLAN_SECTIONS)
+    config = build_config(changes)
+    data = tomllib.loads(Path(args.config).read_text())
+    kwargs = plan_from_toml(data, slo)
+    result = plan(config.workload, base_config=config, executor=args.executor,
+                  max_workers=args.workers, progress=not args.quiet,
+                  ray_address=args.ray_address, **kwargs)
+    cols = ["rate", "label", "status", "num_replicas", "num_gpus", "gpu_hours_per_million",
+            "cost_per_million", "ttft_p99", "tpot_p99", "pareto"]
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+        print(result.table[[c for c in cols if c in result.table]].to_string(index=False))
+    path = Path(args.out or "out/plan")
+    path.mkdir(parents=True, exist_ok=True)
+    result.table.to_csv(path / "plan.csv", index=False)
+    result.runs.to_csv(path / "runs.csv", index=False)
+    written = ["plan.csv", "runs.csv"]
+    try:
+        result.plot(path / "cost_vs_ttft.png")
+        written.append("cost_vs_ttft.png")
+    except ImportError as exc:  # plots are optional: the tables are already written
+        print(f"simsched: plots skipped: {exc}", file=sys.stderr)
+    print(f"wrote {path}/: {', '.join(written)}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsched`` command; returns the exit status."""
     args = make_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity}
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity, "plan": cmd_plan}
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _WarningPrinter()

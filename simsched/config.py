@@ -1,7 +1,8 @@
 """Frozen, validated configuration for one simulation run.
 
-A run is described by a :class:`SimConfig` made of four parts: the scheduler, the KV cache, the
-hardware (model, GPU, tensor parallelism, cost model) and the workload. Every field is checked in
+A run is described by a :class:`SimConfig` made of five parts: the scheduler, the KV cache, the
+hardware (model, GPU, tensor parallelism, cost model), the workload and the cluster (how many
+replicas, per-replica overrides, the router and admission control). Every field is checked in
 ``__post_init__`` and a bad value raises ``ValueError`` naming the field and the allowed range.
 
 Sweeps vary configs with :meth:`SimConfig.replace`, which accepts flat field names (``rate=4.0``,
@@ -166,9 +167,104 @@ class HardwareConfig:
         hardware.max_model_len(self)  # at most the model's context length
 
 
+# Routers live in the cluster layer, above config; simsched.cluster.routers installs its name and
+# option check here when imported (importing any part of simsched does), so a bad router fails
+# when the config is built rather than at the first run.
+_router_check = None
+# The sections a per-replica override may change (the workload and the cluster are shared).
+REPLICA_SECTIONS = ("scheduler", "cache", "hardware")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Replicas behind a router: how many, per-replica overrides, routing and admission control.
+
+    ``num_replicas`` replicas share the run's clock. ``replicas`` optionally overrides the first
+    replicas' settings: a tuple of mappings of scheduler, cache or hardware fields (flat names such
+    as ``gpu``, ``tensor_parallel_size``, ``max_num_seqs``, ``num_blocks``), each with an optional
+    ``count`` (default 1) repeating it; replicas beyond the listed ones use the base settings.
+    ``router`` names a router of :mod:`simsched.cluster.routers` (never consulted with one
+    replica) and ``router_options`` its options. ``refresh_interval`` is how stale the load the
+    router sees is: 0 gives it the exact state, ``t > 0`` a snapshot taken every ``t`` seconds.
+    Admission control sheds (rejects with a ``shed: ...`` reason) a request when the chosen
+    replica already has ``max_num_queued_per_replica`` requests waiting, or when the token bucket
+    (``rate_limit`` requests/s, ``burst`` requests deep, default ``max(1, rate_limit)``) is empty.
+    """
+
+    num_replicas: int = 1
+    replicas: tuple = ()
+    router: str = "round_robin"
+    router_options: Mapping[str, Any] = field(default_factory=dict)
+    refresh_interval: float = 0.0
+    max_num_queued_per_replica: int | None = None
+    rate_limit: float | None = None
+    burst: float | None = None
+
+    def __post_init__(self) -> None:
+        _plain(self)
+        o = "cluster"
+        _check_int(o, "num_replicas", self.num_replicas, 1, 100_000)
+        replicas = self.replicas
+        if isinstance(replicas, Mapping) or isinstance(replicas, (str, bytes)) \
+                or not isinstance(replicas, (tuple, list)):
+            raise ValueError(f"{o}.replicas must be a tuple of mappings of per-replica settings, "
+                             f"got {replicas!r}")
+        known = _replica_fields() | {"count"}
+        total = 0
+        for i, entry in enumerate(self.replicas):
+            where = f"{o}.replicas[{i}]"
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"{where} must be a mapping of settings, got {entry!r}")
+            for key in entry:
+                if not isinstance(key, str) or key.split(".", 1)[-1] not in known \
+                        or ("." in key and key.split(".", 1)[0] not in REPLICA_SECTIONS):
+                    raise ValueError(f"{where} has unknown field {key!r}; a replica may set "
+                                     f"scheduler, cache and hardware fields and count")
+            count = entry.get("count", 1)
+            _check_int(where, "count", count, 1, 100_000)
+            total += count
+        # Copies, so that changing the caller's mappings later cannot change this config.
+        object.__setattr__(self, "replicas", tuple(dict(e) for e in replicas))
+        if total > self.num_replicas:
+            raise ValueError(f"{o}.replicas lists {total} replicas (counts included), more than "
+                             f"{o}.num_replicas={self.num_replicas}")
+        if not isinstance(self.router, str) or not self.router:
+            raise ValueError(f"{o}.router must be a router name, got {self.router!r}")
+        if not isinstance(self.router_options, Mapping):
+            raise ValueError(f"{o}.router_options must be a mapping, got {self.router_options!r}")
+        if _router_check is not None:
+            _router_check(self.router, self.router_options)
+        _check_float(o, "refresh_interval", self.refresh_interval, 0.0)
+        if math.isinf(self.refresh_interval):
+            raise ValueError(f"{o}.refresh_interval must be finite, got {self.refresh_interval}")
+        if self.max_num_queued_per_replica is not None:
+            _check_int(o, "max_num_queued_per_replica", self.max_num_queued_per_replica, 1)
+        if self.rate_limit is not None:
+            _check_float(o, "rate_limit", self.rate_limit, 0.0, low_open=True)
+            if math.isinf(self.rate_limit):
+                raise ValueError(f"{o}.rate_limit must be finite, got {self.rate_limit}")
+        if self.burst is not None:
+            if self.rate_limit is None:
+                raise ValueError(f"{o}.burst needs {o}.rate_limit")
+            _check_float(o, "burst", self.burst, 1.0)
+
+    def overrides(self) -> list[dict[str, Any]]:
+        """One mapping of setting changes per replica (``count`` expanded, empty for the rest)."""
+        out: list[dict[str, Any]] = []
+        for entry in self.replicas:
+            changes = {k: v for k, v in entry.items() if k != "count"}
+            out += [changes] * entry.get("count", 1)
+        return out + [{}] * (self.num_replicas - len(out))
+
+
+def _replica_fields() -> set[str]:
+    return {f.name for cls in (SchedulerConfig, CacheConfig, HardwareConfig)
+            for f in dataclasses.fields(cls)}
+
+
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything one run needs: scheduler, cache, hardware, workload, seed and run limits.
+    """Everything one run needs: scheduler, cache, hardware, workload, cluster, seed, run limits.
 
     ``max_sim_time`` ends an overloaded run (simulated seconds); requests still waiting or running
     then are reported with status ``waiting``/``running``. ``check_invariants`` verifies the
@@ -179,6 +275,7 @@ class SimConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     seed: int = 0
     max_sim_time: float = math.inf
     check_invariants: bool = False
@@ -186,7 +283,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         _plain(self)
         for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
-                          ("hardware", HardwareConfig), ("workload", WorkloadConfig)):
+                          ("hardware", HardwareConfig), ("workload", WorkloadConfig),
+                          ("cluster", ClusterConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         _check_int("config", "seed", self.seed, 0, 2**63 - 1)
@@ -197,8 +295,56 @@ class SimConfig:
 
             # Fail at configuration time, not at the first run, if the weights leave no KV room.
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
+        if self.cluster.replicas:
+            self.replica_configs()      # every override is valid against these base settings
 
-    _PARTS = ("scheduler", "cache", "hardware", "workload")
+    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
+
+    def replica_configs(self) -> list["SimConfig"]:
+        """One config per replica: this one with the replica's scheduler, cache and hardware.
+
+        The replica configs keep the workload and seed; their cluster part is a single replica.
+        An override naming a bad value raises ValueError naming ``cluster.replicas[i]``.
+        """
+        if not self.cluster.replicas:
+            return [self] * self.cluster.num_replicas
+        single = ClusterConfig()
+        out, built = [], {}
+        for i, changes in enumerate(self.cluster.overrides()):
+            key = tuple(sorted(changes.items(), key=lambda kv: kv[0]))
+            try:
+                cfg = built.get(key)
+            except TypeError:           # an unhashable value (a dict of policy options)
+                cfg, key = None, None
+            if cfg is None:
+                parts: dict[str, dict[str, Any]] = {p: {} for p in REPLICA_SECTIONS}
+                for name, value in changes.items():
+                    if "." in name:
+                        section, name = name.split(".", 1)
+                    else:
+                        section = next(p for p in REPLICA_SECTIONS if name in
+                                       {f.name for f in dataclasses.fields(getattr(self, p))})
+                    parts[section][name] = value
+                try:
+                    cfg = dataclasses.replace(
+                        self, cluster=single,
+                        **{p: dataclasses.replace(getattr(self, p), **c)
+                           for p, c in parts.items() if c})
+                except ValueError as exc:
+                    raise ValueError(f"cluster.replicas[{self._entry_of(i)}]: {exc}") from None
+                if key is not None:
+                    built[key] = cfg
+            out.append(cfg)
+        return out
+
+    def _entry_of(self, replica: int) -> int:
+        """Which ``cluster.replicas`` entry replica number ``replica`` comes from."""
+        seen = 0
+        for i, entry in enumerate(self.cluster.replicas):
+            seen += entry.get("count", 1)
+            if replica < seen:
+                return i
+        return len(self.cluster.replicas)
 
     def replace(self, **changes: Any) -> "SimConfig":
         """Return a copy with fields changed; flat names are routed to the sub-config owning them.
@@ -248,6 +394,6 @@ class SimConfig:
 def field_names() -> set[str]:
     """Every flat field name :meth:`SimConfig.replace` accepts."""
     names = {f.name for f in dataclasses.fields(SimConfig)} - set(SimConfig._PARTS)
-    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig):
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
         names |= {f.name for f in dataclasses.fields(cls)}
     return names

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 import simsched
-from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
+from simsched.config import CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 
 SECTIONS = {"scheduler": SchedulerConfig, "cache": CacheConfig, "hardware": HardwareConfig,
-            "workload": WorkloadConfig}
+            "workload": WorkloadConfig, "cluster": ClusterConfig}
 
 # (section, field, bad value, other fields needed to make the value the only problem,
 #  substring the message must contain besides the field name)
@@ -80,6 +80,17 @@ BAD = [
     ("workload", "num_priorities", -1, {}, ">= 1"),
     ("workload", "priority_weights", (-1.0, 2.0), {"num_priorities": 2}, ">= 0"),
 ]
+BAD += [
+    ("cluster", "num_replicas", 0, {}, "[1, 100000]"),
+    ("cluster", "replicas", "h100", {}, "tuple of mappings"),
+    ("cluster", "replicas", ({"gpu": "h100-sxm", "count": 3},), {"num_replicas": 2}, "3"),
+    ("cluster", "router", "nearest", {}, "round_robin"),
+    ("cluster", "router_options", {"depth": 2}, {"router": "jsq"}, "invalid for router 'jsq'"),
+    ("cluster", "refresh_interval", -0.1, {}, "[0.0, inf]"),
+    ("cluster", "max_num_queued_per_replica", 0, {}, "[1, inf]"),
+    ("cluster", "rate_limit", 0.0, {}, "(0.0, inf]"),
+    ("cluster", "burst", 0.5, {"rate_limit": 2.0}, "[1.0, inf]"),
+]
 
 SIM_BAD = [
     ("seed", -1, "[0, "),
@@ -92,6 +103,7 @@ SIM_BAD = [
     ("cache", None, "CacheConfig"),
     ("hardware", "a100", "HardwareConfig"),
     ("workload", 3, "WorkloadConfig"),
+    ("cluster", {"num_replicas": 2}, "ClusterConfig"),
 ]
 
 

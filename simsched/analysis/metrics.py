@@ -125,7 +125,8 @@ def _extract(requests, release: bool) -> dict:
     return out
 
 
-def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False
+def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
+                         step_offset: np.ndarray | None = None
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
@@ -133,6 +134,9 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
     of ``requests`` are set to None as they are read (see :func:`_extract`).
+
+    Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
+    placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
     data = _extract(requests, release)
     n = data["n"]
@@ -140,10 +144,17 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
         step_gap[2:n_steps] = np.diff(step_end_at[1:])
+    if step_offset is not None:
+        # Gaps across two replicas' arrays touch a NaN placeholder; no decode run spans them.
+        step_gap[np.isnan(step_gap)] = 0.0
     flat = data.pop("runs")
     owner = np.repeat(np.arange(n), data.pop("num_runs"))
     prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
     del flat
+    if step_offset is not None:
+        shift = step_offset[owner]
+        a += shift
+        b += shift
     gaps = data.pop("gaps")
     first_gaps = step_end_at[a] - prev
     itl_max = np.full(n, -np.inf)
@@ -180,18 +191,20 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
 
 
 class Results:
-    """What a run produced: per-request and per-iteration frames, ITL samples and a summary.
+    """What a run produced: per-request, per-iteration and per-replica frames, ITL samples and a
+    summary.
 
-    ``requests`` (one row per request), ``iterations`` (one row per GPU iteration) and
-    ``preemptions`` (one row per preemption) are DataFrames; ``config`` is the run's
-    :class:`~simsched.config.SimConfig`; ``info`` holds what the run derived (``num_blocks``)
-    and its end state.
+    ``requests`` (one row per request), ``iterations`` (one row per GPU iteration),
+    ``preemptions`` (one row per preemption) and ``replicas`` (one row per replica) are
+    DataFrames; ``config`` is the run's :class:`~simsched.config.SimConfig`; ``info`` holds what
+    the run derived (``num_blocks``) and its end state.
     """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame, itl: ItlSamples,
                  preemptions: pd.DataFrame, config=None, sim_time: float = math.nan,
-                 info: dict | None = None) -> None:
+                 info: dict | None = None, replicas: pd.DataFrame | None = None) -> None:
         self.requests = requests
+        self.replicas = replicas
         self.iterations = iterations
         self.preemptions = preemptions
         self.config = config
@@ -278,10 +291,17 @@ class Results:
                             if "swap_time" in self.iterations else 0.0)
         it = self.iterations
         out["num_iterations"] = len(it)
-        if len(it) and self.info.get("num_blocks"):
+        blocks = self.info.get("replica_num_blocks")
+        if len(it) and blocks is not None and len(blocks) > 1:
+            busy = it["duration"].to_numpy()
+            use = it["kv_blocks_used"].to_numpy() / np.asarray(blocks, dtype=float)[
+                it["replica"].to_numpy()]
+            out["kv_usage_mean"] = float((use * busy).sum() / busy.sum())
+        elif len(it) and self.info.get("num_blocks"):
             busy = it["duration"].to_numpy()
             out["kv_usage_mean"] = float((it["kv_blocks_used"].to_numpy() * busy).sum()
                                          / busy.sum() / self.info["num_blocks"])
+        out.update(cluster_summary(self.replicas, self.info))
         return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in out.items()}
 
     def summary_frame(self) -> pd.DataFrame:
@@ -357,6 +377,83 @@ def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
             if hint and "max_model_len" in example else "")
     return (f"{num:,} of {len(requests):,} requests rejected; most common reason "
             f"({int((kind == top).sum()):,}): {example}{hint}")
+
+
+def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
+    """``num_replicas``, ``num_shed`` and the load imbalance over replicas.
+
+    A replica's load is the tokens it computed (prefill + decode); ``load_imbalance`` is the
+    largest load over the mean (1 = even) and ``load_cv`` their coefficient of variation.
+    """
+    if replicas is None or not len(replicas):
+        return {}
+    load = replicas["num_tokens"].to_numpy(dtype=float)
+    mean = load.mean()
+    return {"num_replicas": len(replicas), "num_shed": int(info.get("num_shed", 0)),
+            "load_imbalance": float(load.max() / mean) if mean > 0 else math.nan,
+            "load_cv": float(load.std() / mean) if mean > 0 else math.nan}
+
+
+def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
+                         replicas: list[dict]) -> pd.DataFrame:
+    """One row per replica: what it is, what it served, how busy and how full it was.
+
+    ``replicas`` holds each replica's description (``model``, ``gpu``,
+    ``tensor_parallel_size``, ``num_blocks``). Throughputs and the busy fraction use the
+    cluster's span (first arrival to last finish), as the summary's throughputs do.
+    """
+    n = len(replicas)
+    owner = requests["replica"].to_numpy()
+    routed = owner >= 0
+    who = owner[routed]
+    status = requests["status"].to_numpy()[routed]
+    finished = status == Status.FINISHED.value
+    span = _span(requests)
+
+    def per_replica(mask=None, weights=None, rows=who):
+        if mask is not None:
+            rows = rows[mask]
+            weights = None if weights is None else weights[mask]
+        return np.bincount(rows, weights=weights, minlength=n)[:n]
+
+    out_tokens = requests["num_output_tokens"].to_numpy()[routed]
+    it_owner = iterations["replica"].to_numpy()
+    duration = iterations["duration"].to_numpy()
+    tokens = (iterations["num_prefill_tokens"].to_numpy()
+              + iterations["num_decode_tokens"].to_numpy()).astype(float)
+    blocks = np.array([r["num_blocks"] for r in replicas], dtype=float)
+    busy = per_replica(weights=duration, rows=it_owner)
+    used = per_replica(weights=iterations["kv_blocks_used"].to_numpy() * duration, rows=it_owner)
+    frame = pd.DataFrame({
+        "replica": np.arange(n),
+        "model": [r["model"] for r in replicas], "gpu": [r["gpu"] for r in replicas],
+        "tensor_parallel_size": [r["tensor_parallel_size"] for r in replicas],
+        "num_blocks": blocks.astype(np.int64),
+        "num_requests": per_replica().astype(np.int64),
+        "num_finished": per_replica(finished).astype(np.int64),
+        "num_rejected": per_replica(status == Status.REJECTED.value).astype(np.int64),
+        "num_preemptions": per_replica(
+            weights=requests["num_preemptions"].to_numpy()[routed].astype(float)
+        ).astype(np.int64),
+        "num_iterations": per_replica(rows=it_owner).astype(np.int64),
+        "num_tokens": per_replica(weights=tokens, rows=it_owner).astype(np.int64),
+        "busy_time": busy,
+        "busy_fraction": busy / span if span > 0 else np.nan,
+        "request_throughput": per_replica(finished) / span if span > 0 else np.nan,
+        "output_throughput": (per_replica(finished, out_tokens.astype(float)) / span
+                              if span > 0 else np.nan),
+    })
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frame["kv_usage_mean"] = used / busy / blocks
+    return frame
+
+
+def _span(requests: pd.DataFrame) -> float:
+    done = requests["status"].to_numpy() == Status.FINISHED.value
+    if not done.any():
+        return math.nan
+    return float(requests["finished_at"].to_numpy()[done].max()
+                 - requests["arrival_at"].min())
 
 
 def _percentiles(values: np.ndarray) -> list[float]:

@@ -11,10 +11,12 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from simsched.cost import factory, hardware
 from simsched.config import SimConfig
-from simsched.cluster.cluster import Cluster
-from simsched.analysis.metrics import Results, build_requests_frame, rejection_note
+from simsched.cost import hardware
+from simsched.cluster.cluster import Cluster, replica_specs
+from simsched.analysis.metrics import (Results, build_replicas_frame, build_requests_frame,
+                                       rejection_note)
+from simsched.engine.log import concat_frames
 from simsched.request import Request
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
@@ -146,32 +148,47 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     table = workload_requests(config) if from_workload else requests
     reqs = make_requests(table)
     del table  # the Request objects now hold everything; keep a big run's peak memory down
-    if cost_model is None:
-        cost_model = factory.make_cost_model(config.hardware)
-    elif not callable(getattr(cost_model, "iteration_time", None)):
+    if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
-    num_blocks = config.cache.num_blocks
-    if num_blocks is None:
-        num_blocks = hardware.kv_capacity_blocks(config.hardware, config.cache.block_size)
-    engine = Cluster(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware))
+    specs = replica_specs(config, cost_model)
+    engine = Cluster(config, reqs, specs=specs)
     engine.run()
-    sched = engine.scheduler
-    step_end = np.asarray(sched.step_end_at, dtype=float)
-    info = {"num_blocks": num_blocks, "num_events": engine.num_events,
-            "num_waiting_at_end": sched.num_waiting, "num_running_at_end": len(sched.running),
-            "kv_blocks_used_at_end": engine.kv.num_used}
-    replica = engine.replicas[0]
-    iterations, sim_time = replica.iteration_rows.frame(), engine.env.now
-    replica.iteration_rows = None
-    del replica
+    replicas = engine.replicas
+    step_ends = [np.asarray(r.scheduler.step_end_at, dtype=float) for r in replicas]
+    info = {"num_blocks": sum(s.num_blocks for s in specs),
+            "replica_num_blocks": [s.num_blocks for s in specs],
+            "num_events": engine.num_events, "num_shed": engine.num_shed,
+            "num_waiting_at_end": sum(r.scheduler.num_waiting for r in replicas),
+            "num_running_at_end": sum(len(r.scheduler.running) for r in replicas),
+            "kv_blocks_used_at_end": sum(r.kv.num_used for r in replicas)}
+    described = [{"model": s.config.hardware.model, "gpu": s.config.hardware.gpu,
+                  "tensor_parallel_size": s.config.hardware.tensor_parallel_size,
+                  "num_blocks": s.num_blocks} for s in specs]
+    iterations = concat_frames([r.iteration_rows for r in replicas])
+    for r in replicas:
+        r.iteration_rows = None
+    sim_time = engine.env.now
+    if engine.replica_of is None:
+        owner = np.zeros(len(reqs), dtype=np.int64)
+    else:
+        owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
+    if len(step_ends) == 1:
+        step_end, step_offset = step_ends[0], None
+    else:
+        # Each request's decode steps index its own replica's array: shift them into one.
+        starts = np.cumsum([0] + [len(s) for s in step_ends[:-1]])
+        step_end, step_offset = np.concatenate(step_ends), starts[np.maximum(owner, 0)]
+    del step_ends, replicas
     # Without end-of-run checks nothing needs the request objects once read: let them go while
     # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
     release = not (config.check_invariants or keep_engine)
     if release:
-        del engine, sched
-    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release)
+        del engine
+    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
+                                               step_offset=step_offset)
+    req_df.insert(1, "replica", owner)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
-                      info=info)
+                      info=info, replicas=build_replicas_frame(req_df, iterations, described))
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

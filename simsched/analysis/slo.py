@@ -119,18 +119,25 @@ def _growth_fit(requests: pd.DataFrame, iterations: pd.DataFrame) -> tuple[float
     first, last = requests["arrival_at"].min(), requests["arrival_at"].max()
     start = (first + last) / 2
     window = iterations[(iterations["started_at"] >= start) & (iterations["started_at"] <= last)]
-    if len(window) < 3:
+    # A cluster's count is the sum of its replicas': fit each replica, add slopes and levels.
+    groups = ([g for _, g in window.groupby("replica")] if "replica" in window
+              and window["replica"].nunique() > 1 else [window])
+    slope = level = 0.0
+    for part in groups:
+        if len(part) < 3:
+            continue
+        t = part["started_at"].to_numpy(dtype=float)
+        q = (part["num_waiting"] + part["num_seqs"]).to_numpy(dtype=float)
+        w = part["duration"].to_numpy(dtype=float)
+        tm, qm = np.average(t, weights=w), np.average(q, weights=w)
+        var = np.average((t - tm) ** 2, weights=w)
+        if var > 0:
+            slope += np.average((t - tm) * (q - qm), weights=w) / var
+            level += qm
+    if not slope and not level:
         return 0.0, False
-    t = window["started_at"].to_numpy(dtype=float)
-    q = (window["num_waiting"] + window["num_seqs"]).to_numpy(dtype=float)
-    w = window["duration"].to_numpy(dtype=float)
-    tm, qm = np.average(t, weights=w), np.average(q, weights=w)
-    var = np.average((t - tm) ** 2, weights=w)
-    if var <= 0:
-        return 0.0, False
-    slope = np.average((t - tm) * (q - qm), weights=w) / var
     pileup = slope * (last - start)
-    return float(slope / rate), bool(pileup > 3 * math.sqrt(qm + 1))
+    return float(slope / rate), bool(pileup > 3 * math.sqrt(level + 1))
 
 
 def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, float]:

@@ -1,42 +1,137 @@
 """The SimPy side of a run: one clock, the arrival process, one process per request, replicas.
 
 The arrival process starts each request's process at its arrival time; the request process hands
-the request to a replica (today always replica 0: a single-engine run is a cluster of one) and
-then waits for its first token and completion, receiving preemption interrupts from the replica's
-GPU loop (:mod:`simsched.engine.replica`) in between.
+the request to a replica and then waits for its first token and completion, receiving preemption
+interrupts from the replica's GPU loop (:mod:`simsched.engine.replica`) in between.
+
+With several replicas (or admission control) the request process first passes the router's
+admission control (a token bucket, then the chosen replica's queue cap; a shed request is
+rejected with a ``shed: ...`` reason), asks the router (:mod:`simsched.cluster.routers`) for a
+replica, and keeps the per-replica load (:mod:`simsched.cluster.state`) up to date on routing,
+first token and completion. A cluster of one replica without admission control runs exactly the
+single-engine code path, so its results are bit-identical to a single engine's.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
 
+from simsched.cluster.routers import make_router
+from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
+from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.engine.replica import Replica, SimulationError
-from simsched.request import Request
+from simsched.request import Request, Status
 
-__all__ = ["Cluster", "SimulationError"]
+__all__ = ["Cluster", "ReplicaSpec", "SimulationError", "replica_rng", "replica_specs"]
+
+
+@dataclass
+class ReplicaSpec:
+    """What one replica is built from: its config, cost model, KV blocks and length limit."""
+
+    config: Any
+    cost_model: Any
+    num_blocks: int
+    max_model_len: int | None
+
+
+def replica_specs(config, cost_model=None) -> list[ReplicaSpec]:
+    """One spec per replica of ``config``: each replica's own cost model and KV blocks.
+
+    ``cost_model``, if given, serves every replica; otherwise each replica's hardware names its
+    own. KV blocks come from ``cache.num_blocks`` or the replica's hardware.
+    """
+    out = []
+    for rcfg in config.replica_configs():
+        model = cost_model if cost_model is not None else factory.make_cost_model(rcfg.hardware)
+        out.append(ReplicaSpec(rcfg, model, _num_blocks(rcfg),
+                               hardware.max_model_len(rcfg.hardware)))
+    return out
+
+
+def _num_blocks(rcfg) -> int:
+    if rcfg.cache.num_blocks is not None:
+        return rcfg.cache.num_blocks
+    return hardware.kv_capacity_blocks(rcfg.hardware, rcfg.cache.block_size)
+
+
+def replica_rng(seed: int, index: int) -> np.random.Generator:
+    """Replica ``index``'s Generator: replica 0 keeps the single engine's stream."""
+    if index == 0:
+        return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(3, index)))
+
+
+def router_rng(seed: int) -> np.random.Generator:
+    """The router's Generator (independent of the workload's and the replicas' streams)."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
 
 
 class Cluster:
-    """Runs one simulation over a list of requests sorted by arrival time."""
+    """Runs one simulation over a list of requests sorted by arrival time (ids 0..n-1).
 
-    def __init__(self, config, requests: list[Request], cost_model, num_blocks: int,
-                 max_model_len: int | None = None, rng: np.random.Generator | None = None) -> None:
+    ``specs`` (see :func:`replica_specs`) describe the replicas. Without them every replica of
+    ``config`` uses ``cost_model`` and ``num_blocks`` (or its config's) and ``max_model_len``
+    (None: no limit). ``rng``, if given, is replica 0's Generator.
+    ``replica_of[request id]`` is the replica a request was routed to (-1: shed), or None when
+    a single replica served everything.
+    """
+
+    def __init__(self, config, requests: list[Request], cost_model=None,
+                 num_blocks: int | None = None, max_model_len: int | None = None,
+                 rng: np.random.Generator | None = None,
+                 specs: list[ReplicaSpec] | None = None) -> None:
         self.config = config
         self.env = simpy.Environment()
-        if rng is None:
-            # An independent stream derived from the run's seed (not the workload's own stream).
-            rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(2)[1])
+        if specs is None:
+            specs = [ReplicaSpec(rcfg, cost_model if cost_model is not None
+                                 else factory.make_cost_model(rcfg.hardware),
+                                 num_blocks if num_blocks is not None else _num_blocks(rcfg),
+                                 max_model_len)
+                     for rcfg in config.replica_configs()]
         check = self._check if config.check_invariants else None
-        self.replicas = [Replica(self.env, config, cost_model, num_blocks, max_model_len, rng,
-                                 index=0, on_iteration=check)]
+        self.replicas = [
+            Replica(self.env, spec.config, spec.cost_model, spec.num_blocks, spec.max_model_len,
+                    rng if i == 0 and rng is not None else replica_rng(config.seed, i),
+                    index=i, on_iteration=check)
+            for i, spec in enumerate(specs)]
         self.requests = requests
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark
+        self.num_shed = 0
+        self.replica_of: array | None = None
+        cl = config.cluster
+        if len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
+                or cl.rate_limit is not None:
+            self._setup_routing(cl)
         self.env.process(self._arrivals())
+
+    def _setup_routing(self, cl) -> None:
+        n = len(self.replicas)
+        self.replica_of = array("i", [-1]) * len(self.requests)
+        self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
+            if n > 1 else None
+        needs = self.router.needs if self.router is not None else ()
+        self.load = ReplicaLoad(self.replicas, needs,
+                                getattr(self.router, "output_tokens", None))
+        if n > 1:
+            for replica in self.replicas:
+                replica.on_kv = self.load.kv_changed
+        self.view = self.load
+        if n > 1 and cl.refresh_interval > 0:
+            self.view = Snapshot(self.load)
+            self.env.process(self._refresh(cl.refresh_interval))
+        self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
+        self.queue_cap = cl.max_num_queued_per_replica
+        # The arrival process starts ``self._request``: routed requests take this path instead.
+        self._request = self._routed_request
 
     # A cluster of one answers for its replica, as the single engine did.
     @property
@@ -69,6 +164,51 @@ class Cluster:
                 req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
             env.process(self._request(req))
 
+    def _refresh(self, interval: float):
+        """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""
+        env, view, total = self.env, self.view, len(self.requests)
+        while self.num_arrived < total:
+            yield env.timeout(interval)
+            view.refresh(env.now)
+
+    def _shed(self, req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self.num_shed += 1
+
+    def _routed_request(self, req: Request):
+        """A request's life behind the router: admission control, routing, then as below."""
+        env = self.env
+        self.num_arrived += 1
+        if self.bucket is not None and not self.bucket.take(env.now):
+            self._shed(req, f"shed: rate limit of {self.bucket.rate:g} requests/s exceeded")
+            return
+        i = self.router.choose(self.view, req) if self.router is not None else 0
+        replica = self.replicas[i]
+        if self.queue_cap is not None and replica.scheduler.num_waiting >= self.queue_cap:
+            self._shed(req, f"shed: replica {i} already has {self.queue_cap} requests waiting")
+            return
+        self.replica_of[req.id] = i
+        waits = (env.event(), env.event())      # first token, done
+        if not replica.add(req, (env.active_process, *waits)):
+            return
+        load = self.load
+        load.routed(i, req)
+        stage = 0
+        while stage < 2:
+            try:
+                yield waits[stage]
+                if stage:
+                    load.finished(i, req)
+                else:
+                    load.first_token(i, req)
+                stage += 1
+            except simpy.Interrupt as interrupt:
+                if not req.causes:
+                    req.causes = []
+                req.causes.append(interrupt.cause)
+            self.num_events += 1
+
     def _request(self, req: Request):
         """A request's life: queue (or be rejected), wait for first token, then completion."""
         env = self.env
@@ -88,3 +228,4 @@ class Cluster:
                     req.causes = []
                 req.causes.append(interrupt.cause)
             self.num_events += 1
+

@@ -54,3 +54,30 @@ class IterationLog:
             if col.startswith("num_") or col == "kv_blocks_used":
                 columns[col] = columns[col].astype(np.int64)
         return pd.DataFrame(columns, copy=False)
+
+
+def concat_frames(logs: list[IterationLog], column: str = "replica") -> pd.DataFrame:
+    """Several replicas' logs as one frame (replica after replica) with a leading ``column``
+    holding each row's log index; empties the logs.
+
+    Columns are allocated once and filled chunk by chunk, so the frame of a large cluster run
+    needs little more memory than the frame itself (no per-replica frames, no concatenation).
+    """
+    total = sum(len(log) for log in logs)
+    owner = np.empty(total, dtype=np.int64)
+    columns = {col: np.empty(total) for col in ITERATION_COLUMNS}
+    pos = 0
+    for index, log in enumerate(logs):
+        chunks = log._chunks + ([np.array(log.rows, dtype=float)] if log.rows else [])
+        log._chunks, log.rows = [], []
+        start = pos
+        while chunks:
+            chunk = chunks.pop(0)
+            for j, col in enumerate(ITERATION_COLUMNS):
+                columns[col][pos:pos + len(chunk)] = chunk[:, j]
+            pos += len(chunk)
+        owner[start:pos] = index
+    for col in ITERATION_COLUMNS:
+        if col.startswith("num_") or col == "kv_blocks_used":
+            columns[col] = columns[col].astype(np.int64)
+    return pd.DataFrame({column: owner, **columns}, copy=False)

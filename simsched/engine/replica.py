@@ -33,7 +33,9 @@ class Replica:
     """One serving replica on a shared SimPy clock: scheduler, KV cache, cost model, GPU loop.
 
     ``on_iteration(replica, batch)``, if given, runs after every committed iteration (the
-    invariant checker uses it).
+    invariant checker uses it). ``on_kv(index, num_used, num_blocks)``, if set, hears the KV
+    blocks in use once per iteration (after scheduling) and when the replica falls idle: a
+    router's view of KV use.
     """
 
     def __init__(self, env: simpy.Environment, config, cost_model, num_blocks: int,
@@ -52,6 +54,7 @@ class Replica:
         self.cost_model = cost_model
         self.iteration_rows = IterationLog()
         self.on_iteration = on_iteration
+        self.on_kv = None
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         env.process(self._gpu())
@@ -75,6 +78,8 @@ class Replica:
         live = self._live
         while True:
             if not sched.has_work():
+                if self.on_kv is not None:
+                    self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
@@ -97,6 +102,8 @@ class Replica:
             self._interrupt_victims()
             started = env.now
             used = self.kv.num_used
+            if self.on_kv is not None:
+                self.on_kv(self.index, used, self.kv.num_blocks)
             waiting = sched.num_waiting
             duration = cost.iteration_time(batch)
             if not duration > 0 or duration == math.inf:

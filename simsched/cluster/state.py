@@ -1,0 +1,184 @@
+"""What a router sees of the replicas: exact load kept incrementally, or a periodic snapshot.
+
+:class:`ReplicaLoad` keeps, per replica, the requests routed there and not yet done
+(``outstanding``), their outstanding tokens (``tokens``: prompt tokens until the first token,
+plus the output tokens until the end) and the share of KV blocks in use (``kv_use``). The cluster
+updates it on routing, first token and completion, and the replicas report their KV use once per
+iteration, so every update is O(1), or O(log replicas) for a figure a router needs ordered
+(:class:`MinIndex`). :class:`Snapshot` copies those figures every ``refresh_interval`` seconds
+(O(replicas) per refresh, never per request), as a gateway scraping engine metrics does; routing
+on it herds requests onto whichever replica looked least loaded at the last scrape.
+
+Both are plain objects with the same read-only surface, so routers are tested on hand-built views.
+"""
+
+from __future__ import annotations
+
+import math
+
+METRICS = ("outstanding", "tokens", "kv_use")
+
+
+class MinIndex:
+    """The index of the smallest of ``n`` values under point updates (ties: lowest index).
+
+    A tournament tree: :meth:`update` costs O(log n), :meth:`argmin` O(1).
+    """
+
+    __slots__ = ("values", "_size", "_tree")
+
+    def __init__(self, values) -> None:
+        values = list(values)
+        if not values:
+            raise ValueError("MinIndex needs at least one value")
+        size = 1
+        while size < len(values):
+            size *= 2
+        self._size = size
+        # Padding leaves hold +inf so they never win.
+        self.values = values + [math.inf] * (size - len(values))
+        tree = [0] * (2 * size)
+        tree[size:] = range(size)
+        for node in range(size - 1, 0, -1):
+            a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a if self.values[a] <= self.values[b] else b
+        self._tree = tree
+
+    def update(self, i: int, value) -> None:
+        """Set value ``i`` and replay its path to the root."""
+        values, tree = self.values, self._tree
+        values[i] = value
+        node = (i + self._size) >> 1
+        while node:
+            a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a if values[a] <= values[b] else b
+            node >>= 1
+
+    def argmin(self) -> int:
+        """The index of the smallest value (the lowest such index on ties)."""
+        return self._tree[1]
+
+
+class ReplicaLoad:
+    """Exact per-replica load, updated incrementally (the view of a router with fresh state).
+
+    ``replicas`` are the replica objects (routers ask their KV caches about cached prefixes).
+    ``ordered`` names the figures (of :data:`METRICS`) a router needs the minimum of; only those
+    keep a :class:`MinIndex`. ``output_tokens`` is the output length counted for each request in
+    ``tokens`` (None: its true length, which the simulator knows and a real router estimates).
+    """
+
+    def __init__(self, replicas, ordered=(), output_tokens: int | None = None) -> None:
+        n = len(replicas)
+        self.replicas = replicas
+        self.num_replicas = n
+        self.outstanding = [0] * n
+        self.tokens = [0] * n
+        self.kv_use = [0.0] * n
+        self.total_outstanding = 0
+        self.output_tokens = output_tokens
+        unknown = set(ordered) - set(METRICS)
+        if unknown:
+            raise ValueError(f"unknown load figure(s) {sorted(unknown)}; known: {METRICS}")
+        self._index = {name: MinIndex(getattr(self, name)) for name in ordered}
+        self._outstanding_index = self._index.get("outstanding")
+        self._tokens_index = self._index.get("tokens")
+        self._kv_index = self._index.get("kv_use")
+
+    def least(self, metric: str) -> int:
+        """The replica with the smallest ``metric`` (lowest index on ties)."""
+        index = self._index.get(metric)
+        if index is not None:
+            return index.argmin()
+        values = getattr(self, metric)
+        return min(range(self.num_replicas), key=values.__getitem__)
+
+    def _output(self, req) -> int:
+        return req.num_output_tokens if self.output_tokens is None else self.output_tokens
+
+    # ------------------------------------------------------------------ updates
+    def routed(self, i: int, req) -> None:
+        """``req`` was queued at replica ``i``."""
+        self.outstanding[i] += 1
+        self.total_outstanding += 1
+        self.tokens[i] += req.num_prompt_tokens + self._output(req)
+        self._changed(i)
+
+    def first_token(self, i: int, req) -> None:
+        """``req`` finished its prefill at replica ``i``."""
+        self.tokens[i] -= req.num_prompt_tokens
+        if self._tokens_index is not None:
+            self._tokens_index.update(i, self.tokens[i])
+
+    def finished(self, i: int, req) -> None:
+        """``req`` finished at replica ``i``."""
+        self.outstanding[i] -= 1
+        self.total_outstanding -= 1
+        self.tokens[i] -= self._output(req)
+        self._changed(i)
+
+    def kv_changed(self, i: int, num_used: int, num_blocks: int) -> None:
+        """Replica ``i`` now holds ``num_used`` of its ``num_blocks`` KV blocks."""
+        use = num_used / num_blocks
+        self.kv_use[i] = use
+        if self._kv_index is not None:
+            self._kv_index.update(i, use)
+
+    def _changed(self, i: int) -> None:
+        if self._outstanding_index is not None:
+            self._outstanding_index.update(i, self.outstanding[i])
+        if self._tokens_index is not None:
+            self._tokens_index.update(i, self.tokens[i])
+
+
+class Snapshot:
+    """A copy of a :class:`ReplicaLoad` taken at :meth:`refresh` (the stale view of a router).
+
+    Cached-prefix queries still go to the live replicas (``replicas``): only load is scraped.
+    """
+
+    def __init__(self, load: ReplicaLoad) -> None:
+        self._load = load
+        self.replicas = load.replicas
+        self.num_replicas = load.num_replicas
+        self.taken_at = 0.0
+        self.refresh(0.0)
+
+    def refresh(self, now: float) -> None:
+        """Copy the live figures (O(replicas)); the minima are recomputed once, when asked."""
+        load = self._load
+        self.outstanding = list(load.outstanding)
+        self.tokens = list(load.tokens)
+        self.kv_use = list(load.kv_use)
+        self.total_outstanding = load.total_outstanding
+        self.taken_at = now
+        self._least: dict[str, int] = {}
+
+    def least(self, metric: str) -> int:
+        """The replica with the smallest ``metric`` at the last refresh (lowest index on ties)."""
+        i = self._least.get(metric)
+        if i is None:
+            values = getattr(self, metric)
+            i = self._least[metric] = min(range(self.num_replicas), key=values.__getitem__)
+        return i
+
+
+class TokenBucket:
+    """Admission rate limit: ``rate`` tokens/s up to ``burst``; each request takes one token."""
+
+    __slots__ = ("rate", "burst", "tokens", "at")
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.burst = max(1.0, rate) if burst is None else burst
+        self.tokens = self.burst
+        self.at = 0.0
+
+    def take(self, now: float) -> bool:
+        """Whether a request arriving at ``now`` is admitted (and takes its token)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
