@@ -4,20 +4,44 @@ The arrival process starts each request's process at its arrival time; the reque
 the request to a replica (today always replica 0: a single-engine run is a cluster of one) and
 then waits for its first token and completion, receiving preemption interrupts from the replica's
 GPU loop (:mod:`simsched.engine.replica`) in between.
+
+Arrival times are kept exactly as given: each arrival is scheduled at its absolute time (the
+clock lands on ``arrival_at`` itself, never one ulp off), so requests given the same time are
+simultaneous and queue in request-id order. The replica forms a batch only after every event of
+that instant, so an arrival at the instant a batch is formed joins it (see
+:mod:`simsched.engine.replica`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
 
 from simsched.engine.invariants import check_invariants
 from simsched.engine.replica import Replica, SimulationError
 from simsched.request import Request
 
 __all__ = ["Cluster", "SimulationError"]
+
+
+class _At(simpy.Event):
+    """An event processed at absolute time ``when`` (a timeout's ``now + delay`` can miss it).
+
+    ``0.2 + d`` is never exactly 0.9 for any float ``d``, so an arrival at 0.9 cannot be reached
+    by a delay; this pushes the event onto SimPy's queue as ``Environment.schedule`` does, with
+    the absolute time instead of ``now + delay``.
+    """
+
+    def __init__(self, env: simpy.Environment, when: float) -> None:
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        heapq.heappush(env._queue, (when, NORMAL, next(env._eid), self))
 
 
 class Cluster:
@@ -63,10 +87,8 @@ class Cluster:
     def _arrivals(self):
         env = self.env
         for req in self.requests:
-            delay = req.arrival_at - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-                req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
+            if req.arrival_at > env.now:
+                yield _At(env, req.arrival_at)
             env.process(self._request(req))
 
     def _request(self, req: Request):

@@ -6,6 +6,11 @@ produced. A preemption (recompute or swap) interrupts the victim's process with 
 :class:`~simsched.request.PreemptionCause`. Swap transfers take
 ``bytes / (cache.swap_bandwidth_gbps * 1e9)`` seconds on top of the cost model's time.
 
+Batches form after everything else at their instant: the GPU waits for an iteration's end (and,
+after idling, for the instant it was woken) with an event of lower priority than SimPy's, so every
+arrival at the instant a batch is formed has joined the queue first and is considered for that
+batch, whatever the order in which SimPy scheduled the events.
+
 Request processes belong to the cluster (:mod:`simsched.cluster.cluster`), which hands each
 admitted request to a replica with :meth:`Replica.add` together with the SimPy handles the replica
 fires: the process to interrupt and the first-token and done events.
@@ -25,8 +30,24 @@ from simsched.engine.scheduler import Scheduler
 from simsched.request import Request
 
 
+# SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
+LATE = 2
+
+
 class SimulationError(RuntimeError):
     """The engine could not make progress (a scheduler bug, never a user error)."""
+
+
+class _Late(simpy.Event):
+    """A timeout processed after every URGENT and NORMAL event of the instant it fires at."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        # As simpy.Timeout does: already triggered, scheduled ``delay`` from now.
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        env.schedule(self, LATE, delay)
 
 
 class Replica:
@@ -78,6 +99,7 @@ class Replica:
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
+                yield _Late(env, 0.0)   # let every arrival of this instant join the batch
                 continue
             batch = sched.schedule(env.now)
             num_preempted = len(sched.preempted)
@@ -103,7 +125,7 @@ class Replica:
                 raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
             swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / self.swap_bytes_per_second
             duration += swap_time
-            yield env.timeout(duration)
+            yield _Late(env, duration)
             firsts, finished = sched.commit(env.now)
             log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
                          batch.num_seqs, waiting, used, num_preempted, swap_time))
