@@ -71,6 +71,13 @@ class SchedulerConfig:
     ``preemption`` enables the admission trigger (preempt running requests that the queue policy
     ranks below the best waiting request when it cannot get KV blocks). Running requests that run
     out of KV blocks are always preempted, as in vLLM; otherwise the engine could deadlock.
+
+    ``admit_after_preemption`` says whether an iteration that preempted a running request for
+    lack of KV blocks may still admit waiting (or swap in swapped) requests into the blocks just
+    freed. ``False`` (default) is vLLM V1's rule: no admission in a step that preempted, so a
+    later arrival cannot take a victim's place. ``True`` is vLLM V0's chunked-prefill scheduler.
+    Preemptions made by the admission trigger (``preemption=True``) admit the request they were
+    made for either way.
     """
 
     style: str = "stall_free"
@@ -83,6 +90,7 @@ class SchedulerConfig:
     max_num_prefills: int | None = None
     enable_chunked_prefill: bool = True
     max_num_preemptions: int = 8
+    admit_after_preemption: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,6 +114,7 @@ class SchedulerConfig:
             _check_int(o, "max_num_prefills", self.max_num_prefills, 1)
         _check_bool(o, "enable_chunked_prefill", self.enable_chunked_prefill)
         _check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
+        _check_bool(o, "admit_after_preemption", self.admit_after_preemption)
         if not isinstance(self.policy_options, Mapping):
             raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
         try:  # the policy's factory checks its options: fail here, not at the first run

@@ -34,6 +34,7 @@ BAD = [
     ("scheduler", "max_num_prefills", 0, {}, "[1, inf]"),
     ("scheduler", "enable_chunked_prefill", 1, {}, "True or False"),
     ("scheduler", "max_num_preemptions", -1, {}, "[0, inf]"),
+    ("scheduler", "admit_after_preemption", 0, {}, "True or False"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
     ("cache", "block_size", 0, {}, "[1, 4096]"),
     ("cache", "block_size", 16.0, {}, "integer"),

@@ -168,9 +168,11 @@ class Scheduler(PreemptionMixin):
             self._decodes_count = True
             self._grow_decoders(self.step + 1)
             self._continue_prefills()
-            swap.swap_in(self)
-            if self._may_admit() and (self.cfg.style != "static" or not self.running):
-                self._admit()
+            # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
+            if not self.preempted or self.cfg.admit_after_preemption:
+                swap.swap_in(self)
+                if self._may_admit() and (self.cfg.style != "static" or not self.running):
+                    self._admit()
         for req in self._requeue:
             self.queue.push(req, now)
         self._requeue.clear()
