@@ -397,3 +397,35 @@ def test_trace_replay_experiment_smoke(tmp_path):
     frame = trace_replay.run(args)
     assert set(frame.variant) == set(trace_replay.VARIANTS)
     assert (tmp_path / "summary.csv").exists() and (tmp_path / "requests_spf_preempt_1x.csv").exists()
+
+
+GENERIC_HEADER = "arrival_at,num_prompt_tokens,num_output_tokens\n"
+
+
+@pytest.mark.parametrize("name,content,line,pattern", [
+    # issue 17 item 8: a bare UnicodeDecodeError without the file name
+    ("latin1.csv", GENERIC_HEADER.encode() + b"0,10,5\n1,10,\xe95\n", 3,
+     r"not UTF-8 text \(byte 0xe9 at column 6\)"),
+    ("latin1.jsonl", b'{"arrival_at": 0, "num_prompt_tokens": 1, "num_output_tokens": 2}\n\xff\n',
+     2, "not UTF-8 text"),
+    # an unknown header used to be blamed on the sharegpt format's columns
+    ("foo.csv", b"foo,bar\n1,2\n", 1,
+     r"unrecognised header \['foo', 'bar'\]; expected the columns of one format: azure: "
+     r"TIMESTAMP, ContextTokens, GeneratedTokens; generic: arrival_at, num_prompt_tokens"),
+    ("semicolons.csv", GENERIC_HEADER.replace(",", ";").encode() + b"0;10;5\n", 1,
+     "unrecognised header .*; the header contains ';': traces are comma-separated"),
+    # an extra field used to be blamed on num_output_tokens (first row) or left unlocated
+    ("extra_first.csv", GENERIC_HEADER.encode() + b"0,10,5,7\n1,10,5\n", 2,
+     r"4 fields, but the header has 3 \(arrival_at, num_prompt_tokens, num_output_tokens\) "
+     r"\[generic format, expected columns: arrival_at, num_prompt_tokens, num_output_tokens"),
+    ("extra_later.csv", GENERIC_HEADER.encode() + b"0,10,5\n1,10,5,\n", 3,
+     "4 fields, but the header has 3"),
+    ("azure_bad.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,5,x\n", 2,
+     r"GeneratedTokens \(output\) must be an integer >= 1, got 'x' \[azure format, expected "
+     r"columns: TIMESTAMP, ContextTokens, GeneratedTokens\]"),
+])
+def test_trace_errors_name_file_line_format_and_columns(tmp_path, name, content, line, pattern):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=rf"{name}, line {line}: {pattern}"):
+        traces.load_trace(path)
