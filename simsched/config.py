@@ -151,7 +151,14 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model."""
+    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model.
+
+    ``model`` names a catalog model, or, with ``model_spec`` set, a custom one: ``model_spec``
+    (a :class:`~simsched.cost.hardware.ModelSpec`, a mapping of its fields or of a Hugging Face
+    ``config.json``, or the path of that file) then defines the model's shape. A config carrying
+    its model's shape runs on any executor (spawned worker processes, Ray) with no
+    ``register_model`` call there.
+    """
 
     model: str = "llama-2-7b"
     gpu: str = "a100-80gb"
@@ -159,18 +166,23 @@ class HardwareConfig:
     gpu_memory_utilization: float = 0.9
     cost_model: str = "calibrated"
     max_model_len: int | None = None
+    model_spec: Any = None
 
     def __post_init__(self) -> None:
+        from simsched.cost import hardware
+
         _plain(self)
         o = "hardware"
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"{o}.model must be a non-empty string, got {self.model!r}")
+        if self.model_spec is not None:
+            object.__setattr__(self, "model_spec", hardware.as_model_spec(self.model_spec))
         _check_int(o, "tensor_parallel_size", self.tensor_parallel_size, 1, 64)
         _check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
                      low_open=True)
         _check_choice(o, "cost_model", self.cost_model, COST_MODELS)
         if self.max_model_len is not None:
             _check_int(o, "max_model_len", self.max_model_len, 1)
-        from simsched.cost import hardware
-
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
 

@@ -46,6 +46,8 @@ BAD = [
     ("cache", "swap_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
     ("hardware", "model", "gpt-5", {}, "llama-2-7b"),
     ("hardware", "gpu", "tpu-v5", {}, "a100-80gb"),
+    ("hardware", "model_spec", 5, {}, "ModelSpec"),
+    ("hardware", "model_spec", {"num_layers": 2}, {}, "model_spec"),
     ("hardware", "tensor_parallel_size", 3, {}, "[1, 2, 4, 8]"),
     ("hardware", "tensor_parallel_size", 0, {}, "[1, 64]"),
     ("hardware", "gpu_memory_utilization", 0.0, {}, "(0.0, 1.0]"),

@@ -300,6 +300,12 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     is a :class:`~simsched.workloads.traces.LoadReport` saying what trace loading and the long-prompt
     policy did (counts of sorted, clipped and dropped requests).
     """
+    if not isinstance(cfg, WorkloadConfig):
+        hint = "; pass config.workload" if hasattr(cfg, "workload") else ""
+        raise ValueError(f"generate() wants a WorkloadConfig, got {type(cfg).__name__}{hint}")
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"generate() wants a numpy.random.Generator as rng (e.g. "
+                         f"numpy.random.default_rng(seed)), got {type(rng).__name__}")
     arrival, kind = cfg.arrival_process, cfg.length_distribution
     source = cfg.trace_source()
     trace = report = None
