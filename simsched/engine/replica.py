@@ -19,6 +19,7 @@ fires: the process to interrupt and the first-token and done events.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import simpy
@@ -34,8 +35,17 @@ from simsched.request import Request
 LATE = 2
 
 
+# An iteration must span at least this many float spacings of the clock (relative error <= 0.05 %).
+MIN_ULPS = 1024
+
+
 class SimulationError(RuntimeError):
     """The engine could not make progress (a scheduler bug, never a user error)."""
+
+
+class IterationTimeError(ValueError):
+    """A cost model's iteration time is unusable: not a number, not finite and positive, or too
+    small to advance the clock at the current time (float resolution)."""
 
 
 class _Late(simpy.Event):
@@ -121,8 +131,12 @@ class Replica:
             used = self.kv.num_used
             waiting = sched.num_waiting
             duration = cost.iteration_time(batch)
-            if not duration > 0 or duration == math.inf:
-                raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
+            # One cheap check per iteration: a float, positive, finite from now on, and large
+            # enough that now + duration still resolves it (arrivals near 1e17 s do not).
+            if duration.__class__ is not float:
+                duration = self._seconds(duration, batch)
+            if not (duration >= math.ulp(started) * MIN_ULPS and started + duration < math.inf):
+                self._bad_duration(duration, batch)
             swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / self.swap_bytes_per_second
             duration += swap_time
             yield _Late(env, duration)
@@ -135,6 +149,33 @@ class Replica:
                 live.pop(req.id)[2].succeed()
             if self.on_iteration is not None:
                 self.on_iteration(self, batch)
+
+    def _cost_name(self) -> str:
+        cost = self.cost_model
+        own_repr = type(cost).__repr__ is not object.__repr__
+        return repr(cost) if own_repr else type(cost).__qualname__
+
+    def _seconds(self, value, batch) -> float:
+        """A cost model's non-``float`` return value as seconds (ints and numpy reals pass)."""
+        if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+            return float(value)
+        raise IterationTimeError(
+            f"cost model {self._cost_name()} returned {value!r} ({type(value).__name__}, not a "
+            f"number of seconds) for {batch!r} at t={self.env.now!r}")
+
+    def _bad_duration(self, duration: float, batch) -> None:
+        now = self.env.now
+        if duration > 0 and now + duration < math.inf:
+            raise IterationTimeError(
+                f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at "
+                f"t={now!r} s, below the clock's float resolution there (spacing "
+                f"{math.ulp(now):.3g} s; an iteration must span {MIN_ULPS} of them): latencies "
+                f"would round to nothing. Shift the arrival times to start near 0 (times this "
+                f"large are rejected, not shifted) or check the cost model's units")
+        why = ("overflows the clock" if duration > 0 else "must be a finite number > 0")
+        raise IterationTimeError(
+            f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at t={now!r} "
+            f"s: an iteration time {why}")
 
     def _interrupt_victims(self) -> None:
         for victim, cause in self.scheduler.preempted:
