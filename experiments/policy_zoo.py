@@ -91,7 +91,9 @@ def _row(results) -> dict:
             "itl_p99_ms": s["itl_p99"] * 1e3,
             "starve_ttft_max": float(longest["ttft"].max()) if len(longest) else math.nan,
             "throughput_tok_s": s["output_throughput"], "num_finished": s["num_finished"],
-            "num_preemptions": s["num_preemptions"], "num_swaps": int(df["num_swaps"].sum()),
+            "num_preemptions": s["num_preemptions"],
+            "preemptions_per_finished": s["num_preemptions"] / max(s["num_finished"], 1),
+            "num_swaps": int(df["num_swaps"].sum()),
             "swap_time_s": float(results.iterations["swap_time"].sum())
             if "swap_time" in results.iterations else 0.0}
 
@@ -172,7 +174,7 @@ def _has_tabulate() -> bool:
 
 
 COLUMNS = ["ttft_mean", "ttft_p99", "e2el_mean", "itl_p99_ms", "starve_ttft_max", "throughput_tok_s",
-           "num_preemptions"]
+           "num_preemptions", "preemptions_per_finished"]
 
 
 def main(argv=None) -> dict:
