@@ -44,7 +44,7 @@ class PreemptionMixin:
         Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
         """
         key = (req.id, need, slot, self.running_version, tuple(self.planned))
-        if self._static_ranks and key == self._failed_admission:
+        if self._memo_failed and key == self._failed_admission:
             return False
         cap = self.cfg.max_num_preemptions
         planned = self.planned

@@ -66,6 +66,10 @@ class Scheduler(PreemptionMixin):
                               and not getattr(self.queue, "dynamic_ranks", False))
         # A policy may refuse an admission preemption its ranks would allow (storm guards).
         self._may_preempt = getattr(self.queue, "may_preempt", None)
+        # Running requests whose ranks can only improve (SJF: remaining work shrinks) keep a
+        # failed admission scan failed until the running set changes, as fixed ranks do.
+        self._memo_failed = self._static_ranks or bool(getattr(self.queue, "ranks_only_improve",
+                                                               False))
         self.running_version = 0
         self._failed_admission: tuple | None = None
         self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters

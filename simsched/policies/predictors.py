@@ -58,6 +58,7 @@ class SJFQueue(HeapQueue):
     """
 
     dynamic_ranks = True
+    ranks_only_improve = True   # a running request's remaining work only shrinks
 
     def __init__(self, output_tokens, max_wait: float | None = None) -> None:
         super().__init__(self._enqueue_key, max_wait)
@@ -83,6 +84,10 @@ class SJFQueue(HeapQueue):
         """Whether ``req`` has more work left now than ``other`` (ties: later arrival)."""
         return ((self.remaining(req), req.arrival_at, req.id)
                 > (self.remaining(other), other.arrival_at, other.id))
+
+    def may_preempt(self, running: Request, waiting: Request) -> bool:
+        """:meth:`ranks_below` for the admission scan: a waiting request's key is exact."""
+        return (self.remaining(running), running.arrival_at, running.id) > waiting.sort_key
 
 
 def sjf_oracle(options: Mapping[str, Any], rng: np.random.Generator) -> SJFQueue:
