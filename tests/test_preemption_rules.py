@@ -110,7 +110,7 @@ def test_mlfq_guard_protects_a_request_for_min_quantum_tokens_after_admission():
     sched.schedule(now)                       # 10 tokens: the level-0 request may preempt it
     assert [(v.id, c.reason) for v, c in sched.preempted] == [(0, "admission")]
     assert new.status is Status.RUNNING
-    assert make_queue("mlfq", {}).min_quantum == 32  # the documented default
+    assert make_queue("mlfq", {}).min_quantum == 64  # the documented default
 
 
 def test_mlfq_ranks_lazily_and_recomputes_a_level_only_when_it_changes():

@@ -103,7 +103,7 @@ def mlfq(options: Mapping[str, Any], rng: np.random.Generator) -> MLFQueue:
     default 2), ``num_levels`` (default 8), ``prefill_tokens_per_unit`` (prompt tokens whose
     prefill counts as one unit, default 128), ``max_wait`` (seconds; promote longer waits),
     ``min_quantum`` (output tokens a request decodes after each admission before a waiting
-    request of a higher level may preempt it, default 32; 0 turns the guard off).
+    request of a higher level may preempt it, default 64; 0 turns the guard off).
     """
     check_option_names(options, "mlfq", ("quantum", "growth", "num_levels",
                                          "prefill_tokens_per_unit", "max_wait", "min_quantum"))
@@ -116,4 +116,4 @@ def mlfq(options: Mapping[str, Any], rng: np.random.Generator) -> MLFQueue:
                     int(levels),
                     option(options, "prefill_tokens_per_unit", 128.0, 0.0, low_open=True),
                     option(options, "max_wait", None, 0.0, low_open=True),
-                    option(options, "min_quantum", 32.0, 0.0))
+                    option(options, "min_quantum", 64.0, 0.0))
