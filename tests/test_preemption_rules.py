@@ -249,3 +249,13 @@ def test_sjf_ranks_a_running_request_by_its_remaining_work_now():
     # 24 < 54 (its stale key) but > 10 left: the newcomer may not preempt it; 4 < 10 may.
     assert not sched.queue.ranks_below(first, newcomer)
     assert sched.queue.ranks_below(first, shorter)
+
+
+def test_overload_benchmark_smoke(capsys):
+    from benchmarks import overload
+
+    frame = overload.main(["--quick", "--policies", "mlfq,fair", "--iterations", "30",
+                           "--repeats", "1"])
+    assert list(frame["policy"]) == ["mlfq", "mlfq", "fair", "fair"]
+    assert (frame["finished_10000"] >= 0).all() and np.isfinite(frame["ratio"]).all()
+    assert "worst ratio" in capsys.readouterr().out

@@ -86,8 +86,12 @@ class SJFQueue(HeapQueue):
                 > (self.remaining(other), other.arrival_at, other.id))
 
     def may_preempt(self, running: Request, waiting: Request) -> bool:
-        """:meth:`ranks_below` for the admission scan: a waiting request's key is exact."""
-        return (self.remaining(running), running.arrival_at, running.id) > waiting.sort_key
+        """:meth:`ranks_below` for the admission scan: a waiting request's key is exact, and a
+        running request's key from enqueue bounds its remaining work from above."""
+        key = waiting.sort_key
+        if running.sort_key <= key:
+            return False
+        return (self.remaining(running), running.arrival_at, running.id) > key
 
 
 def sjf_oracle(options: Mapping[str, Any], rng: np.random.Generator) -> SJFQueue:
