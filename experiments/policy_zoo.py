@@ -89,8 +89,9 @@ def _row(results) -> dict:
             "itl_p99": s["itl_p99"],
             "starve_ttft_max": float(longest["ttft"].max()) if len(longest) else math.nan,
             "output_throughput": s["output_throughput"], "num_finished": s["num_finished"],
-            "num_preemptions": s["num_preemptions"], "num_swaps": s["num_swaps"],
-            "swap_time": s["swap_time"]}
+            "num_preemptions": s["num_preemptions"],
+            "preemptions_per_finished": s["num_preemptions"] / max(s["num_finished"], 1),
+            "num_swaps": s["num_swaps"], "swap_time": s["swap_time"]}
 
 
 def _config(args, workload: WorkloadConfig, label: str, **changes) -> simsched.SimConfig:
@@ -169,7 +170,7 @@ def _has_tabulate() -> bool:
 
 
 COLUMNS = ["ttft_mean", "ttft_p99", "e2el_mean", "itl_p99", "starve_ttft_max",
-           "output_throughput", "num_preemptions"]
+           "output_throughput", "num_preemptions", "preemptions_per_finished"]
 
 
 def main(argv=None) -> dict:
