@@ -35,6 +35,7 @@ BAD = [
     ("scheduler", "enable_chunked_prefill", 1, {}, "True or False"),
     ("scheduler", "max_num_preemptions", -1, {}, "[0, inf]"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
+    ("cache", "enable_prefix_caching", "yes", {}, "True or False"),
     ("cache", "block_size", 0, {}, "[1, 4096]"),
     ("cache", "block_size", 16.0, {}, "integer"),
     ("cache", "num_blocks", 0, {}, "[1, inf]"),

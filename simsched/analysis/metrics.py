@@ -76,7 +76,8 @@ _REQUEST_ATTRS = (
     ("num_output_tokens", "num_output_tokens"), ("num_generated_tokens", "num_generated"),
     ("priority", "priority"), ("tenant", "tenant"), ("num_preemptions", "num_preemptions"),
     ("num_recomputed_tokens", "num_recomputed_tokens"), ("num_swaps", "num_swaps"),
-    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
+    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"),
+    ("num_cached_tokens", "num_cached_tokens"), ("session_id", "session_id"))
 
 
 _OBJECT_ATTRS = ("tenant", "reject_reason")
@@ -236,6 +237,18 @@ class Results:
             busy = it["duration"].to_numpy()
             out["kv_usage_mean"] = float((it["kv_blocks_used"].to_numpy() * busy).sum()
                                          / busy.sum() / self.info["num_blocks"])
+            if "kv_blocks_cached" in it:
+                out["kv_cached_usage_mean"] = float((it["kv_blocks_cached"].to_numpy() * busy).sum()
+                                                    / busy.sum() / self.info["num_blocks"])
+        # Prefix cache: prompt tokens served from the cache at first admission / prompt tokens,
+        # over every request admitted at least once (finished or still in flight).
+        if "num_cached_tokens" in df:
+            admitted = df["first_scheduled_at"].notna().to_numpy()
+            prompt = float(df["num_prompt_tokens"].to_numpy()[admitted].sum())
+            out["prefix_hit_rate"] = (float(df["num_cached_tokens"].to_numpy()[admitted].sum())
+                                      / prompt if prompt else math.nan)
+        if "num_evicted_blocks" in it:
+            out["num_evicted_blocks"] = int(it["num_evicted_blocks"].sum())
         return out
 
     def summary_frame(self) -> pd.DataFrame:

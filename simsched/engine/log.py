@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+# kv_blocks_used: blocks held by running requests (a shared prefix block counts once);
+# kv_blocks_cached: cached blocks nobody holds (evictable; free for allocation). With a prefix
+# cache, num_cached_tokens are prompt tokens the iteration's admissions took from the cache and
+# num_evicted_blocks the cached blocks its allocations evicted (all zero without one).
 ITERATION_COLUMNS = ("started_at", "duration", "num_prefill_tokens", "num_decode_tokens",
-                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted", "swap_time")
+                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted", "swap_time",
+                     "num_cached_tokens", "num_evicted_blocks", "kv_blocks_cached")
 
 
 class IterationLog:
@@ -51,6 +56,6 @@ class IterationLog:
                 columns[col][pos:pos + len(chunk)] = chunk[:, j]
             pos += len(chunk)
         for col in ITERATION_COLUMNS:
-            if col.startswith("num_") or col == "kv_blocks_used":
+            if col.startswith("num_") or col.startswith("kv_blocks_"):
                 columns[col] = columns[col].astype(np.int64)
         return pd.DataFrame(columns, copy=False)

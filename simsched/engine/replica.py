@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from simsched.cost import hardware
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.prefix_cache import make_kv_cache
 from simsched.engine.log import IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.request import Request
@@ -43,7 +43,7 @@ class Replica:
         self.index = index
         self.config = config
         cache = config.cache
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark)
+        self.kv = make_kv_cache(num_blocks, cache)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, max_model_len, rng,
             kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
@@ -73,6 +73,9 @@ class Replica:
         env, sched, cost = self.env, self.scheduler, self.cost_model
         log = self.iteration_rows
         live = self._live
+        kv = self.kv
+        prefix = kv.prefix_caching
+        hits = evictions = cached = last_hits = last_evictions = 0
         while True:
             if not sched.has_work():
                 self._idle = env.event()
@@ -96,8 +99,14 @@ class Replica:
                         f"{sched.num_waiting} waiting, {self.kv.num_free} free KV blocks")
             self._interrupt_victims()
             started = env.now
-            used = self.kv.num_used
+            used = kv.num_used
             waiting = sched.num_waiting
+            if prefix:
+                # Cumulative counters -> this iteration's admissions' cache hits and evictions.
+                hits = sched.num_cached_tokens - last_hits
+                evictions = kv.num_evicted_blocks - last_evictions
+                last_hits, last_evictions = sched.num_cached_tokens, kv.num_evicted_blocks
+                cached = kv.num_evictable
             duration = cost.iteration_time(batch)
             if not duration > 0 or duration == math.inf:
                 raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
@@ -106,7 +115,8 @@ class Replica:
             yield env.timeout(duration)
             firsts, finished = sched.commit(env.now)
             log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                         batch.num_seqs, waiting, used, num_preempted, swap_time))
+                         batch.num_seqs, waiting, used, num_preempted, swap_time, hits, evictions,
+                         cached))
             for req in firsts:
                 live[req.id][1].succeed()
             for req in finished:
