@@ -13,8 +13,10 @@ import pandas as pd
 from simsched.cost import factory, hardware
 from simsched.config import SimConfig
 from simsched.cluster.cluster import Cluster
+from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
 from simsched.analysis.metrics import Results, build_requests_frame
-from simsched.request import Request
+from simsched.request import Content, Request
+from simsched.workloads.traces import check_hash_ids, merged_hash_segments
 from simsched.workloads.workload import generate
 
 _FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
@@ -63,15 +65,69 @@ def _numbers(df: pd.DataFrame, column: str, integer: bool, low: float) -> np.nda
     return values
 
 
-def make_requests(table: Any) -> list[Request]:
+def _validated(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its length and time columns checked as :func:`make_requests` checks them."""
+    out = df.copy()
+    out["arrival_at"] = _numbers(df, "arrival_at", False, 0)
+    out["num_prompt_tokens"] = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
+    out["num_output_tokens"] = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
+    return out
+
+
+def _contents(df: pd.DataFrame, order: np.ndarray, prompt: list,
+              hash_block_size: int) -> list | None:
+    """Each request's :class:`~simsched.request.Content` (None without prefix columns).
+
+    ``hash_ids`` give trace blocks; ``prefix_group``/``prefix_len`` a shared system prompt
+    followed by the request's own tokens; ``session_id`` alone only labels the request.
+    """
+    columns = [c for c in ("hash_ids", "prefix_group", "session_id") if c in df.columns]
+    if not columns:
+        return None
+    if "hash_ids" in df.columns:
+        given = df["hash_ids"].map(lambda h: isinstance(h, (tuple, list)))
+        check_hash_ids(df[given], hash_block_size, "requests")
+
+    def values(name, default):
+        if name not in df.columns:
+            return [default] * len(order)
+        col = df[name].to_numpy(dtype=object)[order]
+        return [default if v is None or v != v else v for v in col.tolist()]
+
+    hashes, groups = values("hash_ids", None), values("prefix_group", -1)
+    shared, sessions = values("prefix_len", 0), values("session_id", -1)
+    hashes = merged_hash_segments([h if isinstance(h, (tuple, list)) else None for h in hashes],
+                                  prompt, hash_block_size)
+    out = []
+    for rid, (p, segs, g, s, sess) in enumerate(zip(prompt, hashes, groups, shared, sessions)):
+        sess = int(sess)
+        if segs is not None:
+            out.append(Content.from_segments(segs, (UNIQUE, -1, rid), sess))
+        elif int(g) >= 0 and int(s) > 0:
+            s = min(int(s), p)
+            out.append(Content.from_segments([((SYSTEM_PROMPT, int(g)), s), ((UNIQUE, rid), p - s)],
+                                             (UNIQUE, -1, rid), sess))
+        elif sess >= 0:
+            out.append(Content(session_id=sess))
+        else:
+            out.append(None)
+    return out
+
+
+def make_requests(table: Any, hash_block_size: int | None = None) -> list[Request]:
     """Turn a request table into ``Request`` objects sorted by arrival, ids 0..n-1 in that order.
 
     ``table`` may be a DataFrame with columns ``arrival_at, num_prompt_tokens,
     num_output_tokens`` (optional ``priority``, ``tenant``), or an iterable of tuples
     ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
+    Optional prefix-identity columns (``hash_ids`` in blocks of ``hash_block_size`` tokens,
+    default ``table.attrs["hash_block_size"]`` or 512; ``prefix_group`` and ``prefix_len``;
+    ``session_id``) give each request a :class:`~simsched.request.Content`.
     Validation is vectorised; the first bad row is named in the error.
     """
     df = _as_frame(table)
+    if hash_block_size is None:
+        hash_block_size = int(df.attrs.get("hash_block_size", 512))
     arrival = _numbers(df, "arrival_at", False, 0)
     prompt = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
     output = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
@@ -89,8 +145,13 @@ def make_requests(table: Any) -> list[Request]:
     arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
                                          output[order].tolist(), priority[order].tolist())
     tenant = [tenant[i] for i in order.tolist()]
-    return [Request(n, a, p, o, pr, t)
-            for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
+    contents = _contents(df, order, prompt, hash_block_size)
+    if contents is None:
+        return [Request(n, a, p, o, pr, t)
+                for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority,
+                                                         tenant))]
+    return [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
+            in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
@@ -112,8 +173,15 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
     rng = np.random.default_rng(config.seed)
     table = generate(config.workload, rng) if requests is None else requests
-    reqs = make_requests(table)
-    del table  # the Request objects now hold everything; keep a big run's peak memory down
+    sessions = None
+    frame = _as_frame(table)
+    block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
+    if is_closed_loop(frame):
+        # Closed-loop sessions: turns are created as they arrive (appended to reqs).
+        sessions, reqs = build_sessions(_validated(frame), block), []
+    else:
+        reqs = make_requests(frame, block)
+    del table, frame  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is None:
         cost_model = factory.make_cost_model(config.hardware)
     elif not callable(getattr(cost_model, "iteration_time", None)):
@@ -121,7 +189,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     num_blocks = config.cache.num_blocks
     if num_blocks is None:
         num_blocks = hardware.kv_capacity_blocks(config.hardware, config.cache.block_size)
-    engine = Cluster(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware))
+    engine = Cluster(config, reqs, cost_model, num_blocks, hardware.max_model_len(config.hardware),
+                     sessions=sessions)
     engine.run()
     sched = engine.scheduler
     step_end = np.asarray(sched.step_end_at, dtype=float)

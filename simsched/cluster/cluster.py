@@ -14,6 +14,7 @@ import numpy as np
 import simpy
 
 from simsched.engine.invariants import check_invariants
+from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
 from simsched.request import Request
 
@@ -21,10 +22,15 @@ __all__ = ["Cluster", "SimulationError"]
 
 
 class Cluster:
-    """Runs one simulation over a list of requests sorted by arrival time."""
+    """Runs one simulation over a list of requests sorted by arrival time.
+
+    ``sessions`` (:class:`~simsched.cluster.sessions.SessionPlan` list) adds closed-loop
+    sessions: their turns are created as they arrive and appended to ``requests``.
+    """
 
     def __init__(self, config, requests: list[Request], cost_model, num_blocks: int,
-                 max_model_len: int | None = None, rng: np.random.Generator | None = None) -> None:
+                 max_model_len: int | None = None, rng: np.random.Generator | None = None,
+                 sessions: list | None = None) -> None:
         self.config = config
         self.env = simpy.Environment()
         if rng is None:
@@ -37,6 +43,8 @@ class Cluster:
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark
         self.env.process(self._arrivals())
+        if sessions:
+            self.env.process(run_sessions(self, sessions))
 
     # A cluster of one answers for its replica, as the single engine did.
     @property
