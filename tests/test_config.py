@@ -80,6 +80,11 @@ BAD = [
     ("workload", "tenant_weights", (1.0,), {"num_tenants": 2}, "num_tenants"),
     ("workload", "num_priorities", -1, {}, ">= 1"),
     ("workload", "priority_weights", (-1.0, 2.0), {"num_priorities": 2}, ">= 0"),
+    ("workload", "hash_block_size", 0, {}, ">= 1"),
+    ("workload", "system_prompt_len", -1, {}, ">= 0"),
+    ("workload", "num_prefix_groups", 0, {}, ">= 1"),
+    ("workload", "num_turns", ("geometric", 0.5), {"name": "sessions"}, "geometric mean >= 1"),
+    ("workload", "think_time", "long", {"name": "sessions"}, "kind one of"),
 ]
 
 SIM_BAD = [

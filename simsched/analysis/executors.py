@@ -49,6 +49,16 @@ class Job:
     keep_frames: bool = True
 
 
+def _last_arrival(table: pd.DataFrame) -> float:
+    """The latest arrival; for closed-loop sessions, a start plus the session's think times."""
+    if not len(table):
+        return 0.0
+    times = table["arrival_at"]
+    if "session_id" in table.columns and "think_time" in table.columns:
+        times = times + table.groupby("session_id", sort=False)["think_time"].cumsum()
+    return float(times.max())
+
+
 def run_job(job: Job) -> RunOutput:
     """Simulate one config (applying the default time limit) and summarise it."""
     from simsched.analysis.runner import simulate
@@ -60,7 +70,7 @@ def run_job(job: Job) -> RunOutput:
         warnings.simplefilter("always")
         table = generate(config.workload, np.random.default_rng(config.seed))
         if math.isinf(config.max_sim_time):
-            last = float(table["arrival_at"].max()) if len(table) else 0.0
+            last = _last_arrival(table)
             config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
         # simulate() draws the workload from the same seed first: passing the table is identical.
         results = simulate(config, requests=table)
