@@ -7,7 +7,8 @@ Four studies, each caching off vs on (vLLM V1 automatic prefix caching semantics
 1. ``mooncake``: the bundled Mooncake synthetic trace (3,993 requests, mean prompt 15.3k tokens,
    shared prefixes named by ``hash_ids``) on Llama-3.1-8B / one A100-80GB, replayed at 0.5 req/s
    (the recorded 3.9 req/s is far beyond one GPU), with caches of 1x to 32x the GPU's 19,477
-   blocks (the larger ones stand for a CPU/SSD-backed KV store such as Mooncake's).
+   blocks (the larger ones stand for a CPU/SSD-backed KV store such as Mooncake's) and one that
+   never evicts.
 2. ``mooncake_policy``: FCFS vs LPM on that trace at 4x the GPU cache, two replay rates.
 3. ``shared_prefix``: 64 groups, each a 2,048-token system prompt, + 128-token questions and
    128-token outputs, Poisson 6 req/s, Llama-2-7B / A100; the groups' prompts (8,192 blocks)
@@ -24,12 +25,13 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 import simsched
 from experiments.load_sweep import print_table, write_frames
 from simsched import SimConfig
-from simsched.workloads.workload import WorkloadConfig
+from simsched.workloads.workload import WorkloadConfig, generate
 
 GPU_BLOCKS = 19477      # Llama-3.1-8B on one A100-80GB at 90 % memory, 16-token blocks
 METRICS = ("prefix_hit_rate", "ttft_p50", "ttft_p99", "request_throughput",
@@ -64,6 +66,11 @@ def mooncake(quick: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = [run(base.replace(**caching(on), **{"cache.num_blocks": k * GPU_BLOCKS}),
                 cache_x_gpu=k, num_blocks=k * GPU_BLOCKS, caching="on" if on else "off")
             for k in sizes for on in (False, True)]
+    # A cache that never evicts: the trace's own bound at these arrival times.
+    table = generate(wl, np.random.default_rng(0))
+    unbounded = int((table["num_prompt_tokens"] + table["num_output_tokens"]).sum()) // 16 + 1
+    rows.append(run(base.replace(**caching(True), **{"cache.num_blocks": unbounded}),
+                    cache_x_gpu=unbounded / GPU_BLOCKS, num_blocks=unbounded, caching="on"))
     policy = [run(base.replace(rate=rate, policy=pol, **caching(True),
                                **{"cache.num_blocks": 4 * GPU_BLOCKS}),
                   rate=rate, policy=pol)
