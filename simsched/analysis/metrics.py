@@ -76,28 +76,29 @@ _REQUEST_ATTRS = (
     ("num_output_tokens", "num_output_tokens"), ("num_generated_tokens", "num_generated"),
     ("priority", "priority"), ("tenant", "tenant"), ("num_preemptions", "num_preemptions"),
     ("num_recomputed_tokens", "num_recomputed_tokens"), ("num_swaps", "num_swaps"),
-    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"),
-    ("num_cached_tokens", "num_cached_tokens"), ("session_id", "session_id"))
+    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
+# Only for runs with a prefix cache or prompt identities (memory: a million-request run stays lean).
+PREFIX_ATTRS = (("num_cached_tokens", "num_cached_tokens"), ("session_id", "session_id"))
 
 
 _OBJECT_ATTRS = ("tenant", "reject_reason")
 _CHUNK = 65536
 
 
-def _extract(requests, release: bool) -> dict:
+def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
     """Everything the frames need from the request objects, as arrays, in one chunked pass.
 
     With ``release`` each chunk's list entries are dropped once read, so a big run never holds
     its request objects and the finished frame at the same time.
     """
     n = len(requests)
-    parts: dict[str, list] = {name: [] for name, _ in _REQUEST_ATTRS}
+    parts: dict[str, list] = {name: [] for name, _ in attrs}
     parts.update(status=[], runs=[], num_runs=[])
     gaps: list[tuple] = []
     causes: list[tuple] = []
     for lo in range(0, max(n, 1), _CHUNK):    # once even when empty: typed empty columns
         chunk = requests[lo:lo + _CHUNK]
-        for name, attr in _REQUEST_ATTRS:
+        for name, attr in attrs:
             if attr in _OBJECT_ATTRS:
                 parts[name].append([getattr(r, attr) for r in chunk])
             else:
@@ -125,16 +126,19 @@ def _extract(requests, release: bool) -> dict:
     return out
 
 
-def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False
+def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
+                         prefix: bool = False
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
     ``req.runs`` is a flat tuple of triples ``(prev_token_at, a, b)``: a decode run that emitted
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
-    of ``requests`` are set to None as they are read (see :func:`_extract`).
+    of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
+    prefix-cache columns ``num_cached_tokens`` and ``session_id``.
     """
-    data = _extract(requests, release)
+    attrs = _REQUEST_ATTRS + PREFIX_ATTRS if prefix else _REQUEST_ATTRS
+    data = _extract(requests, release, attrs)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
@@ -159,7 +163,7 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
-    cols = {name: data[name] for name, _ in _REQUEST_ATTRS}
+    cols = {name: data[name] for name, _ in attrs}
     cols["status"] = data["status"]
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)

@@ -175,6 +175,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     table = generate(config.workload, rng) if requests is None else requests
     sessions = None
     frame = _as_frame(table)
+    # Prefix-cache columns in the frames only where they can say something (memory of big runs).
+    prefix = config.cache.enable_prefix_caching or any(
+        c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
@@ -206,7 +209,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     release = not (config.check_invariants or keep_engine)
     if release:
         del engine, sched
-    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release)
+    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release, prefix=prefix)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info)
     return results, (None if release else engine)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# kv_blocks_used: blocks held by running requests (a shared prefix block counts once);
-# kv_blocks_cached: cached blocks nobody holds (evictable; free for allocation). With a prefix
-# cache, num_cached_tokens are prompt tokens the iteration's admissions took from the cache and
-# num_evicted_blocks the cached blocks its allocations evicted (all zero without one).
 ITERATION_COLUMNS = ("started_at", "duration", "num_prefill_tokens", "num_decode_tokens",
-                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted", "swap_time",
-                     "num_cached_tokens", "num_evicted_blocks", "kv_blocks_cached")
+                     "num_seqs", "num_waiting", "kv_blocks_used", "num_preempted", "swap_time")
+# With a prefix cache the log has three more columns: prompt tokens the iteration's admissions
+# took from the cache, cached blocks its allocations evicted, and cached blocks nobody holds
+# (evictable, free for allocation; kv_blocks_used then counts a shared block once).
+PREFIX_COLUMNS = ("num_cached_tokens", "num_evicted_blocks", "kv_blocks_cached")
 
 
 class IterationLog:
@@ -20,12 +19,13 @@ class IterationLog:
 
     CHUNK = 65536
 
-    def __init__(self) -> None:
+    def __init__(self, columns: tuple = ITERATION_COLUMNS) -> None:
+        self.columns = columns
         self.rows: list[tuple] = []
         self._chunks: list[np.ndarray] = []
 
     def append(self, row: tuple) -> None:
-        """Record one iteration (values in ``ITERATION_COLUMNS`` order)."""
+        """Record one iteration (values in ``self.columns`` order)."""
         self.rows.append(row)
         if len(self.rows) >= self.CHUNK:
             self._chunks.append(np.array(self.rows, dtype=float))
@@ -46,16 +46,17 @@ class IterationLog:
         millions of iterations needs little more memory than the frame itself.
         """
         total = len(self)
-        columns = {col: np.empty(total) for col in ITERATION_COLUMNS}
+        names = self.columns
+        columns = {col: np.empty(total) for col in names}
         chunks = self._chunks + ([np.array(self.rows, dtype=float)] if self.rows else [])
         self._chunks, self.rows = [], []
         pos = 0
         while chunks:
             chunk = chunks.pop(0)
-            for j, col in enumerate(ITERATION_COLUMNS):
+            for j, col in enumerate(names):
                 columns[col][pos:pos + len(chunk)] = chunk[:, j]
             pos += len(chunk)
-        for col in ITERATION_COLUMNS:
+        for col in names:
             if col.startswith("num_") or col.startswith("kv_blocks_"):
                 columns[col] = columns[col].astype(np.int64)
         return pd.DataFrame(columns, copy=False)

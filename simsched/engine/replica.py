@@ -20,7 +20,7 @@ import simpy
 
 from simsched.cost import hardware
 from simsched.engine.prefix_cache import make_kv_cache
-from simsched.engine.log import IterationLog
+from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.request import Request
 
@@ -50,7 +50,8 @@ class Replica:
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
-        self.iteration_rows = IterationLog()
+        self.iteration_rows = IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS
+                                           if self.kv.prefix_caching else ITERATION_COLUMNS)
         self.on_iteration = on_iteration
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
@@ -114,9 +115,13 @@ class Replica:
             duration += swap_time
             yield env.timeout(duration)
             firsts, finished = sched.commit(env.now)
-            log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                         batch.num_seqs, waiting, used, num_preempted, swap_time, hits, evictions,
-                         cached))
+            if prefix:
+                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+                            batch.num_seqs, waiting, used, num_preempted, swap_time, hits,
+                            evictions, cached))
+            else:
+                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+                            batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
                 live[req.id][1].succeed()
             for req in finished:

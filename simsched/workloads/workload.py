@@ -441,6 +441,10 @@ class WorkloadDescription(dict):
     def __str__(self) -> str:
         head = (f"{self['num_requests']} requests over {self['duration']:.1f} s: "
                 f"{self['rate']:.3f} req/s, inter-arrival CV {self['interarrival_cv']:.2f}")
+        if "num_sessions" in self:
+            head = (f"{self['num_requests']} requests in {self['num_sessions']} closed-loop "
+                    f"sessions starting over {self['duration']:.1f} s: {self['rate']:.3f} "
+                    f"sessions/s, inter-arrival CV {self['interarrival_cv']:.2f}")
         stats = ("mean", "p50", "p90", "p99", "max")
         rows = [f"{'tokens':<8}" + "".join(f"{s:>9}" for s in stats)]
         for what in ("prompt", "output"):
@@ -460,9 +464,13 @@ def describe(requests: pd.DataFrame) -> WorkloadDescription:
     """Count, duration, mean rate, inter-arrival CV and length percentiles of a request table.
 
     ``duration`` is last minus first arrival, ``rate`` one over the mean gap, and the CV is the
-    gaps' standard deviation over their mean (1 for Poisson, >1 for bursty traffic).
+    gaps' standard deviation over their mean (1 for Poisson, >1 for bursty traffic). For
+    closed-loop sessions (``session_id`` and ``think_time`` columns) these describe the sessions'
+    starts, and ``num_sessions`` is added.
     """
-    times = np.sort(requests["arrival_at"].to_numpy(dtype=float))
+    closed = "session_id" in requests.columns and "think_time" in requests.columns
+    starts = requests.drop_duplicates("session_id") if closed else requests
+    times = np.sort(starts["arrival_at"].to_numpy(dtype=float))
     gaps = np.diff(times)
     out = WorkloadDescription(
         num_requests=len(requests),
@@ -481,5 +489,7 @@ def describe(requests: pd.DataFrame) -> WorkloadDescription:
         out["num_tenants"] = int(requests["tenant"].dropna().nunique())
     if "priority" in requests.columns:
         out["num_priorities"] = int(requests["priority"].nunique())
+    if closed:
+        out["num_sessions"] = len(starts)
     return out
 
