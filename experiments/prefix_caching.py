@@ -1,4 +1,4 @@
-"""Prefix caching: hit rate, TTFT and throughput across cache sizes, FCFS vs LPM, multi-turn sessions.
+"""Prefix caching: hit rate, TTFT, throughput across cache sizes; FCFS vs LPM; multi-turn sessions.
 
 Four studies, each caching off vs on (vLLM V1 automatic prefix caching semantics)::
 

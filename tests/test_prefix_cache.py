@@ -56,6 +56,9 @@ def test_a_fully_cached_prompt_computes_exactly_one_token():
     assert kv.match(b)[0] == 4 * B - 1            # every block cached: all tokens but one
     c = req(2, [(7, 4 * B + 3)])                  # same blocks plus 3 tokens: those 3 computed
     assert kv.match(c)[0] == 4 * B
+    tiny = PrefixCache(20, 1)                     # one-token blocks: the last one is computed
+    admit(tiny, req(3, [(7, 5)]))
+    assert tiny.match(req(4, [(7, 5)])) == (4, 4, 0)
 
 
 def test_one_computed_token_in_a_run():

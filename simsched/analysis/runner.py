@@ -16,7 +16,7 @@ from simsched.cluster.cluster import Cluster
 from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
 from simsched.analysis.metrics import Results, build_requests_frame
 from simsched.request import Content, Request
-from simsched.workloads.traces import check_hash_ids, merged_hash_segments
+from simsched.workloads.traces import check_hash_ids, merged_hash_segments, parse_hash_ids
 from simsched.workloads.workload import generate
 
 _FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
@@ -84,20 +84,27 @@ def _contents(df: pd.DataFrame, order: np.ndarray, prompt: list,
     columns = [c for c in ("hash_ids", "prefix_group", "session_id") if c in df.columns]
     if not columns:
         return None
-    if "hash_ids" in df.columns:
-        given = df["hash_ids"].map(lambda h: isinstance(h, (tuple, list)))
-        check_hash_ids(df[given], hash_block_size, "requests")
 
     def values(name, default):
         if name not in df.columns:
             return [default] * len(order)
         col = df[name].to_numpy(dtype=object)[order]
-        return [default if v is None or v != v else v for v in col.tolist()]
+        return [default if v is None or (isinstance(v, float) and v != v) else v
+                for v in col.tolist()]
 
     hashes, groups = values("hash_ids", None), values("prefix_group", -1)
     shared, sessions = values("prefix_len", 0), values("session_id", -1)
-    hashes = merged_hash_segments([h if isinstance(h, (tuple, list)) else None for h in hashes],
-                                  prompt, hash_block_size)
+    if "hash_ids" in df.columns:
+        parsed = [None if h is None else parse_hash_ids(h) for h in hashes]
+        bad = [i for i, (h, ids) in enumerate(zip(hashes, parsed)) if h is not None and ids is None]
+        if bad:
+            raise ValueError(f"requests[{int(order[bad[0]])}].hash_ids must be a non-empty list "
+                             f"of integers >= 0, got {hashes[bad[0]]!r}")
+        given = np.array([ids is not None for ids in parsed], dtype=bool)
+        check = pd.DataFrame({"hash_ids": pd.Series(parsed, dtype=object)[given].to_numpy(),
+                              "num_prompt_tokens": np.asarray(prompt)[given]})
+        check_hash_ids(check, hash_block_size, "requests (in arrival order)")
+        hashes = merged_hash_segments(parsed, prompt, hash_block_size)
     out = []
     for rid, (p, segs, g, s, sess) in enumerate(zip(prompt, hashes, groups, shared, sessions)):
         sess = int(sess)
@@ -105,8 +112,8 @@ def _contents(df: pd.DataFrame, order: np.ndarray, prompt: list,
             out.append(Content.from_segments(segs, (UNIQUE, -1, rid), sess))
         elif int(g) >= 0 and int(s) > 0:
             s = min(int(s), p)
-            out.append(Content.from_segments([((SYSTEM_PROMPT, int(g)), s), ((UNIQUE, rid), p - s)],
-                                             (UNIQUE, -1, rid), sess))
+            segments = [((SYSTEM_PROMPT, int(g)), s), ((UNIQUE, rid), p - s)]
+            out.append(Content.from_segments(segments, (UNIQUE, -1, rid), sess))
         elif sess >= 0:
             out.append(Content(session_id=sess))
         else:

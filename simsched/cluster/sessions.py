@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from simsched.request import Content, Request, Status
-from simsched.workloads.traces import merged_hash_segments
+from simsched.workloads.traces import merged_hash_segments, parse_hash_ids
 
 # Content-id namespaces (ints and int tuples only: their hashes are the same in every process).
 SYSTEM_PROMPT, UNIQUE, USER, OUTPUT = 1, 2, 3, 4
@@ -58,7 +58,7 @@ class SessionPlan:
 
 
 def is_closed_loop(table: pd.DataFrame) -> bool:
-    """Whether a request table describes closed-loop sessions (``session_id`` and ``think_time``)."""
+    """Whether a table describes closed-loop sessions (it has ``session_id`` and ``think_time``)."""
     return "session_id" in table.columns and "think_time" in table.columns
 
 
@@ -88,8 +88,13 @@ def build_sessions(table: pd.DataFrame, hash_block_size: int = 512) -> list[Sess
     priority, tenant = column("priority", 0), column("tenant", None)
     hashes, group = column("hash_ids", None), column("prefix_group", -1)
     prefix_len = column("prefix_len", 0)
-    hashes = [h if isinstance(h, (tuple, list)) else None for h in hashes]
+    raw = hashes
+    hashes = [None if h is None or (isinstance(h, float) and h != h) else parse_hash_ids(h)
+              for h in raw]
     for i, (ids, p) in enumerate(zip(hashes, prompt)):
+        if ids is None and raw[i] is not None and not isinstance(raw[i], float):
+            raise ValueError(f"requests[{i}].hash_ids must be a non-empty list of integers >= 0, "
+                             f"got {raw[i]!r}")
         if ids is not None and len(ids) < -(-int(p) // hash_block_size):
             raise ValueError(f"requests[{i}].hash_ids: {len(ids)} ids cannot cover a {p}-token "
                              f"prompt in blocks of {hash_block_size} tokens")

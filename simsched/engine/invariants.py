@@ -110,8 +110,9 @@ def _check_prefix_cache(sched, kv, held: dict, now: float) -> None:
     for key, (num_cached, max_reach, reach, runs) in nodes.items():
         # A block's reference count is the number of running requests reaching past it.
         if reach != expected.get(key, {}):
-            raise InvariantError("prefix_refcount", now, f"segment {key}: holders by reach "
-                                                         f"{reach}, running requests {expected.get(key, {})}")
+            raise InvariantError("prefix_refcount", now,
+                                 f"segment {key}: holders by reach {reach}, running requests "
+                                 f"{expected.get(key, {})}")
         if max_reach != max(reach, default=0) or not 0 < num_cached or max_reach > num_cached:
             raise InvariantError("prefix_refcount", now, f"segment {key}: {num_cached} cached, "
                                                          f"referenced up to {max_reach}")

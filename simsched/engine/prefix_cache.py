@@ -148,7 +148,9 @@ class PrefixCache(KVCacheManager):
         if runs is None:
             return 0, 0, 0
         target = req.prefill_target
-        limit = target // self.block_size
+        # Full blocks only, and never a block that only the token to compute would need (with
+        # one-token blocks a fully cached prompt holds one block fewer than its length).
+        limit = min(target // self.block_size, -(-(target - 1) // self.block_size))
         nodes = self._nodes
         hit = evictable = 0
         for key, lo, hi in zip(runs[1], runs[2], runs[3]):
@@ -236,7 +238,7 @@ class PrefixCache(KVCacheManager):
         self.num_free -= 1
 
     def free(self, req_id: int, num_tokens: int = 0) -> int:
-        """Release ``req_id``'s blocks; its full blocks of ``num_tokens`` computed tokens stay cached.
+        """Release ``req_id``'s blocks; the full blocks of its ``num_tokens`` tokens stay cached.
 
         The blocks the request filled while decoding are registered first (the lazy scheme);
         blocks registered for a chunk that was planned but never computed (a request preempted
@@ -385,7 +387,7 @@ class PrefixCache(KVCacheManager):
 
     # ------------------------------------------------------------------ inspection
     def nodes(self) -> dict:
-        """Segment key -> ``(num_cached, max_reach, {reach: holders}, [(lo, hi) runs])`` (a copy)."""
+        """Segment key -> ``(num_cached, max_reach, {reach: holders}, [(lo, hi) runs])``, a copy."""
         return {k: (n.num_cached, n.max_reach, dict(n.reach), [(r.lo, r.hi) for r in n.runs])
                 for k, n in self._nodes.items()}
 

@@ -202,8 +202,8 @@ def _times(path, table: pd.DataFrame, lines, column: str, fmt: str) -> np.ndarra
     return values / 1000.0 if fmt == "mooncake" else values
 
 
-def _hash_list(value):
-    """One row's hash ids as a tuple of ints >= 0, or None if malformed."""
+def parse_hash_ids(value):
+    """One row's hash ids (a list, tuple, array or string) as a tuple of ints >= 0; None if bad."""
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -230,7 +230,7 @@ def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> No
     """Parse ``hash_ids``, ``session_id`` and ``think_time`` into ``out`` when the file has them."""
     if "hash_ids" in table.columns:
         raw = table["hash_ids"]
-        ids = [_hash_list(v) for v in raw.tolist()]
+        ids = [parse_hash_ids(v) for v in raw.tolist()]
         bad = np.array([i is None for i in ids])
         _first_bad(path, lines, bad, raw, "hash_ids must be a non-empty list of integers >= 0")
         out["hash_ids"] = pd.Series(ids, dtype=object)

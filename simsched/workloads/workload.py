@@ -40,7 +40,7 @@ WORKLOADS = {
     "azure-code": "Azure 2023 code-completion trace replayed (bursty, CV ~13)",
     "azure-conv": "Azure 2023 conversation trace replayed (near-Poisson)",
     "mooncake": "Mooncake synthetic trace replayed: long prompts sharing prefixes (hash_ids)",
-    "shared-prefix": "G groups, each with its own system prompt; request = system prompt + question",
+    "shared-prefix": "G groups with their own system prompts; request = system prompt + question",
     "sessions": "closed-loop multi-turn sessions: each turn's prompt is the whole history",
     "trace": "replay of a user trace file (trace_path)",
     "custom": "any arrival process and length distribution, set field by field",
