@@ -21,10 +21,13 @@ import argparse
 import time
 import warnings
 
+import numpy as np
+
 from simsched import SimConfig, simulate
 from simsched.engine.prefix_cache import PrefixCache
 from simsched.request import Content, Request
-from simsched.workloads.workload import WorkloadConfig
+from simsched.workloads.traces import merged_hash_segments
+from simsched.workloads.workload import WorkloadConfig, generate
 
 
 def best_time(cfg: SimConfig, repeat: int) -> tuple[float, int]:
@@ -93,6 +96,10 @@ def main(argv=None) -> dict:
     print(f"\n{'cache blocks':>12}{'us per lookup (1,000-block prompt)':>38}")
     for size in ((10**3, 10**4, 10**5) if args.quick else (10**3, 10**4, 10**5, 10**6)):
         print(f"{size:>12}{lookup_us(max(size, 1000)):>38.2f}")
+    table = generate(WorkloadConfig.preset("mooncake"), np.random.default_rng(0))
+    merged = merged_hash_segments(table["hash_ids"].tolist(), table["num_prompt_tokens"], 512)
+    print(f"\nMooncake prompt: {table['hash_ids'].map(len).mean():.1f} trace blocks, "
+          f"{np.mean([len(m) for m in merged]):.2f} segments after path compression")
     print(f"\nMooncake on/off {ratios['mooncake']:.2f}x (target <= 2), "
           f"at 0.5 req/s {ratios['mooncake_0.5']:.2f}x; "
           f"Azure conv on/off {ratios['azure_conv']:.2f}x (target <= 1.1)")
