@@ -215,6 +215,16 @@ class ClusterConfig:
     Admission control sheds (rejects with a ``shed: ...`` reason) a request when the chosen
     replica already has ``max_num_queued_per_replica`` requests waiting, or when the token bucket
     (``rate_limit`` requests/s, ``burst`` requests deep, default ``max(1, rate_limit)``) is empty.
+
+    Disaggregated prefill/decode (:mod:`simsched.cluster.disagg`): ``roles`` gives each replica
+    a role, ``mixed`` (prefill and decode, the default), ``prefill`` or ``decode``; or
+    ``num_prefill_replicas`` and ``num_decode_replicas`` make the first replicas prefill ones and
+    the next decode ones (xPyD). ``router`` picks among prefill and mixed replicas,
+    ``decode_router`` (default: ``router``) among decode and mixed ones. The KV moves over the
+    prefill replica's links: ``link`` names a preset (``nvlink``, ``ib200``, ``ib400``, ``roce200``,
+    ``roce400``, ``pcie``); ``link_bandwidth_gbps`` (GB/s per GPU, 1e9 bytes/s) and
+    ``link_latency`` (seconds) override it. Prompts shorter than ``disagg_min_prompt_tokens``
+    are prefilled on the decode replica itself.
     """
 
     num_replicas: int = 1
@@ -225,11 +235,20 @@ class ClusterConfig:
     max_num_queued_per_replica: int | None = None
     rate_limit: float | None = None
     burst: float | None = None
+    roles: tuple = ()
+    num_prefill_replicas: int = 0
+    num_decode_replicas: int = 0
+    decode_router: str | None = None
+    link: str = "ib200"
+    link_bandwidth_gbps: float | None = None
+    link_latency: float | None = None
+    disagg_min_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         _plain(self)
         o = "cluster"
         _check_int(o, "num_replicas", self.num_replicas, 1, 100_000)
+        self._check_disagg(o)
         replicas = self.replicas
         if isinstance(replicas, Mapping) or isinstance(replicas, (str, bytes)) \
                 or not isinstance(replicas, (tuple, list)):
@@ -274,6 +293,72 @@ class ClusterConfig:
                 raise ValueError(f"{o}.burst needs {o}.rate_limit")
             _check_float(o, "burst", self.burst, 1.0)
 
+    def _check_disagg(self, o: str) -> None:
+        roles = self.roles
+        if isinstance(roles, (str, bytes)) or not isinstance(roles, (tuple, list)):
+            raise ValueError(f"{o}.roles must be a tuple of replica roles, got {roles!r}")
+        object.__setattr__(self, "roles", tuple(roles))
+        for i, role in enumerate(self.roles):
+            if role not in ROLES:
+                raise ValueError(f"{o}.roles[{i}] must be one of {', '.join(ROLES)}, got {role!r}")
+        if self.roles and len(self.roles) != self.num_replicas:
+            raise ValueError(f"{o}.roles lists {len(self.roles)} roles, "
+                             f"{o}.num_replicas={self.num_replicas}")
+        _check_int(o, "num_prefill_replicas", self.num_prefill_replicas, 0)
+        _check_int(o, "num_decode_replicas", self.num_decode_replicas, 0)
+        xy = self.num_prefill_replicas + self.num_decode_replicas
+        if xy and self.roles:
+            raise ValueError(f"{o}.roles and {o}.num_prefill_replicas/num_decode_replicas "
+                             "both set: give one")
+        if xy > self.num_replicas:
+            raise ValueError(f"{o}.num_prefill_replicas + num_decode_replicas = {xy} exceeds "
+                             f"{o}.num_replicas={self.num_replicas}")
+        roles = self.replica_roles()
+        if any(r != "mixed" for r in roles) and not (
+                any(r != "decode" for r in roles) and any(r != "prefill" for r in roles)):
+            raise ValueError(f"{o}.roles {tuple(roles)}: a disaggregated cluster needs a "
+                             "prefill or mixed replica and a decode or mixed replica")
+        if self.decode_router is not None and (not isinstance(self.decode_router, str)
+                                               or not self.decode_router):
+            raise ValueError(f"{o}.decode_router must be a router name, got "
+                             f"{self.decode_router!r}")
+        if self.decode_router is not None and _router_check is not None:
+            _router_check(self.decode_router, self.router_options)
+        if self.link not in LINK_PRESETS:
+            raise ValueError(f"{o}.link must be one of {', '.join(LINK_PRESETS)}, "
+                             f"got {self.link!r}")
+        if self.link_bandwidth_gbps is not None:
+            _check_float(o, "link_bandwidth_gbps", self.link_bandwidth_gbps, 0.0, low_open=True)
+            if math.isinf(self.link_bandwidth_gbps):
+                raise ValueError(f"{o}.link_bandwidth_gbps must be finite")
+        if self.link_latency is not None:
+            _check_float(o, "link_latency", self.link_latency, 0.0)
+            if math.isinf(self.link_latency):
+                raise ValueError(f"{o}.link_latency must be finite")
+        _check_int(o, "disagg_min_prompt_tokens", self.disagg_min_prompt_tokens, 0)
+
+    def replica_roles(self) -> list[str]:
+        """Each replica's role: ``mixed``, ``prefill`` or ``decode``."""
+        if self.roles:
+            return list(self.roles)
+        x, y = self.num_prefill_replicas, self.num_decode_replicas
+        return ["prefill"] * x + ["decode"] * y + ["mixed"] * (self.num_replicas - x - y)
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether any replica has a prefill or decode role."""
+        return bool(self.num_prefill_replicas or self.num_decode_replicas
+                    or any(r != "mixed" for r in self.roles))
+
+    def link_spec(self) -> tuple[float, float]:
+        """``(bytes per second per GPU, latency in seconds)`` of the KV-transfer links."""
+        gbps, latency = LINK_PRESETS[self.link]
+        if self.link_bandwidth_gbps is not None:
+            gbps = self.link_bandwidth_gbps
+        if self.link_latency is not None:
+            latency = self.link_latency
+        return gbps * 1e9, latency
+
     def overrides(self) -> list[dict[str, Any]]:
         """One mapping of setting changes per replica (``count`` expanded, empty for the rest)."""
         out: list[dict[str, Any]] = []
@@ -281,6 +366,19 @@ class ClusterConfig:
             changes = {k: v for k, v in entry.items() if k != "count"}
             out += [changes] * entry.get("count", 1)
         return out + [{}] * (self.num_replicas - len(out))
+
+
+ROLES = ("mixed", "prefill", "decode")
+# Link presets: (GB/s per GPU in one direction, latency s). NVLink 3 (A100): 600 GB/s both ways;
+# InfiniBand/RoCE NICs at 200 and 400 Gb/s per GPU; PCIe 4.0 x16 ~ 25 GB/s in practice.
+LINK_PRESETS = {
+    "nvlink": (300.0, 2e-6),
+    "ib200": (25.0, 5e-6),
+    "ib400": (50.0, 5e-6),
+    "roce200": (25.0, 1e-5),
+    "roce400": (50.0, 1e-5),
+    "pcie": (25.0, 1e-5),
+}
 
 
 def _replica_fields() -> set[str]:

@@ -295,6 +295,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     for r in replicas:
         r.iteration_rows = None
     sim_time = engine.env.now
+    disagg = engine.disagg.columns() if engine.disagg is not None else None
+    info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if engine.replica_of is None:
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
@@ -314,6 +316,10 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
                                                step_offset=step_offset, prefix=prefix)
     req_df.insert(1, "replica", owner)
+    if disagg is not None:
+        ids = req_df["request_id"].to_numpy()
+        for k, (name, values) in enumerate(disagg.items()):
+            req_df.insert(2 + k, name, np.asarray(values)[ids])
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described))
     note = rejection_note(req_df, hint=from_workload)

@@ -231,6 +231,9 @@ def summarize(results, slos: "SLO | Mapping[str, SLO] | None" = None) -> dict[st
     for suffix, slo in _named_slos(slos):
         for key, value in goodput(results.requests, slo).items():
             row[key + suffix] = value
+        gpus = results.info.get("num_gpus")
+        if gpus:
+            row["goodput_per_gpu" + suffix] = row["goodput" + suffix] / gpus
     return row
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
@@ -99,6 +100,17 @@ class _At(simpy.Event):
         heapq.heappush(env._queue, (when, NORMAL, next(env._eid), self))
 
 
+class _Views:
+    """Several snapshots refreshed together (a disaggregated cluster's two pools)."""
+
+    def __init__(self, views) -> None:
+        self.views = views
+
+    def refresh(self, now: float) -> None:
+        for view in self.views:
+            view.refresh(now)
+
+
 class Cluster:
     """Runs one simulation over a list of requests sorted by arrival time (ids 0..n-1).
 
@@ -135,7 +147,10 @@ class Cluster:
         self.num_shed = 0
         self.replica_of: array | None = None
         cl = config.cluster
-        if len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
+        self.disagg = None
+        if cl.disaggregated:
+            self._setup_disagg(cl)
+        elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
         self.env.process(self._arrivals())
@@ -161,6 +176,20 @@ class Cluster:
         self.queue_cap = cl.max_num_queued_per_replica
         # The arrival process starts ``self._request``: routed requests take this path instead.
         self._request = self._routed_request
+
+    def _setup_disagg(self, cl) -> None:
+        self.replica_of = array("i", [-1]) * len(self.requests)
+        self.disagg = Disagg(self, cl, router_rng(self.config.seed))
+        self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
+        self.queue_cap = cl.max_num_queued_per_replica
+        views = self.disagg.views()
+        if views:
+            self.view = _Views(views)
+            self.env.process(self._refresh(cl.refresh_interval))
+        self._request = self._disagg_request
+
+    def _disagg_request(self, req: Request):
+        return disagg_request(self, req)
 
     # A cluster of one answers for its replica, as the single engine did.
     @property

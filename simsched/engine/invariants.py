@@ -99,8 +99,9 @@ def _check_prefix_cache(sched, kv, held: dict, now: float) -> None:
         if not 0 <= reg <= n:
             raise InvariantError("prefix_refcount", now, f"{reg} registered of {n} held", rid)
         private += n - reg
+    transfer = _transfer_ids(sched)
     for rid, (reg, keys, los, his) in registered.items():
-        if rid not in sched.running:
+        if rid not in sched.running and rid not in transfer:
             raise InvariantError("kv_leak", now, "references cached blocks but is not running",
                                  rid)
         for key, lo, hi in zip(keys, los, his):
@@ -163,10 +164,18 @@ def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
     if both:
         raise InvariantError("running_xor_swapped", now, "request in two states", min(both))
     held = kv.holders()
+    transfer = _transfer_ids(sched)
     for rid in held:
-        if rid not in sched.running:
+        if rid not in sched.running and rid not in transfer:
             raise InvariantError("kv_leak", now, f"holds {held[rid]} blocks but is not running",
                                  rid)
+    # A request whose KV waits for (or is in) a transfer holds exactly its prompt's blocks.
+    for group in (getattr(sched, "held", {}), getattr(sched, "incoming", {})):
+        for rid, req in group.items():
+            if rid in sched.running or kv.num_held(rid) != kv.blocks_for(req.num_computed):
+                raise InvariantError("kv_transfer_blocks", now,
+                                     f"holds {kv.num_held(rid)} blocks for {req.num_computed} "
+                                     f"tokens in transfer (running: {rid in sched.running})", rid)
     for rid, req in sched.running.items():
         if req.status is not Status.RUNNING:
             raise InvariantError("running_status", now, f"status {req.status.value}", rid)
@@ -183,13 +192,50 @@ def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
     return waiting_ids
 
 
+def _transfer_ids(sched) -> set:
+    """Requests not running here whose KV blocks are held here for a KV transfer."""
+    held, incoming = getattr(sched, "held", None), getattr(sched, "incoming", None)
+    if not held and not incoming:
+        return set()
+    return set(held) | set(incoming)
+
+
+def _check_one_place(scheds: list, now: float) -> None:
+    """No request is queued, running, swapped or holding KV for a transfer on two replicas; a
+    decode replica's reservation matches a request held on another replica or one arrived."""
+    seen: dict = {}
+    held_anywhere: set = set()
+    for k, sched in enumerate(scheds):
+        ids = (list(sched.running) + [r.id for r in sched.queue] + [r.id for r in sched._requeue]
+               + list(_swapped(sched)) + list(getattr(sched, "held", ())))
+        held_anywhere.update(getattr(sched, "held", ()))
+        for rid in ids:
+            if seen.setdefault(rid, k) != k:
+                raise InvariantError("one_replica", now,
+                                     f"on replicas {seen[rid]} and {k} at once", rid)
+    for sched in scheds:
+        ready = {r.id for r in getattr(sched, "ready", ())}
+        for rid in getattr(sched, "incoming", ()):
+            if (rid in held_anywhere) == (rid in ready) or rid in sched.held:
+                raise InvariantError("one_replica", now, "KV reserved for a transfer that is "
+                                     "neither in flight nor arrived", rid)
+
+
 def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) -> None:
     counts = {s: 0 for s in Status}
     running: dict = {}
     swapped: dict = {}
+    transfers = False
     for sched in scheds:
         running.update(sched.running)
         swapped.update(_swapped(sched))
+        if getattr(sched, "held", None) or getattr(sched, "incoming", None):
+            transfers = True
+            running.update(sched.held)
+            # An arrived request waiting to join the decoders is still running (between GPUs).
+            running.update({r.id: r for r in sched.ready})
+    if transfers or len(scheds) > 1:
+        _check_one_place(scheds, now)
     members = {Status.WAITING: set(waiting_ids), Status.RUNNING: running,
                Status.SWAPPED: swapped}
     for req in engine.requests[:engine.num_arrived]:
@@ -308,7 +354,9 @@ def check_results(results) -> None:
                         and all(g.is_monotonic_increasing for _, g in groups)):
         raise InvariantError("iteration_times", now, "durations <= 0 or start times out of order "
                                                      "within a replica")
-    if "replica" in df and "replica" in it and len(it):
+    # A disaggregated request's prefill and decode ran on two replicas (recomputation on
+    # either): only the total is checked.
+    if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df:
         _check_replica_work(df, it, now)
 
 

@@ -89,6 +89,7 @@ class Replica:
         self.on_kv = None
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
+        self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
         env.process(self._gpu())
 
     def add(self, req: Request, handles: tuple) -> bool:
@@ -100,9 +101,32 @@ class Replica:
         if not self.scheduler.add(req, self.env.now):
             return False
         self._live[req.id] = handles
+        self.wake()
+        return True
+
+    def wake(self) -> None:
+        """Wake the GPU loop if it idles (new work, or KV memory freed by a transfer)."""
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
-        return True
+
+    def release(self, req: Request) -> None:
+        """A handed-off request's KV has left: free its blocks here."""
+        self.scheduler.release_held(req)
+        del self._live[req.id]
+        self.wake()
+        self.notify_memory()
+
+    def receive(self, req: Request, handles: tuple) -> None:
+        """``req``'s KV has arrived in blocks reserved here: it decodes from the next iteration."""
+        self._live[req.id] = handles
+        self.scheduler.arrive(req)
+        self.wake()
+
+    def notify_memory(self) -> None:
+        """Tell transfers waiting for KV blocks here to try again."""
+        waiters, self.kv_waiters = self.kv_waiters, []
+        for event in waiters:
+            event.succeed()
 
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
@@ -131,6 +155,13 @@ class Replica:
                 batch.swap_out_bytes += carried[0]
                 batch.swap_in_bytes += carried[1]
                 num_preempted += len(sched.preempted)
+                if not batch.num_seqs and (sched.held or sched.incoming):
+                    # KV blocks held for transfers block admissions: wait until one ends.
+                    self._idle = env.event()
+                    yield self._idle
+                    self._idle = None
+                    yield _Late(env, 0.0)
+                    continue
                 if not batch.num_seqs:
                     raise SimulationError(
                         f"no progress at t={env.now:.6f}: {len(sched.running)} running, "
@@ -169,6 +200,8 @@ class Replica:
                 live[req.id][1].succeed()
             for req in finished:
                 live.pop(req.id)[2].succeed()
+            if self.kv_waiters:
+                self.notify_memory()
             if self.on_iteration is not None:
                 self.on_iteration(self, batch)
 

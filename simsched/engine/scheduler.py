@@ -105,6 +105,13 @@ class Scheduler(PreemptionMixin):
         self._grown_step = 0                      # the decode step whose new blocks were handed out
         self._requeue: list[Request] = []
         self.now = 0.0
+        # Disaggregated prefill/decode (simsched.cluster.disagg): ids to hand off after their
+        # prefill; handed-off requests whose KV stays here until its transfer ends; requests
+        # whose KV blocks are reserved here for a transfer; and those whose KV has arrived.
+        self.handoff: set[int] = set()
+        self.held: dict[int, Request] = {}
+        self.incoming: dict[int, Request] = {}
+        self.ready: list[Request] = []
 
     # ----------------------------------------------------------------- lazy progress
     def num_generated(self, req: Request) -> int:
@@ -123,7 +130,7 @@ class Scheduler(PreemptionMixin):
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
         return bool(self.running) or bool(self.queue) or bool(self._requeue) \
-            or bool(self.swapped)
+            or bool(self.swapped) or bool(self.ready)
 
     @property
     def num_waiting(self) -> int:
@@ -167,6 +174,8 @@ class Scheduler(PreemptionMixin):
             self._queue_update(now)
         if self._queue_refresh is not None:
             self._queue_refresh(self.running.values(), self)
+        if self.ready:
+            self._insert_ready()
         if self.cfg.style == "prefill_first":
             self._decodes_count = False
             swap.swap_in(self)
@@ -382,10 +391,62 @@ class Scheduler(PreemptionMixin):
             req.last_token_at = now
             if req.num_generated >= req.num_output_tokens:
                 self._finish(req, now, finished)
+            elif self.handoff and req.id in self.handoff:
+                self._hand_off(req)
             else:
                 self._start_run(req)
         self.planned = {}
         return firsts, finished
+
+    # ----------------------------------------------------------------- disaggregation
+    def _hand_off(self, req: Request) -> None:
+        """Stop ``req`` after its prefill: it leaves the batch but its KV blocks stay held."""
+        self.handoff.discard(req.id)
+        del self.running[req.id]
+        self.running_version += 1
+        self.held[req.id] = req
+
+    def release_held(self, req: Request) -> int:
+        """Free a handed-off request's KV blocks (its transfer ended); return how many."""
+        del self.held[req.id]
+        return self.kv.free(req.id, req.num_computed if self.prefix_caching else 0)
+
+    def reserve(self, req: Request) -> int | None:
+        """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
+
+        With a prefix cache the cached part of the prefix is reused (only the rest is sent).
+        None: not enough free blocks now (beyond the watermark while requests run).
+        """
+        kv = self.kv
+        num_tokens = req.num_computed
+        if self.prefix_caching:
+            cached, hit, evictable = kv.match(req)
+            need = kv.blocks_for(num_tokens) - hit + evictable
+        else:
+            cached = hit = 0
+            need = kv.blocks_for(num_tokens)
+        if not kv.can_allocate(need, use_watermark=bool(self.running)):
+            return None
+        if self.prefix_caching:
+            kv.acquire(req, hit)
+        kv.allocate(req.id, num_tokens)
+        self.incoming[req.id] = req
+        return cached
+
+    def arrive(self, req: Request) -> None:
+        """``req``'s KV has arrived: it joins the decoders at the next iteration."""
+        self.ready.append(req)
+
+    def _insert_ready(self) -> None:
+        ready, running = self.ready, self.running
+        while ready and len(running) < self.cfg.max_num_seqs:
+            req = ready.pop(0)
+            del self.incoming[req.id]
+            req.admitted_seq = self.num_admitted
+            self.num_admitted += 1
+            running[req.id] = req
+            self.running_version += 1
+            self._start_run(req)
 
     def _start_run(self, req: Request, resumed: bool = False) -> None:
         """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""

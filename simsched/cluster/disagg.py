@@ -1,0 +1,277 @@
+"""Disaggregated prefill and decode: replica pools, KV-transfer links, a request's two-stage life.
+
+A request goes to a prefill replica (``cluster.router`` over the prefill and mixed replicas),
+which runs its prefill and emits the first token (its TTFT), then stops it with the prompt's KV
+still held (:meth:`~simsched.engine.scheduler.Scheduler.release_held`). The decode router
+(``cluster.decode_router`` over the decode and mixed replicas) picks a decode replica, which
+reserves KV blocks for the prompt before the transfer starts; while it cannot, the request waits
+with its KV held on the prefill replica (backpressure: those blocks count as used there and can
+stall its admissions). The KV then moves over a :class:`Link`; when the transfer ends the prefill
+replica frees its blocks and the request joins the decode replica's decoders at its next
+iteration. The gap between the first and second token therefore includes the wait for memory,
+the transfer and the wait for the decode replica's next iteration.
+
+Topology: every prefill replica has one link per GPU (its NIC, or NVLink port) shared by all
+its outgoing transfers. With tensor parallelism each of the TP shards moves its own share of
+the KV (``hardware.kv_bytes_per_token`` is per GPU) over its own link, all in parallel, so a
+transfer takes ``shard bytes / per-GPU bandwidth + latency``. The receiving side's links are not
+modelled (a decode replica fed by many prefill replicas is assumed to have the ingress to match).
+Concurrent transfers on one link share its bandwidth equally (processor sharing): each of ``n``
+active transfers progresses at ``bandwidth / n``, and completion times are recomputed whenever
+a transfer starts or ends. The latency is paid before a transfer joins the link.
+
+A request routed to a mixed replica is served there whole. Prompts shorter than
+``cluster.disagg_min_prompt_tokens`` go straight to the decode router and are prefilled on the
+decode replica itself (conditional disaggregation, as in Splitwise and vLLM's remote-prefill
+threshold). With a prefix cache on the decode replica, the part of the prefix it already holds
+is not sent.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import simpy
+
+from simsched.cluster.routers import make_router
+from simsched.cluster.state import ReplicaLoad, Snapshot
+from simsched.cost import hardware
+
+__all__ = ["Link", "Disagg", "disagg_request", "transfer_time"]
+
+
+def transfer_time(num_bytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds to move ``num_bytes`` over an idle link of ``bandwidth`` bytes/s."""
+    return num_bytes / bandwidth + latency
+
+
+class Link:
+    """One link of ``bandwidth`` bytes/s and ``latency`` s; concurrent transfers share it fairly.
+
+    :meth:`transfer` returns an event that fires when the bytes have arrived. Active transfers
+    keep their remaining bytes; on every start and end the bytes drained since the last change
+    (``elapsed * bandwidth / n`` each) are subtracted and the next completion is rescheduled, so
+    the cost is O(active transfers) per start or end.
+    """
+
+    def __init__(self, env: simpy.Environment, bandwidth: float, latency: float) -> None:
+        if not bandwidth > 0 or not latency >= 0:
+            raise ValueError(f"a link needs bandwidth > 0 and latency >= 0, got {bandwidth}, "
+                             f"{latency}")
+        self.env = env
+        self.bandwidth = float(bandwidth)
+        self.latency = float(latency)
+        self.active: list[list] = []     # [remaining bytes, done event]
+        self._last = 0.0
+        self._version = 0
+        self.num_transfers = 0
+        self.bytes_moved = 0.0
+
+    def transfer(self, num_bytes: float) -> simpy.Event:
+        """Start moving ``num_bytes``; the returned event fires when they have arrived."""
+        done = self.env.event()
+        self.num_transfers += 1
+        self.bytes_moved += num_bytes
+        if self.latency > 0:
+            self.env.timeout(self.latency).callbacks.append(
+                lambda _ev: self._join(num_bytes, done))
+        else:
+            self._join(num_bytes, done)
+        return done
+
+    def _drain(self) -> None:
+        now = self.env.now
+        if self.active:
+            drained = (now - self._last) * self.bandwidth / len(self.active)
+            for entry in self.active:
+                entry[0] -= drained
+        self._last = now
+
+    def _join(self, num_bytes: float, done: simpy.Event) -> None:
+        self._drain()
+        if num_bytes <= 0:
+            done.succeed()
+            return
+        self.active.append([float(num_bytes), done])
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._version += 1
+        if not self.active:
+            return
+        version = self._version
+        delay = min(e[0] for e in self.active) * len(self.active) / self.bandwidth
+        self.env.timeout(max(delay, 0.0)).callbacks.append(lambda _ev: self._wake(version))
+
+    def _wake(self, version: int) -> None:
+        if version != self._version:
+            return                       # a start or end since rescheduled the completion
+        self._drain()
+        # The transfer this wake-up was timed for is done by construction, whatever float
+        # drift left of it (a remainder too small to advance the clock would spin forever).
+        eps = max(0.0, min(e[0] for e in self.active)) \
+            + 1e-9 * max(1.0, max(e[0] for e in self.active))
+        keep = []
+        for entry in self.active:
+            if entry[0] <= eps:
+                entry[1].succeed()
+            else:
+                keep.append(entry)
+        self.active = keep
+        self._schedule()
+
+
+class _Pool:
+    """Replicas one router chooses among, with their own load view (local indices)."""
+
+    def __init__(self, cluster, members: list[int], router_name: str, options, rng,
+                 refresh: float) -> None:
+        self.members = members
+        replicas = [cluster.replicas[i] for i in members]
+        n = len(members)
+        self.router = make_router(router_name, options, n, rng) if n > 1 else None
+        needs = self.router.needs if self.router is not None else ()
+        self.load = ReplicaLoad(replicas, needs, getattr(self.router, "output_tokens", None))
+        self.view = Snapshot(self.load) if n > 1 and refresh > 0 else self.load
+
+    def choose(self, req) -> tuple[int, int]:
+        """(local index, replica index) for ``req``."""
+        k = self.router.choose(self.view, req) if self.router is not None else 0
+        return k, self.members[k]
+
+
+class Disagg:
+    """A disaggregated cluster's roles, pools, links and per-request transfer records."""
+
+    def __init__(self, cluster, cl, rng) -> None:
+        self.roles = cl.replica_roles()
+        n = len(cluster.replicas)
+        first = [i for i in range(n) if self.roles[i] != "decode"]
+        second = [i for i in range(n) if self.roles[i] != "prefill"]
+        self.prefill = _Pool(cluster, first, cl.router, cl.router_options, rng,
+                             cl.refresh_interval)
+        self.decode = _Pool(cluster, second, cl.decode_router or cl.router, cl.router_options,
+                            rng, cl.refresh_interval)
+        # Each replica reports its KV use to every pool it belongs to.
+        for i, replica in enumerate(cluster.replicas):
+            hooks = [(pool.load, pool.members.index(i)) for pool in (self.prefill, self.decode)
+                     if i in pool.members]
+            replica.on_kv = _kv_hook(hooks)
+        bandwidth, latency = cl.link_spec()
+        self.links = {i: Link(cluster.env, bandwidth, latency) for i in first
+                      if self.roles[i] == "prefill"}
+        self.min_prompt = cl.disagg_min_prompt_tokens
+        self.kv_bytes = [hardware.kv_bytes_per_token(r.config.hardware) for r in cluster.replicas]
+        self.tp = [r.config.hardware.tensor_parallel_size for r in cluster.replicas]
+        m = len(cluster.requests)
+        self.prefill_replica = array("i", [-1]) * m
+        self.decode_replica = array("i", [-1]) * m
+        self.kv_transfer_bytes = array("d", [0.0]) * m
+        self.kv_transfer_time = array("d", [0.0]) * m
+        self.kv_wait_time = array("d", [0.0]) * m
+
+    def views(self):
+        """The pools' snapshots (refreshed by the cluster), if any."""
+        return [p.view for p in (self.prefill, self.decode) if p.view is not p.load]
+
+    def grow(self, n: int) -> None:
+        """Make room for request ids below ``n`` (session turns created during the run)."""
+        extra = n - len(self.prefill_replica)
+        if extra > 0:
+            self.prefill_replica.extend([-1] * extra)
+            self.decode_replica.extend([-1] * extra)
+            for a in (self.kv_transfer_bytes, self.kv_transfer_time, self.kv_wait_time):
+                a.extend([0.0] * extra)
+
+    def columns(self) -> dict[str, list]:
+        """The per-request frame columns, by request id."""
+        return {"prefill_replica": self.prefill_replica.tolist(),
+                "decode_replica": self.decode_replica.tolist(),
+                "kv_transfer_bytes": self.kv_transfer_bytes.tolist(),
+                "kv_transfer_time": self.kv_transfer_time.tolist(),
+                "kv_wait_time": self.kv_wait_time.tolist()}
+
+
+def _kv_hook(hooks):
+    def on_kv(_index, num_used, num_blocks):
+        for load, k in hooks:
+            load.kv_changed(k, num_used, num_blocks)
+    return on_kv
+
+
+def _wait(cluster, req, event):
+    """Wait for ``event``, recording preemption interrupts as the routed path does."""
+    while True:
+        try:
+            yield event
+            cluster.num_events += 1
+            return
+        except simpy.Interrupt as interrupt:
+            if not req.causes:
+                req.causes = []
+            req.causes.append(interrupt.cause)
+            cluster.num_events += 1
+
+
+def disagg_request(cluster, req):
+    """A request's life in a disaggregated cluster (a SimPy process)."""
+    env, d = cluster.env, cluster.disagg
+    cluster.num_arrived += 1
+    owners = cluster.replica_of
+    if req.id >= len(owners):           # a session turn created after the run started
+        owners.extend([-1] * (req.id + 1 - len(owners)))
+        d.grow(req.id + 1)
+    if cluster.bucket is not None and not cluster.bucket.take(env.now):
+        cluster._shed(req, f"shed: rate limit of {cluster.bucket.rate:g} requests/s exceeded")
+        return
+    local = req.num_prompt_tokens < d.min_prompt
+    pool = d.decode if local else d.prefill
+    k, i = pool.choose(req)
+    replica = cluster.replicas[i]
+    cap = cluster.queue_cap
+    if cap is not None and replica.scheduler.num_waiting >= cap:
+        cluster._shed(req, f"shed: replica {i} already has {cap} requests waiting")
+        return
+    owners[req.id] = i
+    d.prefill_replica[req.id] = i
+    handoff = d.roles[i] == "prefill" and req.num_output_tokens > 1
+    if handoff:
+        replica.scheduler.handoff.add(req.id)
+    first, done = env.event(), env.event()
+    if not replica.add(req, (env.active_process, first, done)):
+        replica.scheduler.handoff.discard(req.id)
+        return
+    pool.load.routed(k, req)
+    yield from _wait(cluster, req, first)
+    pool.load.first_token(k, req)
+    if not handoff:
+        d.decode_replica[req.id] = i
+        yield from _wait(cluster, req, done)
+        pool.load.finished(k, req)
+        return
+    # Handed off: the prefill replica holds the prompt's KV until the transfer ends.
+    pool.load.finished(k, req)
+    kd, j = d.decode.choose(req)
+    target = cluster.replicas[j]
+    d.decode_replica[req.id] = j
+    d.decode.load.routed(kd, req)
+    d.decode.load.first_token(kd, req)
+    asked = env.now
+    while True:
+        cached = target.scheduler.reserve(req)
+        if cached is not None:
+            break
+        wake = env.event()
+        target.kv_waiters.append(wake)
+        yield wake
+    d.kv_wait_time[req.id] = env.now - asked
+    shard_bytes = (req.num_computed - cached) * d.kv_bytes[i]
+    d.kv_transfer_bytes[req.id] = shard_bytes * d.tp[i]
+    started = env.now
+    yield d.links[i].transfer(shard_bytes)
+    d.kv_transfer_time[req.id] = env.now - started
+    replica.release(req)
+    owners[req.id] = j
+    target.receive(req, (env.active_process, first, done))
+    yield from _wait(cluster, req, done)
+    d.decode.load.finished(kd, req)
