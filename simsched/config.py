@@ -323,7 +323,10 @@ class ClusterConfig:
             raise ValueError(f"{o}.decode_router must be a router name, got "
                              f"{self.decode_router!r}")
         if self.decode_router is not None and _router_check is not None:
-            _router_check(self.decode_router, self.router_options)
+            try:
+                _router_check(self.decode_router, self.router_options)
+            except ValueError as exc:
+                raise ValueError(f"{o}.decode_router: {exc}") from None
         if self.link not in LINK_PRESETS:
             raise ValueError(f"{o}.link must be one of {', '.join(LINK_PRESETS)}, "
                              f"got {self.link!r}")

@@ -99,6 +99,15 @@ BAD += [
     ("cluster", "max_num_queued_per_replica", 0, {}, "[1, inf]"),
     ("cluster", "rate_limit", 0.0, {}, "(0.0, inf]"),
     ("cluster", "burst", 0.5, {"rate_limit": 2.0}, "[1.0, inf]"),
+    ("cluster", "roles", ("prefill", "gpu"), {"num_replicas": 2}, "mixed, prefill, decode"),
+    ("cluster", "num_prefill_replicas", 3, {"num_replicas": 2, "num_decode_replicas": 1},
+     "exceeds"),
+    ("cluster", "num_decode_replicas", -1, {}, "[0, "),
+    ("cluster", "decode_router", "nearest", {}, "round_robin"),
+    ("cluster", "link", "tin_can", {}, "ib200"),
+    ("cluster", "link_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
+    ("cluster", "link_latency", -1.0, {}, "[0.0, inf]"),
+    ("cluster", "disagg_min_prompt_tokens", -5, {}, "[0, "),
 ]
 
 SIM_BAD = [
