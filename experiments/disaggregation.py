@@ -73,8 +73,8 @@ def search(base: SimConfig, variants: dict, quick: bool, progress: bool,
 
 def main(argv=None) -> pd.DataFrame:
     """Run the study; return the capacity table (the bandwidth sweep in ``attrs``)."""
-    args = parser("disaggregation", __doc__,
-                  "300 requests per probe, ShareGPT and the first SLO only, 3 splits, coarse search").parse_args(argv)
+    quick = "300 requests per probe, ShareGPT and the first SLO only, 3 splits, coarse search"
+    args = parser("disaggregation", __doc__, quick).parse_args(argv)
     out = Path(args.out)
     warnings.simplefilter("ignore")          # clipped-prompt notices
     t0 = time.time()
@@ -120,14 +120,15 @@ def main(argv=None) -> pd.DataFrame:
 
 
 def anatomy(base: SimConfig, split: str, rate: float) -> pd.DataFrame:
-    """Colocated vs ``split`` (InfiniBand 200) at one rate: latencies and the transfer's share."""
+    """Colocated vs ``split`` (InfiniBand 200, then 1 GB/s) at one rate: latencies, the share of
+    requests within each bound, and the transfers."""
     from simsched.analysis.runner import simulate
 
     x = int(split.split("P")[0])
     rows = []
-    for label, changes in (("colocated", {}),
-                           (split, {"num_prefill_replicas": x,
-                                    "num_decode_replicas": NUM_GPUS - x})):
+    xy = {"num_prefill_replicas": x, "num_decode_replicas": NUM_GPUS - x}
+    for label, changes in (("colocated", {}), (split, xy),
+                           (f"{split}@1GB/s", {**xy, "link_bandwidth_gbps": 1.0})):
         res = simulate(base.replace(rate=rate, **changes))
         s, df = res.summary(), res.requests
         row = {"layout": label, "ttft_p50": s["ttft_p50"], "ttft_p90": s["ttft_p90"],
@@ -135,6 +136,8 @@ def anatomy(base: SimConfig, split: str, rate: float) -> pd.DataFrame:
         slo = SLOS["ttft1s_tpot40ms"]
         good = (df["ttft"] <= slo[0]) & ((df["tpot"] <= slo[1]) | df["tpot"].isna())
         row["slo_attainment"] = float(good[df["status"] == "finished"].sum() / len(df))
+        row["ttft_ok"] = float((df["ttft"] <= slo[0]).mean())
+        row["tpot_ok"] = float(((df["tpot"] <= slo[1]) | df["tpot"].isna()).mean())
         if "kv_transfer_time" in df:
             row["kv_transfer_time_mean"] = float(df["kv_transfer_time"].mean())
             row["kv_wait_time_mean"] = float(df["kv_wait_time"].mean())

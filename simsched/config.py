@@ -221,8 +221,8 @@ class ClusterConfig:
     ``num_prefill_replicas`` and ``num_decode_replicas`` make the first replicas prefill ones and
     the next decode ones (xPyD). ``router`` picks among prefill and mixed replicas,
     ``decode_router`` (default: ``router``) among decode and mixed ones. The KV moves over the
-    prefill replica's links: ``link`` names a preset (``nvlink``, ``ib200``, ``ib400``, ``roce200``,
-    ``roce400``, ``pcie``); ``link_bandwidth_gbps`` (GB/s per GPU, 1e9 bytes/s) and
+    prefill replica's links: ``link`` names a preset (``nvlink``, ``ib200``, ``ib400``,
+    ``roce200``, ``roce400``, ``pcie``); ``link_bandwidth_gbps`` (GB/s per GPU, 1e9 bytes/s) and
     ``link_latency`` (seconds) override it. Prompts shorter than ``disagg_min_prompt_tokens``
     are prefilled on the decode replica itself.
     """
@@ -300,7 +300,8 @@ class ClusterConfig:
         object.__setattr__(self, "roles", tuple(roles))
         for i, role in enumerate(self.roles):
             if role not in ROLES:
-                raise ValueError(f"{o}.roles[{i}] must be one of {', '.join(ROLES)}, got {role!r}")
+                raise ValueError(f"{o}.roles[{i}] must be one of {', '.join(ROLES)}, "
+                                 f"got {role!r}")
         if self.roles and len(self.roles) != self.num_replicas:
             raise ValueError(f"{o}.roles lists {len(self.roles)} roles, "
                              f"{o}.num_replicas={self.num_replicas}")

@@ -140,7 +140,8 @@ def test_held_kv_stalls_prefill_admissions():
     prompt, out = 64, 30
     cfg = _cfg(num_replicas=2, watermark=0.0).replace(cluster=ClusterConfig(
         num_replicas=2, roles=("prefill", "decode"),
-        replicas=({"num_blocks": 2 * prompt // BLOCK}, {"num_blocks": (prompt + out) // BLOCK + 1})))
+        replicas=({"num_blocks": 2 * prompt // BLOCK},
+                  {"num_blocks": (prompt + out) // BLOCK + 1})))
     res, _ = _frames(cfg, [(0.0, prompt, out)] * 3)
     df = res.requests.set_index("request_id")
     released_first = df.loc[0].first_token_at + df.loc[0].kv_wait_time + df.loc[0].kv_transfer_time
@@ -258,3 +259,16 @@ def test_bad_disagg_config_names_the_field(kw, field):
 def test_link_presets_are_sane():
     assert LINK_PRESETS["ib400"][0] == 2 * LINK_PRESETS["ib200"][0]
     assert all(bw > 0 and lat >= 0 and math.isfinite(bw) for bw, lat in LINK_PRESETS.values())
+
+
+@pytest.mark.slow
+def test_experiment_quick_runs(tmp_path):
+    from experiments import disaggregation
+
+    table = disaggregation.main(["--quick", "--quiet", "--out", str(tmp_path)])
+    assert set(table["layout"]) >= {"colocated", "4P4D"}
+    assert (table["capacity"] > 0).all()
+    assert (tmp_path / "capacity.csv").exists() and (tmp_path / "bandwidth.csv").exists()
+    bw = table.attrs["bandwidth"]
+    # A slower link can only cost capacity.
+    assert bw["capacity"].is_monotonic_increasing
