@@ -157,6 +157,7 @@ class Replica:
                 num_preempted += len(sched.preempted)
                 if not batch.num_seqs and (sched.held or sched.incoming):
                     # KV blocks held for transfers block admissions: wait until one ends.
+                    self._interrupt_victims()
                     self._idle = env.event()
                     yield self._idle
                     self._idle = None
