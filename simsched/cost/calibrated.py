@@ -28,8 +28,8 @@ from simsched.cost import calibration as cal
 from simsched.cost import overhead
 from simsched.cost import serving
 from simsched.cost.base import Batch
-from simsched.cost.coefcache import kernel_coefficients
-from simsched.cost.hardware import REFERENCE_GPU, GPUSpec, ModelSpec
+from simsched.cost.coefcache import anchor_coefficients
+from simsched.cost.hardware import GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec
 from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
 
 
@@ -44,7 +44,8 @@ class CalibratedCostModel:
     """Iteration time of ``spec`` on ``gpu`` at tensor-parallel degree ``tp``.
 
     Immutable after construction (instances are cached and shared between runs).
-    ``coefficients`` defaults to the cached kernel fits (:mod:`simsched.cost.coefcache`);
+    ``coefficients`` defaults to the cached kernel fits (:mod:`simsched.cost.coefcache`); it
+    may also be a mapping of anchor GPU to fits, or a plain A100 dict as ``fit_all()`` returns;
     ``engine_overhead`` names the overhead choice; ``engine_terms`` overrides the fitted
     ``eager_2023`` terms (a dict as :func:`simsched.cost.serving.engine_terms` gives per measured
     serving system).
@@ -61,10 +62,10 @@ class CalibratedCostModel:
         self.kernels = k
         size = k.size
         n = np.arange(size, dtype=float)
-        if coefficients is None or "linear" not in coefficients:
-            cpu_coef = (coefficients or kernel_coefficients())[REFERENCE_GPU]["cpu"]
-        else:
-            cpu_coef = coefficients["cpu"]
+        if coefficients is None:
+            cpu_coef = anchor_coefficients(REFERENCE_GPU)["cpu"]
+        else:  # an anchor -> coefficients mapping, or a plain A100 coefficient dict
+            cpu_coef = coefficients.get(REFERENCE_GPU, coefficients)["cpu"]
         cpu = cal.predict_cpu_overhead(cpu_coef, tp, n)
         comm, lm_head = k.comm, k.lm_head
         # The general path: t = max(GPU x slowdown + sync, floor) + serial[seqs], where the floor
@@ -108,6 +109,19 @@ class CalibratedCostModel:
         self._dec_a, self._dec_s = k.dec_a.tolist(), k.dec_s.tolist()
         self._sat_a, self._sat_s = k.sat_a, k.sat_s
         self._size = size
+
+    def describe(self) -> str:
+        """One line: model, GPU, TP, where the kernel times come from (measured, derived or
+        extrapolated) and the engine overhead (with its source for ``eager_2023``)."""
+        kern, whole = GPU_SOURCES.get(self.gpu.name, (
+            f"extrapolated from the {self.gpu.kernels} fits (user-defined GPU)",
+            f"assumed: {self.gpu.serving} terms"))
+        text = (f"{self.model_name or 'custom model'} on {self.gpu.name} x{self.tp}: "
+                f"{self.gpu.calibration}; kernels {kern}; engine overhead "
+                f"{self.engine_overhead}")
+        if self.engine_overhead == "eager_2023":
+            text += f" (whole-iteration terms {whole})"
+        return text
 
     def __repr__(self) -> str:
         return f"CalibratedCostModel({self.model_name or self.spec}, {self.gpu.name}, tp={self.tp})"

@@ -38,16 +38,20 @@ def cache_dir() -> Path | None:
     return Path(base) / "simsched"
 
 
+def hash_files(files, root: Path) -> str:
+    """SHA-256 (first 16 hex digits) over the files' paths relative to ``root`` and contents."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(str(Path(path).relative_to(root)).encode())
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=None)
 def data_hash() -> str:
-    """SHA-256 (first 16 hex digits) of the bundled data files and the fitting code."""
-    h = hashlib.sha256()
+    """The cache key: a hash of every bundled data file and of the fitting code."""
     files = sorted(p for p in DATA_DIR.rglob("*") if p.is_file())
-    files += [HERE / name for name in FIT_MODULES]
-    for path in files:
-        h.update(str(path.relative_to(HERE)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    return hash_files(files + [HERE / name for name in FIT_MODULES], HERE)
 
 
 def cached(name: str, compute: Callable[[], dict]) -> dict:
@@ -73,12 +77,18 @@ def cached(name: str, compute: Callable[[], dict]) -> dict:
     return value
 
 
-def _fit_kernels() -> dict:
-    return {calibration.REFERENCE_GPU: calibration.fit_all(),
-            calibration_h200.GPU_NAME: calibration_h200.fit_all()}
+_FITS = {calibration.REFERENCE_GPU: calibration.fit_all,
+         calibration_h200.GPU_NAME: calibration_h200.fit_all}
 
 
 @functools.lru_cache(maxsize=None)
+def anchor_coefficients(anchor: str) -> dict:
+    """Kernel fits of one measured anchor GPU (``a100-80gb`` or ``h200``), once per process."""
+    if anchor not in _FITS:
+        raise ValueError(f"anchor must be one of {sorted(_FITS)}, got {anchor!r}")
+    return cached(f"kernels-{anchor}", _FITS[anchor])
+
+
 def kernel_coefficients() -> dict:
-    """Kernel fits of every measured anchor GPU (``a100-80gb``, ``h200``), once per process."""
-    return cached("kernels", _fit_kernels)
+    """Kernel fits of every measured anchor GPU, keyed by anchor name."""
+    return {anchor: anchor_coefficients(anchor) for anchor in _FITS}

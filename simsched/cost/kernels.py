@@ -24,7 +24,7 @@ import numpy as np
 
 from simsched.cost import calibration as cal
 from simsched.cost import calibration_h200 as h200
-from simsched.cost.coefcache import kernel_coefficients
+from simsched.cost.coefcache import anchor_coefficients
 from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
 
 MIN_TABLE = 8192
@@ -46,7 +46,8 @@ class KernelTables:
     sequence), ``pre_t0`` / ``pre_slope`` (prefill attention: causal time of a chunk, and cost per
     chunk token x cached token), ``dec_a`` / ``dec_s`` (decode attention by sequence count: fixed
     part and cost per cached token read) with the floor ``sat_a + sat_s x cached tokens``.
-    ``coefficients`` maps anchor names to fitted coefficients (default: the coefficient cache).
+    ``coefficients`` maps anchor names to fitted coefficients (default: the coefficient cache;
+    an A100 coefficient dict as :func:`simsched.cost.calibration.fit_all` returns also works).
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
@@ -59,10 +60,13 @@ class KernelTables:
             raise ValueError(f"tp must be a positive integer, got {tp!r}")
         if gpu.kernels not in ANCHORS:
             raise ValueError(f"gpu.kernels must be one of {list(ANCHORS)}, got {gpu.kernels!r}")
-        if coefficients is None:
-            coefficients = kernel_coefficients()
-        elif "linear" in coefficients:  # an A100 coefficient dict, as fit_all() returns
-            coefficients = {**kernel_coefficients(), REFERENCE_GPU: coefficients}
+        if coefficients is None or "linear" in coefficients:
+            # Only the anchors this GPU needs (its own, and the A100 for the all-reduces) are
+            # fitted or read; a plain A100 coefficient dict (as fit_all() returns) stands for it.
+            needed = {REFERENCE_GPU: coefficients or anchor_coefficients(REFERENCE_GPU)}
+            if gpu.kernels != REFERENCE_GPU:
+                needed[gpu.kernels] = anchor_coefficients(gpu.kernels)
+            coefficients = needed
         self.spec, self.gpu, self.tp, self.model_name = spec, gpu, tp, model_name
         self.anchor = gpu.kernels
         self.size = max(MIN_TABLE, spec.max_context, table_tokens or 0) + 1

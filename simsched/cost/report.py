@@ -1,11 +1,16 @@
-"""Error reports of the calibrated cost model against the bundled measurements."""
+"""Error reports of the calibrated cost model against the bundled measurements: the A100 kernel
+profiles (:func:`linear_errors`), the H200 operator profiles (:func:`h200_errors`) and the
+real-serving runs (:func:`real_serving_errors`, :func:`leave_one_tp_out`)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
 
 from simsched.cost import calibration_h200 as h200
+from simsched.cost import serving
 from simsched.cost.calibrated import CalibratedCostModel
 from simsched.cost.calibration import (ATTN_REF_QDIM, PROFILED_MODELS, elementwise_bytes, fit_all,
                                        fit_linear, load, mape, measured_linear, predict_linear,
@@ -143,3 +148,78 @@ def family_summary(errs: pd.DataFrame) -> pd.DataFrame:
         .apply(lambda g: g.wl.sum() / g.points.sum(), include_groups=False) \
         .groupby(level=0).max()
     return out.reindex(list(h200.FAMILIES))
+
+
+# ----------------------------------------------------------------------------- real serving
+
+
+def replay(model: CalibratedCostModel, prompt_size: int, batch_size: int,
+           token_size: int) -> tuple[float, float]:
+    """(prompt time, mean decode iteration) of one measured run replayed through ``model``,
+    iteration by iteration as :func:`simsched.cost.serving.iterations` schedules it."""
+    pre, dec, w = serving.iterations(prompt_size, batch_size, token_size)
+    return (float(sum(model.iteration_time(b) for b in pre)),
+            float(np.dot([model.iteration_time(b) for b in dec], w)))
+
+
+def _legacy_gpu(name: str):
+    """The GPU entry as simsched had it before the H200 and real-serving calibration: every
+    GPU an extrapolation of the A100 fits (the power-capped H100 did not exist: plain H100)."""
+    gpu = GPUS[name]
+    return dataclasses.replace(gpu, kernels=REFERENCE_GPU, prefill_slowdown=1.0,
+                               peak_flops=GPUS["h100-sxm"].peak_flops
+                               if name == "h100-sxm-pcap" else gpu.peak_flops)
+
+
+def real_serving_errors(engine_overhead: str = "eager_2023", legacy: bool = False,
+                        terms: dict | None = None) -> pd.DataFrame:
+    """Every measured run (mean over repetitions) against its replay through the cost model.
+
+    ``legacy=True`` replays through the model as it was before this calibration (A100-fitted
+    kernels everywhere, ``measured_2023`` overhead); ``terms`` overrides the fitted whole-iteration
+    terms per system. Errors are signed percentages (positive: simulated too slow).
+    """
+    runs = serving.scenarios()
+    models: dict = {}
+    rows = []
+    for r in runs.itertuples():
+        key = (r.model, r.gpu, r.tp)
+        if key not in models:
+            gpu = _legacy_gpu(r.gpu) if legacy else GPUS[r.gpu]
+            models[key] = CalibratedCostModel(
+                MODELS[r.model], gpu, int(r.tp), model_name=r.model,
+                engine_overhead="measured_2023" if legacy else engine_overhead,
+                engine_terms=None if terms is None else terms[gpu.serving])
+        prompt, token = replay(models[key], r.prompt_size, r.batch_size, r.token_size)
+        rows.append({"model": r.model, "gpu": r.gpu, "tp": r.tp, "prompt_size": r.prompt_size,
+                     "batch_size": r.batch_size, "token_size": r.token_size,
+                     "prompt_measured": r.prompt_time, "prompt_simulated": prompt,
+                     "token_measured": r.token_time, "token_simulated": token,
+                     "prompt_error": (prompt / r.prompt_time - 1) * 100,
+                     "token_error": (token / r.token_time - 1) * 100, "anomaly": r.anomaly})
+    return pd.DataFrame(rows)
+
+
+def group_mape(errs: pd.DataFrame) -> pd.DataFrame:
+    """MAPE % of prefill and decode per (model, GPU, TP), anomalies left out."""
+    ok = errs[~errs.anomaly]
+    return ok.groupby(["model", "gpu", "tp"]).agg(
+        runs=("prompt_error", "size"), prefill=("prompt_error", lambda e: e.abs().mean()),
+        decode=("token_error", lambda e: e.abs().mean())).reset_index()
+
+
+def leave_one_tp_out() -> pd.DataFrame:
+    """Per measured system and TP degree: refit the whole-iteration terms without that TP's
+    Llama-2-70B runs and report the held-out runs' prefill and decode MAPE %."""
+    runs = serving.scenarios()
+    rows = []
+    for system, gpu in serving.FIT_GPUS.items():
+        sel = runs[(runs.model == serving.FIT_MODEL) & (runs.gpu == gpu) & ~runs.anomaly]
+        for tp in sorted(sel.tp.unique()):
+            terms = serving.fit_terms(sel[sel.tp != tp])
+            held = sel[sel.tp == tp]
+            prompt, token = serving.Features(held).predict(terms)
+            rows.append({"system": system, "gpu": gpu, "held_out_tp": int(tp),
+                         "prefill": mape(prompt, held.prompt_time),
+                         "decode": mape(token, held.token_time)})
+    return pd.DataFrame(rows)
