@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simsched.config import HardwareConfig
 from simsched.cost import factory, overhead, serving
 from simsched.cost import calibration as cal
+from simsched.cost import hardware as hwmod
 from simsched.cost.base import Batch
 
 DECODE_1 = Batch([], [], 1, 1000)
@@ -79,3 +82,22 @@ def test_default_is_measured_2023_and_bit_identical():
     assert model().iteration_time(DECODE_1) == model(choice="measured_2023").iteration_time(
         DECODE_1)
     assert model(choice="none") is not model()
+
+
+@pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none"])
+def test_positive_finite_for_every_gpu_and_tp(choice):
+    batches = [Batch([], [], 1, 1), Batch([1], [0]), Batch([100000], [0]),
+               Batch([2048, 64], [4000, 0], 100, 200000), Batch([], [], 20000, 200000)]
+    for name in ("llama-2-7b", "llama-2-70b", "bloom-176b"):
+        for gpu in hwmod.GPUS:
+            for tp in hwmod.TP_SIZES:
+                try:
+                    hw = HardwareConfig(model=name, gpu=gpu, tensor_parallel_size=tp,
+                                        engine_overhead=choice)
+                except ValueError:
+                    continue
+                m = factory.make_cost_model(hw)
+                for b in batches:
+                    t = m.iteration_time(b)
+                    assert math.isfinite(t) and t > 0, (name, gpu, tp, b)
+                    assert sum(m.breakdown(b).values()) == pytest.approx(t, rel=1e-9)

@@ -152,8 +152,9 @@ class CalibratedCostModel:
             tokens = seqs = n_dec
         if tokens < size:
             t += self._per_token[tokens] + self._per_seq[seqs]
-        else:
-            t += _extend(self._per_token, tokens) + _extend(self._per_seq, seqs)
+        else:  # a huge iteration; its sequences may still be within the table
+            t += _extend(self._per_token, tokens) + (
+                self._per_seq[seqs] if seqs < size else _extend(self._per_seq, seqs))
         if n_dec:
             ctx = batch.decode_context_sum
             if n_dec < size:

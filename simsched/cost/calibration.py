@@ -1,12 +1,13 @@
 """Fit the cost model's parts to the bundled A100 profiles and measure how well they fit.
 
-The measurements (``simsched/data/a100/``, reduced from the Vidur project's A100 profiles, MIT
+The measurements (``simsched/cost/data/``, reduced from the Vidur project's A100 profiles, MIT
 licence) are per-layer kernel times in milliseconds; we use their *median* columns because a few
 repetitions carry clock-ramp or contention outliers that pull the mean up, and the simulator wants
 the typical iteration. Everything here returns seconds.
 
-Fits (all done once, at first use, and cached; :func:`fit_all` is the single source of the
-shipped coefficients, so there is no separate file that could drift from the data):
+Fits (done once, at first use, and kept in the per-user coefficient cache keyed by a hash of the
+data and this code, :mod:`simsched.cost.coefcache`; :func:`fit_all` is the single source of the
+coefficients, so there is no shipped file that could drift from the data):
 
 * linear ops of an unprofiled model: a per-op roofline ``max(FLOPs / peak, bytes / bandwidth)``
   divided by an efficiency that varies with the token count (median over the profiled models),
