@@ -1,13 +1,15 @@
 """Refit every measured GPU's kernel terms from the bundled profiles; print error tables, save plots.
 
-    python -m experiments.calibrate [--gpu all|a100-80gb|h200] [--out out/calibrate/] [--img DIR]
+    python -m experiments.calibrate [--quick] [--gpu all|a100-80gb|h200] [--out out/calibrate/]
+                                    [--img DIR]
 
 The coefficients the simulator uses are exactly these fits on the bundled data (computed at first
 use and kept in the per-user coefficient cache, keyed by a hash of the data and fit code), i.e. what
 this script reports. A100-80GB: Vidur's kernel profiles (linear ops seen and leave-one-model-out,
 attention, all-reduce, CPU). H200: this project's operator profiles, before (the A100
 extrapolation simsched used) and after (the H200 fits), leave-one-model-out per family, and whole
-decode steps against the simulator's GPU time. ``--img`` also copies the plots there.
+decode steps against the simulator's GPU time. ``--img`` also copies the plots there; ``--quick``
+skips the plots.
 ``python -m experiments.calibrate_a100`` is the A100 part alone (its old name).
 """
 
@@ -78,7 +80,7 @@ def a100_plot(out: Path) -> Path:
     return path
 
 
-def a100(out: Path) -> list[Path]:
+def a100(out: Path, plot: bool = True) -> list[Path]:
     """Print the A100 tables (as ``calibrate_a100`` always did); write CSVs and the plot."""
     lin = report.linear_errors()
     print("A100-80GB linear ops (all layers), MAPE % over 1..4096 tokens")
@@ -98,7 +100,7 @@ def a100(out: Path) -> list[Path]:
     print(comp.round(2).to_string(index=False))
     lin.to_csv(out / "linear_errors.csv", index=False)
     comp.to_csv(out / "component_errors.csv", index=False)
-    return [a100_plot(out)]
+    return [a100_plot(out)] if plot else []
 
 
 def h200_steps() -> pd.DataFrame:
@@ -181,7 +183,7 @@ def _h200_points() -> dict:
     return pts
 
 
-def h200_section(out: Path) -> list[Path]:
+def h200_section(out: Path, plot: bool = True) -> list[Path]:
     """Print the H200 tables; write CSVs and the parity plot."""
     errs = report.h200_errors()
     print("\nH200 operator fits, MAPE % per (model, TP) on the bundled profile "
@@ -215,12 +217,13 @@ def h200_section(out: Path) -> list[Path]:
     errs.to_csv(out / "h200_errors.csv", index=False)
     summary.to_csv(out / "h200_summary.csv")
     steps.to_csv(out / "h200_steps.csv", index=False)
-    return [h200_plot(_h200_points(), out)]
+    return [h200_plot(_h200_points(), out)] if plot else []
 
 
 def main(argv=None) -> None:
     """Fit, print every measured GPU's tables, write plots, CSVs and coefficients.json."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tables only, no plots")
     parser.add_argument("--gpu", default="all", choices=["all", REFERENCE_GPU, "h200"])
     parser.add_argument("--out", default="out/calibrate/", help="output directory")
     parser.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
@@ -232,15 +235,15 @@ def main(argv=None) -> None:
     with pd.option_context("display.width", 200, "display.max_rows", 200):
         plots = []
         if args.gpu in ("all", REFERENCE_GPU):
-            plots += a100(out)
+            plots += a100(out, plot=not args.quick)
         if args.gpu in ("all", "h200"):
-            plots += h200_section(out)
+            plots += h200_section(out, plot=not args.quick)
     (out / "coefficients.json").write_text(json.dumps(kernel_coefficients(), indent=1))
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
         for p in plots:
             shutil.copy(p, Path(args.img) / p.name)
-    print(f"\nwrote {', '.join(p.name for p in plots)}, coefficients.json and error tables "
+    print(f"\nwrote {''.join(p.name + ', ' for p in plots)}coefficients.json and error tables "
           f"to {out}")
 
 

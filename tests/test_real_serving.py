@@ -109,3 +109,23 @@ def test_custom_terms_and_bad_choice():
         CalibratedCostModel(spec, gpu, 4, engine_overhead="fast")
     with pytest.raises(ValueError, match="hardware.engine_overhead"):
         HardwareConfig(engine_overhead="vllm")
+
+
+def test_serving_level_check_through_simulate(after):
+    # B requests at t = 0 through simulate() (prefill_first, no chunking, 8,192-token budget)
+    # reproduce the cost-model replay: the scheduler runs the iterations the replay assumes.
+    from experiments.validate_real import simulate_run
+
+    runs = serving.scenarios()
+    runs = runs[runs.model == "llama-2-70b"]
+    pick = runs[((runs.gpu == "a100-80gb") & (runs.tp == 8) & (runs.batch_size == 16))
+                | ((runs.gpu == "h100-sxm") & (runs.tp == 4) & (runs.prompt_size == 8192))]
+    assert len(pick) == 2
+    sel = after.set_index(["model", "gpu", "tp", "prompt_size", "batch_size", "token_size"])
+    for r in pick.itertuples():
+        prompt, token, preempted = simulate_run(r)
+        want = sel.loc[(r.model, r.gpu, r.tp, r.prompt_size, r.batch_size, r.token_size)]
+        assert preempted == 0
+        assert prompt == pytest.approx(want.prompt_simulated, rel=1e-6)
+        assert token == pytest.approx(want.token_simulated, rel=0.01)
+        assert hwmod.MODELS["llama-2-70b"].max_context == 4096  # restored after the run
