@@ -245,9 +245,10 @@ def cmd_run(args) -> int:
     path = Path(args.out or "out/run")
     path.mkdir(parents=True, exist_ok=True)
     row.to_csv(path / "summary.csv", index=False)
-    for name in ("requests", "iterations", "preemptions"):
+    for name in ("requests", "iterations", "preemptions", "replicas"):
         getattr(out, name).to_csv(path / f"{name}.csv", index=False)
-    print(f"wrote {path}/summary.csv, requests.csv, iterations.csv, preemptions.csv")
+    print(f"wrote {path}/summary.csv, requests.csv, iterations.csv, preemptions.csv, "
+          "replicas.csv")
     return 0
 
 
@@ -265,7 +266,7 @@ def cmd_sweep(args) -> int:
     _print_table(result.runs, list(factors))
     path = Path(args.out or "out/sweep")
     result.to_csv(path)
-    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv"]
+    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv"]
     rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
     if rate_key is not None and len(factors[rate_key]) > 1:
         from simsched.analysis import plots

@@ -290,7 +290,7 @@ def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
 
 def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
                          replicas: list[dict]) -> pd.DataFrame:
-    """One row per replica: what it is, what it served, how busy and how full it was.
+    """One row per replica: what it is, what it served, how busy, queued and full it was.
 
     ``replicas`` holds each replica's description (``model``, ``gpu``,
     ``tensor_parallel_size``, ``num_blocks``). Throughputs and the busy fraction use the
@@ -331,6 +331,7 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
         ).astype(np.int64),
         "num_iterations": per_replica(rows=it_owner).astype(np.int64),
         "num_tokens": per_replica(weights=tokens, rows=it_owner).astype(np.int64),
+        "num_waiting_max": _group_max(iterations["num_waiting"].to_numpy(), it_owner, n),
         "busy_time": busy,
         "busy_fraction": busy / span if span > 0 else np.nan,
         "request_throughput": per_replica(finished) / span if span > 0 else np.nan,
@@ -340,6 +341,12 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["kv_usage_mean"] = used / busy / blocks
     return frame
+
+
+def _group_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    np.maximum.at(out, owner, values)
+    return out
 
 
 def _span(requests: pd.DataFrame) -> float:

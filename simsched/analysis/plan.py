@@ -160,28 +160,44 @@ class PlanResult:
             raise ValueError(f"no feasible deployment for {label!r} at rate {rate}") from None
 
     def plot(self, path) -> Path:
-        """Cost per million requests against p99 TTFT, one panel per rate, Pareto front drawn."""
+        """Cost per million requests against p99 TTFT, one panel per rate, Pareto front drawn.
+
+        One colour per candidate (legend), each point labelled with its replica count.
+        """
         from simsched.analysis.plots import _pyplot
 
         plt = _pyplot()
         ok = self.table[self.table["status"] == "ok"]
         rates = sorted(ok["rate"].unique()) or [math.nan]
-        fig, axes = plt.subplots(1, len(rates), figsize=(4.2 * len(rates), 3.6), squeeze=False)
-        for ax, rate in zip(axes[0], rates):
+        cols = min(len(rates), 2)
+        rows_n = math.ceil(len(rates) / cols)
+        fig, axes = plt.subplots(rows_n, cols, figsize=(5.2 * cols, 3.6 * rows_n),
+                                 squeeze=False)
+        labels = list(dict.fromkeys(self.table["label"]))
+        colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+        markers = {label: "osD^v<>"[i // 10 % 7] for i, label in enumerate(labels)}
+        for ax, rate in zip(axes.flat, rates):
             rows = ok[ok["rate"] == rate]
             for _, row in rows.iterrows():
-                ax.scatter(row["ttft_p99"], row["cost_per_million"], s=30)
-                ax.annotate(f"{row['label']} x{int(row['num_replicas'])}",
-                            (row["ttft_p99"], row["cost_per_million"]), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points")
+                ax.scatter(row["ttft_p99"], row["cost_per_million"], s=28,
+                           color=colours[row["label"]], marker=markers[row["label"]])
+                ax.annotate(f"x{int(row['num_replicas'])}",
+                            (row["ttft_p99"], row["cost_per_million"]), fontsize=7,
+                            xytext=(3, 2), textcoords="offset points")
             front = rows[rows["pareto"]].sort_values("ttft_p99")
             ax.step(front["ttft_p99"], front["cost_per_million"], where="post", color="black",
-                    linewidth=1, label="Pareto front")
-            ax.set_title(f"{rate:g} req/s", fontsize=9)
+                    linewidth=0.8)
+            ax.set_title(f"{rate:g} req/s (black: Pareto front; xN: replicas)", fontsize=8)
             ax.set_xlabel("p99 TTFT (s)")
             ax.set_ylabel("$ per million requests")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(rates):]:
+            ax.axis("off")
+        handles = [plt.Line2D([], [], color=colours[label], marker=markers[label],
+                              linestyle="", label=label) for label in labels]
+        fig.legend(handles=handles, loc="lower center", ncol=min(4, len(labels)), fontsize=7,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.04 * (1 + (len(labels) - 1) // 4), 1, 1))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=90)
