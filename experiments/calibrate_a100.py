@@ -1,6 +1,6 @@
 """Refit the A100 cost model from the bundled profiles; print error tables and save a plot.
 
-    python -m experiments.calibrate_a100 [--out out/calibrate_a100/]
+    python -m experiments.calibrate_a100 [--quick] [--out out/calibrate_a100/]
 
 The coefficients the simulator uses are exactly :func:`simsched.cost.calibration.fit_all` on the
 bundled data (fitted at first use), i.e. what this script reports.
@@ -8,24 +8,22 @@ bundled data (fitted at first use), i.e. what this script reports.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-
+from experiments._common import parser as make_parser
+from experiments._common import save_plot
 from simsched.cost import calibration as cal
 from simsched.cost import report
 from simsched.cost.hardware import GPUS, MODELS, REFERENCE_GPU
 
 
-def _plot(out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot():
+    from matplotlib.figure import Figure
 
     gpu = GPUS[REFERENCE_GPU]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 9))
+    fig = Figure(figsize=(15, 9))
+    axes = fig.subplots(2, 3)
     for ax, model in zip(axes.flat, cal.PROFILED_MODELS):
         loo = cal.fit_linear(exclude=model)
         for tp in sorted(cal.load("compute").query("model == @model").tp.unique()):
@@ -54,16 +52,16 @@ def _plot(out: Path) -> Path:
            ylabel="predicted ms", xscale="log", yscale="log")
     ax.legend()
     fig.tight_layout()
-    path = out / "measured_vs_predicted.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def main(argv=None) -> None:
-    """Fit, print the seen and leave-one-model-out error tables, write the plot and JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="out/calibrate_a100/", help="output directory")
+def main(argv=None) -> dict:
+    """Fit, print the seen and leave-one-model-out error tables, write the plot and JSON.
+
+    Returns the tables: ``linear`` (per model and TP) and ``components``.
+    """
+    parser = make_parser("calibrate_a100", __doc__,
+                         "tables only: skip the measured-vs-predicted plot")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +85,10 @@ def main(argv=None) -> None:
     (out / "coefficients.json").write_text(json.dumps(cal.fit_all(), indent=1))
     lin.to_csv(out / "linear_errors.csv", index=False)
     comp.to_csv(out / "component_errors.csv", index=False)
-    print(f"\nwrote {_plot(out)}, coefficients.json and error tables to {out}")
+    print(f"\nwrote coefficients.json and error tables to {out}/")
+    if not args.quick and save_plot(out / "measured_vs_predicted.png", _plot):
+        print(f"wrote {out / 'measured_vs_predicted.png'}")
+    return {"linear": lin, "components": comp}
 
 
 if __name__ == "__main__":

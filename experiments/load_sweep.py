@@ -12,18 +12,20 @@ runs are not ``stable``) and its capacity under the SLO target (TTFT p99 <= 2 s 
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
+from experiments._common import parser, print_table, save_plot, write_frames
 from simsched import SimConfig
-from simsched.analysis.slo import SLO
+from simsched.analysis import plots
 from simsched.analysis.capacity import SLOTarget, capacity_search
-from simsched.analysis.plots import latency_vs_load, run_timeline, saturation_rate, ttft_cdf
+from simsched.analysis.slo import SLO
 from simsched.analysis.sweep import sweep
+
+__all__ = ["base_config", "run_variants", "print_table", "write_frames", "main"]
 
 VARIANTS = {  # label -> config changes
     "fcfs": {"policy": "fcfs"},
@@ -42,8 +44,9 @@ def base_config(num_requests: int) -> SimConfig:
                                num_priorities=3)
 
 
-def run_variants(base: SimConfig, variants: dict, progress: bool = False, **factors):
-    """One sweep per variant; returns (runs, requests) with a ``variant`` column, unique run ids."""
+def run_variants(base: SimConfig, variants: dict, progress: bool = True, **factors):
+    """One sweep per variant; returns (runs, requests, iterations) with a ``variant`` column and
+    unique run ids."""
     runs, requests, iterations, offset = [], [], [], 0
     for label, changes in variants.items():
         res = sweep(base.replace(**changes), progress=progress, slos=SLO_GOODPUT, **factors)
@@ -58,58 +61,64 @@ def run_variants(base: SimConfig, variants: dict, progress: bool = False, **fact
             pd.concat(iterations, ignore_index=True))
 
 
-def print_table(table: pd.DataFrame, out) -> None:
-    """Print an experiment's table with four significant digits and where its files went."""
-    with pd.option_context("display.float_format", "{:.4g}".format, "display.width", 120):
-        print(table.to_string(index=False))
-    print(f"wrote {out}/")
-
-
-def write_frames(out: Path, **frames: pd.DataFrame) -> None:
-    """Each frame as CSV into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in frames.items():
-        frame.to_csv(out / f"{name}.csv", index=False)
+def settings(quick: bool) -> dict:
+    """Rates, seeds, requests per run and capacity tolerance of the full or quick study."""
+    if quick:
+        return {"rates": [1.0, 2.0, 3.0], "seeds": [0], "num_requests": 100, "tol": 0.25}
+    return {"rates": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0], "seeds": [0, 1],
+            "num_requests": 300, "tol": 0.1}
 
 
 def main(argv=None) -> pd.DataFrame:
-    """Run the study; return the table of saturation rates and capacities."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/load_sweep", help="output directory")
-    p.add_argument("--quick", action="store_true", help="a few rates, short runs, one seed")
-    args = p.parse_args(argv)
+    """Run the study; return the table of saturation rates and capacities.
+
+    ``table.attrs`` also holds ``runs`` (every sweep run, one row each) and ``by_rate`` (TTFT
+    p99, goodput and mean KV use per variant and rate, averaged over seeds).
+    """
+    args = parser("load_sweep", __doc__, "three rates, 100 requests per run, one seed") \
+        .parse_args(argv)
     out = Path(args.out)
     warnings.simplefilter("ignore")          # the clipped-prompt notice, once per run
     t0 = time.time()
-    if args.quick:
-        rates, seeds, n, tol = [1.0, 2.0, 3.0], [0], 100, 0.25
-    else:
-        rates, seeds, n, tol = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0], [0, 1], 300, 0.1
-    base = base_config(n)
-    runs, requests, iterations = run_variants(base, VARIANTS, rate=rates, seed=seeds)
+    cfg = settings(args.quick)
+    rates, seeds = cfg["rates"], cfg["seeds"]
+    base = base_config(cfg["num_requests"])
+    runs, requests, iterations = run_variants(base, VARIANTS, progress=not args.quiet,
+                                              rate=rates, seed=seeds)
     cap = capacity_search(base, TARGET, policies=VARIANTS, seeds=seeds, low=0.5,
-                          tol=tol)
+                          tol=cfg["tol"], progress=not args.quiet)
     table = cap[["policy", "capacity", "ci_low", "ci_high"]].copy()
-    table.insert(1, "saturation_rate", [saturation_rate(runs[runs["variant"] == v])
+    table.insert(1, "saturation_rate", [plots.saturation_rate(runs[runs["variant"] == v])
                                         for v in table["policy"]])
-    busy = runs.groupby(["variant", "rate"])[["goodput", "ttft_p99", "tpot_p99"]].mean()
-    table["max_goodput"] = [busy.loc[v, "goodput"].max() for v in table["policy"]]
+    by_rate = runs.groupby(["variant", "rate"], sort=False)[
+        ["goodput", "ttft_p50", "ttft_p99", "tpot_p99", "kv_usage_mean", "num_preemptions"]
+    ].mean().reset_index()
+    table["max_goodput"] = [by_rate.loc[by_rate["variant"] == v, "goodput"].max()
+                            for v in table["policy"]]
+    print(f"{len(runs)} sweep runs + {len(cap.attrs['runs'])} capacity runs "
+          f"in {time.time() - t0:.0f} s; SLO: TTFT p99 <= 2 s, TPOT p99 <= 0.15 s")
+    print("TTFT p99 (s) by rate and variant:")
+    print_table(by_rate.pivot(index="rate", columns="variant", values="ttft_p99")
+                [list(VARIANTS)], digits=3, index=True)
+    print_table(table, digits=3)
     write_frames(out, runs=runs, requests=requests, iterations=iterations, capacity=table,
-                 capacity_runs=cap.attrs["runs"])
-    latency_vs_load(runs, out / "latency_vs_load.png", by=["variant"])
+                 by_rate=by_rate, capacity_runs=cap.attrs["runs"],
+                 seed_capacities=cap.attrs["seed_capacities"])
+    print(f"wrote {out}/")
     top = max(r for r in rates if r <= 2.5)
-    ttft_cdf(requests, runs, out / f"ttft_cdf_rate{top}.png", by=["variant"],
-             where={"rate": top, "seed": seeds[0]})
+    save_plot(out / "latency_vs_load.png",
+              lambda: plots.latency_vs_load(runs, by=["variant"]))
+    save_plot(out / f"ttft_cdf_rate{top}.png",
+              lambda: plots.ttft_cdf(requests, runs, by=["variant"],
+                                     where={"rate": top, "seed": seeds[0]}))
     one = runs[(runs["variant"] == "fcfs") & (runs["rate"] == top) & (runs["seed"] == seeds[0])]
     run_id = int(one["run_id"].iloc[0])
-    run_timeline(iterations[iterations["run_id"] == run_id], 7422, out / "fcfs_timeline.png",
-                 title=f"FCFS at {top} req/s")
-    with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 120):
-        print(f"{len(runs)} sweep runs + {len(cap.attrs['runs'])} capacity runs "
-              f"in {time.time() - t0:.0f} s; SLO: TTFT p99 <= 2 s, TPOT p99 <= 0.15 s")
-        print(busy.unstack("variant")["ttft_p99"].to_string())
-        print(table.to_string(index=False))
-    print(f"wrote {out}/")
+    save_plot(out / "fcfs_timeline.png",
+              lambda: plots.timeline(iterations[iterations["run_id"] == run_id],
+                                     num_blocks=int(one["num_blocks"].iloc[0]),
+                                     title=f"FCFS at {top} req/s"))
+    table.attrs["runs"] = runs
+    table.attrs["by_rate"] = by_rate
     return table
 
 

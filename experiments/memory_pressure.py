@@ -8,34 +8,34 @@ engine with ShareGPT-like requests at a load the full cache carries::
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.load_sweep import base_config, print_table, run_variants, write_frames
+from experiments._common import parser, print_table, write_frames
+from experiments.load_sweep import base_config, run_variants
 
 VARIANTS = {"fcfs": {"policy": "fcfs"}, "spf": {"policy": "spf"},
             "spf+preempt": {"policy": "spf", "preemption": True}}
+COLUMNS = ["cache.num_blocks", "variant", "num_preemptions", "num_recomputed_tokens",
+           "ttft_p99", "itl_p99", "itl_max", "saturation"]
 
 
 def main(argv=None) -> pd.DataFrame:
     """Run the study; return preemptions and tails by cache size and policy."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/memory_pressure", help="output directory")
-    p.add_argument("--quick", action="store_true", help="fewer sizes, short runs")
-    args = p.parse_args(argv)
+    args = parser("memory_pressure", __doc__, "two cache sizes, 80 requests per run") \
+        .parse_args(argv)
     warnings.simplefilter("ignore")
     blocks = [1024, 4096] if args.quick else [768, 1024, 2048, 4096, 7422]
     n = 80 if args.quick else 250
     runs, requests, iterations = run_variants(base_config(n).replace(rate=1.0), VARIANTS,
+                                              progress=not args.quiet,
                                               **{"cache.num_blocks": blocks})
+    table = runs[COLUMNS].sort_values(["cache.num_blocks", "variant"]).reset_index(drop=True)
+    print_table(table)
     write_frames(Path(args.out), runs=runs, requests=requests, iterations=iterations)
-    cols = ["cache.num_blocks", "variant", "num_preemptions", "num_recomputed_tokens",
-            "ttft_p99", "itl_p99", "itl_max", "saturation"]
-    table = runs[cols].sort_values(["cache.num_blocks", "variant"])
-    print_table(table, args.out)
+    print(f"wrote {args.out}/")
     return table
 
 

@@ -1,6 +1,6 @@
 """FCFS vs shortest-prompt-first vs SPF with preemption, on one workload under memory pressure.
 
-``python -m experiments.policy_comparison [--rate 30] [--num-blocks 96] [--out DIR]``
+``python -m experiments.policy_comparison [--quick] [--rate 30] [--num-blocks 96] [--out DIR]``
 
 The lesson's setting (token budget 2048, 16 sequences, its lognormal lengths) on Llama-2-7B
 served by one A100-80GB with the calibrated cost model. The lesson's KV cache (4096 blocks of 16)
@@ -12,11 +12,12 @@ policies differ.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pandas as pd
 
+from experiments._common import parser as make_parser
+from experiments._common import print_table
 from simsched import SimConfig, simulate
 from simsched.cost.hardware import model_spec
 
@@ -25,6 +26,10 @@ POLICIES = {
     "SPF": {"policy": "spf", "preemption": False},
     "SPF + preemption": {"policy": "spf", "preemption": True},
 }
+
+
+COLUMNS = ("ttft_mean", "ttft_p95", "itl_mean", "itl_p99", "num_preemptions",
+           "num_recomputed_tokens", "request_throughput", "output_throughput")
 
 
 def base_config(rate: float, num_blocks: int, num_requests: int, seed: int) -> SimConfig:
@@ -41,24 +46,21 @@ def compare(base: SimConfig) -> tuple[pd.DataFrame, dict]:
         res = simulate(base.replace(**changes))
         results[label] = res
         s = res.summary()
-        rows.append({"policy": label, "ttft_mean_s": s["ttft_mean"], "ttft_p95_s": s["ttft_p95"],
-                     "itl_mean_ms": s["itl_mean"] * 1e3, "itl_p99_ms": s["itl_p99"] * 1e3,
-                     "num_preemptions": s["num_preemptions"],
-                     "num_recomputed_tokens": s["num_recomputed_tokens"],
-                     "throughput_req_s": s["request_throughput"],
-                     "throughput_tok_s": s["output_throughput"]})
+        rows.append({"policy": label, **{k: s[k] for k in COLUMNS}})
     return pd.DataFrame(rows).set_index("policy"), results
 
 
 def main(argv=None) -> pd.DataFrame:
     """Run the comparison, print its table and write per-request frames as CSV."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser("policy_comparison", __doc__, "300 requests instead of 1000")
     parser.add_argument("--rate", type=float, default=30.0, help="arrivals per second")
     parser.add_argument("--num-blocks", type=int, default=96, help="KV blocks of 16 tokens")
-    parser.add_argument("--num-requests", type=int, default=1000)
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="number of requests (default 1000, quick 300)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/policy_comparison", help="output directory")
     args = parser.parse_args(argv)
+    if args.num_requests is None:
+        args.num_requests = 300 if args.quick else 1000
     try:
         base = base_config(args.rate, args.num_blocks, args.num_requests, args.seed)
     except ValueError as exc:
@@ -71,8 +73,8 @@ def main(argv=None) -> pd.DataFrame:
           f"{base.cache.block_size}; {args.num_requests} lesson requests at {args.rate}/s, "
           f"seed {args.seed}")
     table, results = compare(base)
-    with pd.option_context("display.float_format", "{:.3f}".format, "display.width", 200, "display.max_columns", 20):
-        print(table)
+    print("times in seconds; throughput in requests/s and output tokens/s")
+    print_table(table, index=True)
     out = Path(args.out)
     for label, res in results.items():
         res.to_csv(out, prefix=label.lower().replace(" + ", "_").replace(" ", "_") + "_")

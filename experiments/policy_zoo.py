@@ -21,7 +21,6 @@ Three tables:
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 import warnings
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 import simsched
+from experiments._common import parser as make_parser
 from simsched.workloads.traces import TraceWarning
 from simsched.workloads.workload import WorkloadConfig, generate
 
@@ -51,10 +51,9 @@ TENANT_POLICIES = ("fcfs", "sjf_oracle", "mlfq", "fair")
 STYLES = ("static", "prefill_first", "stall_free")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None):
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a 60 s window and five policies")
+    p = make_parser("policy_zoo", __doc__, "a 60 s window and five policies")
     p.add_argument("--duration", type=float, default=None,
                    help="trace window in recorded seconds (default 300, quick 60)")
     p.add_argument("--num-blocks", type=int, default=None,
@@ -64,7 +63,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tenant-rate", type=float, default=20.0,
                    help="request rate of the two-tenant workload (default 20 req/s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out/policy_zoo", help="output directory")
     args = p.parse_args(argv)
     if args.duration is None:
         args.duration = 60.0 if args.quick else 300.0
@@ -88,12 +86,12 @@ def _row(results) -> dict:
     served = df[df["first_token_at"].notna()]
     longest = served[served["num_prompt_tokens"] >= served["num_prompt_tokens"].quantile(0.9)]
     return {"ttft_mean": s["ttft_mean"], "ttft_p99": s["ttft_p99"], "e2el_mean": s["e2el_mean"],
-            "itl_p99_ms": s["itl_p99"] * 1e3,
+            "itl_p99": s["itl_p99"],
             "starve_ttft_max": float(longest["ttft"].max()) if len(longest) else math.nan,
-            "throughput_tok_s": s["output_throughput"], "num_finished": s["num_finished"],
-            "num_preemptions": s["num_preemptions"], "num_swaps": int(df["num_swaps"].sum()),
-            "swap_time_s": float(results.iterations["swap_time"].sum())
-            if "swap_time" in results.iterations else 0.0}
+            "output_throughput": s["output_throughput"], "num_finished": s["num_finished"],
+            "num_preemptions": s["num_preemptions"],
+            "preemptions_per_finished": s["num_preemptions"] / max(s["num_finished"], 1),
+            "num_swaps": s["num_swaps"], "swap_time": s["swap_time"]}
 
 
 def _config(args, workload: WorkloadConfig, label: str, **changes) -> simsched.SimConfig:
@@ -171,8 +169,8 @@ def _has_tabulate() -> bool:
     return True
 
 
-COLUMNS = ["ttft_mean", "ttft_p99", "e2el_mean", "itl_p99_ms", "starve_ttft_max", "throughput_tok_s",
-           "num_preemptions"]
+COLUMNS = ["ttft_mean", "ttft_p99", "e2el_mean", "itl_p99", "starve_ttft_max",
+           "output_throughput", "num_preemptions", "preemptions_per_finished"]
 
 
 def main(argv=None) -> dict:
@@ -187,7 +185,7 @@ def main(argv=None) -> dict:
         frame.to_csv(out / f"{name}.csv", index=False)
     print(f"Policies: azure-conv {args.duration:g} s window, {args.num_blocks} KV blocks, "
           f"max_num_seqs {args.max_num_seqs}")
-    print(_fmt(tables["policies"][["policy", "mode"] + COLUMNS + ["num_swaps", "swap_time_s"]]))
+    print(_fmt(tables["policies"][["policy", "mode"] + COLUMNS + ["num_swaps", "swap_time"]]))
     print(f"\nFairness: two tenants (80% / 20% of requests) at {args.tenant_rate:g} req/s; "
           "service share until the last arrival")
     print(_fmt(tables["tenants"][["policy", "share_t0", "share_t1"] + COLUMNS]))

@@ -9,31 +9,32 @@ budget::
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.load_sweep import base_config, print_table
+from experiments._common import parser, print_table
+from experiments.load_sweep import base_config
 from simsched.analysis.sweep import sweep
+
+COLUMNS = ["max_num_batched_tokens", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_max",
+           "tpot_p99", "saturation"]
 
 
 def main(argv=None) -> pd.DataFrame:
     """Run the study; return TTFT/ITL by token budget."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/token_budget", help="output directory")
-    p.add_argument("--quick", action="store_true", help="fewer budgets, short runs")
-    args = p.parse_args(argv)
+    args = parser("token_budget", __doc__, "three budgets, 100 requests per run") \
+        .parse_args(argv)
     warnings.simplefilter("ignore")
     budgets = [256, 1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096, 8192]
     n = 100 if args.quick else 300
-    res = sweep(base_config(n).replace(rate=1.5), progress=False, max_num_batched_tokens=budgets)
-    cols = ["max_num_batched_tokens", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_max",
-            "tpot_p99", "saturation"]
-    table = res.runs[cols]
+    res = sweep(base_config(n).replace(rate=1.5), progress=not args.quiet,
+                max_num_batched_tokens=budgets)
+    table = res.runs[COLUMNS]
+    print_table(table)
     res.to_csv(Path(args.out))
-    print_table(table, args.out)
+    print(f"wrote {args.out}/")
     return table
 
 

@@ -9,12 +9,12 @@ are clipped so prompt plus output fits the 4096-token context (the trace's outpu
 1000 tokens); the count is printed. Prints TTFT and ITL tables (policy x speed) and writes each
 run's per-request frame and a summary to ``--out``::
 
-    python -m experiments.trace_replay --speedups 0.25,0.5,1,2 --duration 600 --out out/trace_replay
+    python -m experiments.trace_replay [--quick] [--speedups 0.25,0.5,1,2] [--duration 600]
+        [--out out/trace_replay]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from pathlib import Path
@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 import simsched
+from experiments._common import parser as make_parser
+from experiments._common import print_table
 from simsched.workloads.traces import TraceWarning
 from simsched.workloads.workload import WorkloadConfig, describe, generate
 
@@ -31,28 +33,33 @@ VARIANTS = {  # label -> SimConfig.replace changes
     "spf": {"policy": "spf", "preemption": False},
     "spf+preempt": {"policy": "spf", "preemption": True},
 }
-METRICS = {  # summary key -> (table title, scale to ms?)
-    "ttft_mean": ("TTFT mean (s)", False), "ttft_median": ("TTFT p50 (s)", False),
-    "ttft_p99": ("TTFT p99 (s)", False), "itl_mean": ("ITL mean (ms)", True),
-    "itl_p99": ("ITL p99 (ms)", True), "e2el_mean": ("E2E latency mean (s)", False),
-    "num_preemptions": ("preemptions", False),
+METRICS = {  # summary key -> table title (times in seconds)
+    "ttft_mean": "TTFT mean (s)", "ttft_p50": "TTFT p50 (s)", "ttft_p99": "TTFT p99 (s)",
+    "itl_mean": "ITL mean (s)", "itl_p99": "ITL p99 (s)", "e2el_mean": "E2E latency mean (s)",
+    "num_preemptions": "preemptions",
 }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None):
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--speedups", default="0.25,0.5,1,2",
-                   help="comma-separated time compression factors (default 0.25,0.5,1,2)")
-    p.add_argument("--duration", type=float, default=600.0,
-                   help="trace window length in recorded seconds (default 600)")
+    p = make_parser("trace_replay", __doc__, "a 120 s window at speeds 0.5 and 1")
+    p.add_argument("--speedups", default=None,
+                   help="comma-separated time compression factors (default 0.25,0.5,1,2; "
+                        "quick 0.5,1)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="trace window length in recorded seconds (default 600, quick 120)")
     p.add_argument("--start", type=float, default=0.0, help="window start, recorded seconds")
     p.add_argument("--trace", default="azure-conv", choices=["azure-conv", "azure-code"])
     p.add_argument("--max-prompt-tokens", type=int, default=3072,
                    help="clip longer prompts to this many tokens (default 3072)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out/trace_replay", help="output directory")
     args = p.parse_args(argv)
+    if args.speedups is None:
+        args.speedups = "0.5,1" if args.quick else "0.25,0.5,1,2"
+    if args.duration is None:
+        args.duration = 120.0 if args.quick else 600.0
+    if not args.duration > 0:
+        p.error(f"--duration must be > 0, got {args.duration}")
     try:
         args.speedups = [float(s) for s in args.speedups.split(",") if s.strip()]
     except ValueError:
@@ -66,7 +73,7 @@ def _label(speedup: float) -> str:
     return f"{speedup:g}x"
 
 
-def run(args: argparse.Namespace) -> pd.DataFrame:
+def run(args) -> pd.DataFrame:
     """Run every (variant, speedup) pair; return one summary row per run."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> pd.DataFrame:
             name = label.replace("+", "_")
             results.requests.to_csv(out / f"requests_{name}_{_label(speedup)}.csv", index=False)
             summary = dict(results.summary())
-            rows.append({"variant": label, "speedup": speedup, "wall_s": wall, **summary})
+            rows.append({"variant": label, "speedup": speedup, "wall_time": wall, **summary})
             print(f"  {label:<12} {_label(speedup):>6}: {summary['num_finished']} finished, "
                   f"TTFT mean {summary['ttft_mean']:.2f} s ({wall:.1f} s wall)", flush=True)
     frame = pd.DataFrame(rows)
@@ -102,20 +109,21 @@ def run(args: argparse.Namespace) -> pd.DataFrame:
 
 def print_tables(frame: pd.DataFrame) -> None:
     """One policy x speed table per metric."""
-    for key, (title, to_ms) in METRICS.items():
+    for key, title in METRICS.items():
         table = frame.pivot(index="variant", columns="speedup", values=key)
-        table = table.loc[list(VARIANTS)] * (1000.0 if to_ms else 1.0)
+        table = table.loc[list(VARIANTS)]
         table.columns = [_label(s) for s in table.columns]
         print(f"\n{title}")
-        print(table.to_string(float_format=lambda v: f"{v:9.2f}"))
+        print_table(table, digits=4, index=True)
 
 
-def main(argv=None) -> None:
-    """Entry point of ``python -m experiments.trace_replay``."""
+def main(argv=None) -> pd.DataFrame:
+    """Entry point of ``python -m experiments.trace_replay``; returns one row per run."""
     args = parse_args(argv)
     frame = run(args)
     print_tables(frame)
     print(f"\nper-request frames and summary.csv written to {args.out}/")
+    return frame
 
 
 if __name__ == "__main__":

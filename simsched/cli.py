@@ -3,22 +3,34 @@
 
 A config comes from a TOML file (sections ``[scheduler]``, ``[cache]``, ``[hardware]``,
 ``[workload]``, ``[cluster]``, ``[run]`` and ``[slo]``, or flat field names at the top level)
-and/or flags; flags win. Every bad value ends with one line ``simsched: error: ...`` on stderr and exit status 2.
+and/or flags; flags win. Every bad value ends with one line ``simsched: error: ...`` on stderr and
+exit status 2; a run in which no request finished exits with status 1. Warnings print as one line
+each, ``simsched: warning: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
+    import tomli as tomllib
+
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig, field_names
+from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
+
+DESCRIPTION = ("Simulate an LLM serving engine's scheduler: run one config, sweep a grid of "
+               "configs, find the largest rate that meets latency targets, or plan the "
+               "cheapest deployment.")
 
 SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster")
 # flag destination -> config field
@@ -28,9 +40,9 @@ FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "po
                "num_blocks": "cache.num_blocks", "workload": "name", "rate": "rate",
                "num_requests": "num_requests", "duration": "duration", "seed": "seed",
                "max_sim_time": "max_sim_time", "cost_model": "cost_model"}
-SUMMARY_COLUMNS = ("ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99",
-                   "request_throughput", "goodput", "slo_attainment", "num_preemptions",
-                   "kv_usage_mean", "num_unfinished", "saturation")
+SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "ttft_p50", "ttft_p99",
+                   "tpot_p99", "itl_p99", "e2el_p99", "request_throughput", "goodput",
+                   "slo_attainment", "num_preemptions", "kv_usage_mean", "saturation")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +55,27 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str) -> int:
     print(f"simsched: error: {message}", file=sys.stderr)
     return 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _percentile_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < p < 100 for p in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers in (0, 100), "
+                                         f"got {text!r}")
+    return values
 
 
 def parse_value(text: str) -> Any:
@@ -135,9 +168,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, help="tensor-parallel degree")
     g.add_argument("--cost-model", choices=["calibrated", "linear", "unit"],
                    help="iteration cost model (default calibrated)")
-    g.add_argument("--policy", help="waiting-queue order: fcfs, spf, priority, ...")
-    g.add_argument("--victim-policy", help="whom to preempt: fewest_generated, newest, "
-                   "lowest_priority")
+    g.add_argument("--policy", choices=sorted(QUEUE_POLICIES), metavar="POLICY",
+                   help="waiting-queue order: " + ", ".join(sorted(QUEUE_POLICIES)))
+    g.add_argument("--victim-policy", choices=sorted(VICTIM_POLICIES), metavar="POLICY",
+                   help="whom to preempt: " + ", ".join(sorted(VICTIM_POLICIES)))
     g.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=None,
                    help="preempt lower-ranked running requests to admit a better waiting one")
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per iteration")
@@ -157,15 +191,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-tpot", type=float, help="TPOT SLO for goodput, seconds")
     g.add_argument("--slo-e2el", type=float, help="E2E latency SLO for goodput, seconds")
     g.add_argument("--out", help="output directory (default out/COMMAND)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``simsched`` command."""
-    p = _Parser(prog="simsched", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="simsched", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="simulate one config; print its summary, write its frames")
+    run = sub.add_parser("run", help="simulate one config; print its summary, write its frames "
+                         "and timeline plot")
     _add_common(run)
+    run.add_argument("--vllm-json", metavar="FILE",
+                     help="also write the run as `vllm bench serve --save-result` would (JSON)")
+    run.add_argument("--metric-percentiles", type=_percentile_list, default=(99.0,),
+                     metavar="P1,P2,...", help="percentiles in the --vllm-json file (default 99)")
+    run.add_argument("--gantt", type=_positive_int, nargs="?", const=50, metavar="N",
+                     help="also draw gantt.png: the first N requests' phases (default N=50)")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
@@ -192,8 +232,10 @@ def make_parser() -> argparse.ArgumentParser:
 def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=["local", "serial", "ray"], default="local",
                    help="local processes (default), serial, or a Ray cluster")
-    p.add_argument("--workers", type=int, help="local worker processes (default: all cores)")
+    p.add_argument("--workers", type=_positive_int,
+                   help="local worker processes, >= 1 (default: all cores)")
     p.add_argument("--ray-address", help="address of an existing Ray cluster")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _pairs(items: Sequence[str], what: str) -> list[tuple[str, str]]:
@@ -233,22 +275,44 @@ def _print_table(frame: pd.DataFrame, keys: Sequence[str]) -> None:
         print(frame[cols].to_string(index=False))
 
 
+def _plot(what: str, draw) -> str | None:
+    """Draw one figure; a plotting failure costs the figure, never the results already written."""
+    try:
+        return draw()
+    except (ImportError, RuntimeError, ValueError) as exc:
+        print(f"simsched: {what} skipped: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_run(args) -> int:
     """``simsched run``: one simulation."""
-    from simsched.analysis.executors import Job, reraise_warnings, run_job
+    from simsched.analysis import plots
+    from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
-    out = run_job(Job(config, slo))
-    reraise_warnings([out])
-    row = pd.DataFrame([out.row])
+    results, summary = run_config(config, slo)
+    row = pd.DataFrame([summary])
     _print_table(row, ())
     path = Path(args.out or "out/run")
     path.mkdir(parents=True, exist_ok=True)
     row.to_csv(path / "summary.csv", index=False)
-    for name in ("requests", "iterations", "preemptions", "replicas"):
-        getattr(out, name).to_csv(path / f"{name}.csv", index=False)
-    print(f"wrote {path}/summary.csv, requests.csv, iterations.csv, preemptions.csv, "
-          "replicas.csv")
+    results.to_csv(path)
+    written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
+               "config.json"]
+    if args.vllm_json:
+        results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
+        print(f"wrote {args.vllm_json}")
+    if _plot("timeline plot", lambda: plots.timeline(results, path=path / "timeline.png")):
+        written.append("timeline.png")
+    if args.gantt and _plot("gantt plot", lambda: plots.gantt(
+            results, max_requests=args.gantt, path=path / "gantt.png")):
+        written.append("gantt.png")
+    print(f"wrote {path}/: {', '.join(written)}")
+    if summary["num_finished"] == 0:
+        print(f"simsched: error: no request finished ({summary['num_rejected']} rejected, "
+              f"{summary['num_unfinished']} unfinished of {summary['num_requests']})",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -266,19 +330,25 @@ def cmd_sweep(args) -> int:
     _print_table(result.runs, list(factors))
     path = Path(args.out or "out/sweep")
     result.to_csv(path)
-    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv"]
+    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
+               "config.json"]
     rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
     if rate_key is not None and len(factors[rate_key]) > 1:
         from simsched.analysis import plots
 
         by = [k for k in factors if k != rate_key and k != "seed"]
-        try:
-            plots.latency_vs_load(result.runs, path / "latency_vs_load.png", x=rate_key, by=by)
-            plots.ttft_cdf(result.requests, result.runs, path / "ttft_cdf.png", by=by)
-            written += ["latency_vs_load.png", "ttft_cdf.png"]
-        except ImportError as exc:  # plots are optional: the tables are already written
-            print(f"simsched: plots skipped: {exc}", file=sys.stderr)
+        if _plot("latency plot", lambda: plots.latency_vs_load(
+                result.runs, x=rate_key, by=by, path=path / "latency_vs_load.png")):
+            written.append("latency_vs_load.png")
+        if _plot("TTFT CDF plot", lambda: plots.ttft_cdf(
+                result.requests, result.runs, by=by, panel=rate_key,
+                path=path / "ttft_cdf.png")):
+            written.append("ttft_cdf.png")
     print(f"wrote {path}/: {', '.join(written)}")
+    failed = int((result.runs["num_finished"] == 0).sum())
+    if failed:
+        print(f"simsched: warning: {failed} of {len(result.runs)} runs finished no request",
+              file=sys.stderr)
     return 0
 
 
@@ -310,10 +380,27 @@ def cmd_capacity(args) -> int:
     path.mkdir(parents=True, exist_ok=True)
     result.to_csv(path / "capacity.csv", index=False)
     result.attrs["runs"].to_csv(path / "runs.csv", index=False)
-    print(f"wrote {path}/capacity.csv, runs.csv")
+    result.attrs["seed_capacities"].to_csv(path / "seed_capacities.csv", index=False)
+    from simsched.analysis.export import resolved_config, write_json
+
+    write_json({"base": resolved_config(config), "target": target, "policies": policies,
+                "seeds": seeds, "low": args.low, "high": args.high, "tol": args.tol},
+               path / "config.json")
+    print(f"wrote {path}/: capacity.csv, runs.csv, seed_capacities.csv, config.json")
     return 0
 
 
+class _WarningPrinter:
+    """Prints each distinct warning once, as one line ``simsched: warning: ...`` on stderr."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())
+        if text not in self.seen:
+            self.seen.add(text)
+            print(f"simsched: warning: {text}", file=sys.stderr)
 def _add_plan_parser(sub) -> None:
     pl = sub.add_parser("plan", help="cheapest deployment (GPU, TP, replicas, router) meeting "
                         "latency targets, per rate")
@@ -321,7 +408,6 @@ def _add_plan_parser(sub) -> None:
                     "[target] (metric limits, min_attainment), [slo], [prices] and "
                     "[[candidates]] (gpu, tp, router, min_replicas, max_replicas, settings)")
     pl.add_argument("--out", help="output directory (default out/plan)")
-    pl.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_parallel(pl)
 
 
@@ -358,11 +444,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsched`` command; returns the exit status."""
     args = make_parser().parse_args(argv)
     commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity, "plan": cmd_plan}
-    try:
-        return commands[args.command](args)
-    except (ValueError, ImportError, OSError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _fail(message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _WarningPrinter()
+        try:
+            return commands[args.command](args)
+        except (ValueError, ImportError, OSError) as exc:
+            text = str(exc).strip()
+            return _fail(text.splitlines()[0] if text else type(exc).__name__)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -72,6 +72,13 @@ class SchedulerConfig:
     ``preemption`` enables the admission trigger (preempt running requests that the queue policy
     ranks below the best waiting request when it cannot get KV blocks). Running requests that run
     out of KV blocks are always preempted, as in vLLM; otherwise the engine could deadlock.
+
+    ``admit_after_preemption`` says whether an iteration that preempted a running request for
+    lack of KV blocks may still admit waiting (or swap in swapped) requests into the blocks just
+    freed. ``False`` (default) is vLLM V1's rule: no admission in a step that preempted, so a
+    later arrival cannot take a victim's place. ``True`` is vLLM V0's chunked-prefill scheduler.
+    Preemptions made by the admission trigger (``preemption=True``) admit the request they were
+    made for either way.
     """
 
     style: str = "stall_free"
@@ -84,6 +91,7 @@ class SchedulerConfig:
     max_num_prefills: int | None = None
     enable_chunked_prefill: bool = True
     max_num_preemptions: int = 8
+    admit_after_preemption: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,6 +115,7 @@ class SchedulerConfig:
             _check_int(o, "max_num_prefills", self.max_num_prefills, 1)
         _check_bool(o, "enable_chunked_prefill", self.enable_chunked_prefill)
         _check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
+        _check_bool(o, "admit_after_preemption", self.admit_after_preemption)
         if not isinstance(self.policy_options, Mapping):
             raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
         try:  # the policy's factory checks its options: fail here, not at the first run
@@ -143,7 +152,14 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model."""
+    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model.
+
+    ``model`` names a catalog model, or, with ``model_spec`` set, a custom one: ``model_spec``
+    (a :class:`~simsched.cost.hardware.ModelSpec`, a mapping of its fields or of a Hugging Face
+    ``config.json``, or the path of that file) then defines the model's shape. A config carrying
+    its model's shape runs on any executor (spawned worker processes, Ray) with no
+    ``register_model`` call there.
+    """
 
     model: str = "llama-2-7b"
     gpu: str = "a100-80gb"
@@ -151,18 +167,23 @@ class HardwareConfig:
     gpu_memory_utilization: float = 0.9
     cost_model: str = "calibrated"
     max_model_len: int | None = None
+    model_spec: Any = None
 
     def __post_init__(self) -> None:
+        from simsched.cost import hardware
+
         _plain(self)
         o = "hardware"
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"{o}.model must be a non-empty string, got {self.model!r}")
+        if self.model_spec is not None:
+            object.__setattr__(self, "model_spec", hardware.as_model_spec(self.model_spec))
         _check_int(o, "tensor_parallel_size", self.tensor_parallel_size, 1, 64)
         _check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
                      low_open=True)
         _check_choice(o, "cost_model", self.cost_model, COST_MODELS)
         if self.max_model_len is not None:
             _check_int(o, "max_model_len", self.max_model_len, 1)
-        from simsched.cost import hardware
-
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
 

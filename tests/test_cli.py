@@ -61,6 +61,9 @@ def test_capacity_writes_table(tmp_path):
                  "--executor", "serial", "--quiet", "--out", str(out)]) == 0
     table = pd.read_csv(out / "capacity.csv")
     assert table.loc[0, "capacity"] == pytest.approx(0.25, rel=0.06)
+    assert "seed_capacities" not in table.columns            # tidy: one row per seed, apart
+    assert pd.read_csv(out / "seed_capacities.csv")["seed"].tolist() == [0]
+    assert (out / "config.json").exists()
 
 
 @pytest.mark.parametrize("argv", [

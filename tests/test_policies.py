@@ -142,7 +142,8 @@ def test_victims_largest_kv_and_policy_worst():
 
 def test_mlfq_preempts_a_demoted_request_for_a_new_one():
     cfg = SchedulerConfig(policy="mlfq", max_num_seqs=1, max_num_batched_tokens=64,
-                          policy_options={"quantum": 2, "prefill_tokens_per_unit": 1000})
+                          policy_options={"quantum": 2, "prefill_tokens_per_unit": 1000,
+                                          "min_quantum": 4})
     sched = Scheduler(cfg, KVCacheManager(100, 16))
     long = Request(0, 0.0, 8, 40)
     sched.add(long, 0.0)

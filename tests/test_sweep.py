@@ -63,7 +63,7 @@ def test_export_csv_and_parquet_round_trip(tmp_path):
     assert {p.name for p in written} == {f"{n}.{ext}" for n in
                                          ("runs", "requests", "iterations", "preemptions",
                                           "replicas")
-                                         for ext in ("csv", "parquet")}
+                                         for ext in ("csv", "parquet")} | {"config.json"}
     back = pd.read_parquet(tmp_path / "pq" / "requests.parquet")
     assert len(back) == len(res.requests)
     assert pd.read_csv(tmp_path / "csv" / "runs.csv")["ttft_p99"].tolist() == \
@@ -90,7 +90,9 @@ def test_capacity_search_over_seeds_reports_interval():
                           policies=["fcfs"], seeds=[0, 1, 2], low=0.05, tol=0.05,
                           executor="local", max_workers=2)
     row = res.iloc[0]
-    assert len(row["seed_capacities"]) == 3
+    seeds = res.attrs["seed_capacities"]
+    assert seeds["seed"].tolist() == [0, 1, 2] and (seeds["policy"] == "fcfs").all()
+    assert seeds["capacity"].dtype == float
     assert 0.05 < row["capacity"] < 0.3
     assert row["ci_low"] <= row["ci_high"]
 

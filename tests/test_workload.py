@@ -181,11 +181,48 @@ def test_window_limit_and_speedup():
     assert report.num_in_window == len(inside) and report.num_returned == 50
 
 
-def test_default_direct_config_rescales_to_rate():
-    # WorkloadConfig(name="azure-conv") keeps rate=8.0 and num_requests=500 literally.
+def test_default_direct_config_replays_as_recorded():
+    # WorkloadConfig(name="azure-conv") is the preset: the whole trace at its recorded rate.
     frame = generate(WorkloadConfig(name="azure-conv"), rng(0))
+    full = traces.load_trace(traces.bundled_path("azure-conv"))
+    np.testing.assert_array_equal(frame.arrival_at, full.arrival_at)
+    assert WorkloadConfig(name="azure-conv") == WorkloadConfig.preset("azure-conv")
+    # Asking for a rate or a count still rescales and caps.
+    frame = generate(WorkloadConfig(name="azure-conv", rate=8.0, num_requests=500), rng(0))
     assert len(frame) == 500
     assert describe(frame)["rate"] == pytest.approx(8.0)
+
+
+def test_synthetic_defaults_resolve_to_8_per_second_and_500_requests():
+    cfg = WorkloadConfig()
+    assert (cfg.resolved_rate, cfg.resolved_num_requests) == (8.0, 500)
+    assert len(generate(cfg, rng(0))) == 500
+    assert WorkloadConfig(duration=10.0).resolved_num_requests is None
+    piecewise = WorkloadConfig(arrival="piecewise", rate_schedule=((5, 1), (5, 10)))
+    assert piecewise.resolved_rate is None          # a schedule is used as given
+
+
+ISSUE_TRACE = "arrival_at,num_prompt_tokens,num_output_tokens\n0,10,5\n0.37,10,5\n1.0,10,5\n5.0,10,5\n"
+
+
+def test_trace_replays_as_recorded_through_api_and_cli(tmp_path):
+    # Issue 17 item 4: the API rescaled [0, 0.37, 1, 5] to the default 8 req/s; the CLI did not.
+    from simsched import SimConfig, UnitCostModel, simulate
+    from simsched.cli import build_config
+
+    path = tmp_path / "t.csv"
+    path.write_text(ISSUE_TRACE)
+    api = SimConfig().replace(name="trace", trace_path=str(path))
+    cli = build_config({"name": "trace", "trace_path": str(path)})
+    assert api.workload == cli.workload
+    res = simulate(api, cost_model=UnitCostModel())
+    assert list(res.requests["arrival_at"]) == [0.0, 0.37, 1.0, 5.0]
+    assert list(generate(cli.workload, rng(0))["arrival_at"]) == [0.0, 0.37, 1.0, 5.0]
+    # A rate or speed-up is applied only when asked for, the same way on both paths.
+    fast = SimConfig().replace(name="trace", trace_path=str(path), rate=None, speedup=2.0)
+    assert list(generate(fast.workload, rng(0))["arrival_at"]) == [0.0, 0.185, 0.5, 2.5]
+    rated = build_config({"name": "trace", "trace_path": str(path), "rate": 3.0})
+    assert describe(generate(rated.workload, rng(0)))["rate"] == pytest.approx(3.0)
 
 
 def test_mixed_trace_and_synthetic_components():
@@ -288,15 +325,15 @@ def test_config_validation_messages():
         (dict(rate=-1), "workload.rate must be a finite number > 0, got -1"),
         (dict(name="nope"), "workload.name must be one of"),
         (dict(arrival="gamma", cv=0), "workload.cv"),
-        (dict(rate=None), "workload.rate"),
+        (dict(rate=0), "workload.rate"),
         (dict(arrival="piecewise"), "workload.rate_schedule is required"),
         (dict(lengths="uniform", prompt_range=(10, 5)), "workload.prompt_range"),
         (dict(name="trace"), "workload.trace_path is required"),
-        (dict(name="azure-conv", speedup=2.0), "set rate=None to use speedup"),
+        (dict(name="azure-conv", rate=4.0, speedup=2.0), "set rate=None to use speedup"),
         (dict(speedup=2.0), "speedup only applies"),
         (dict(long_prompt_policy="truncate"), "workload.long_prompt_policy"),
         (dict(num_tenants=2, tenant_weights=(1.0,)), "workload.tenant_weights"),
-        (dict(num_requests=None), "num_requests or duration"),
+        (dict(num_requests=0), "workload.num_requests"),
         (dict(arrival="trace"), "has no timestamped trace"),
     ]
     for kwargs, message in cases:
@@ -360,3 +397,35 @@ def test_trace_replay_experiment_smoke(tmp_path):
     frame = trace_replay.run(args)
     assert set(frame.variant) == set(trace_replay.VARIANTS)
     assert (tmp_path / "summary.csv").exists() and (tmp_path / "requests_spf_preempt_1x.csv").exists()
+
+
+GENERIC_HEADER = "arrival_at,num_prompt_tokens,num_output_tokens\n"
+
+
+@pytest.mark.parametrize("name,content,line,pattern", [
+    # issue 17 item 8: a bare UnicodeDecodeError without the file name
+    ("latin1.csv", GENERIC_HEADER.encode() + b"0,10,5\n1,10,\xe95\n", 3,
+     r"not UTF-8 text \(byte 0xe9 at column 6\)"),
+    ("latin1.jsonl", b'{"arrival_at": 0, "num_prompt_tokens": 1, "num_output_tokens": 2}\n\xff\n',
+     2, "not UTF-8 text"),
+    # an unknown header used to be blamed on the sharegpt format's columns
+    ("foo.csv", b"foo,bar\n1,2\n", 1,
+     r"unrecognised header \['foo', 'bar'\]; expected the columns of one format: azure: "
+     r"TIMESTAMP, ContextTokens, GeneratedTokens; generic: arrival_at, num_prompt_tokens"),
+    ("semicolons.csv", GENERIC_HEADER.replace(",", ";").encode() + b"0;10;5\n", 1,
+     "unrecognised header .*; the header contains ';': traces are comma-separated"),
+    # an extra field used to be blamed on num_output_tokens (first row) or left unlocated
+    ("extra_first.csv", GENERIC_HEADER.encode() + b"0,10,5,7\n1,10,5\n", 2,
+     r"4 fields, but the header has 3 \(arrival_at, num_prompt_tokens, num_output_tokens\) "
+     r"\[generic format, expected columns: arrival_at, num_prompt_tokens, num_output_tokens"),
+    ("extra_later.csv", GENERIC_HEADER.encode() + b"0,10,5\n1,10,5,\n", 3,
+     "4 fields, but the header has 3"),
+    ("azure_bad.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,5,x\n", 2,
+     r"GeneratedTokens \(output\) must be an integer >= 1, got 'x' \[azure format, expected "
+     r"columns: TIMESTAMP, ContextTokens, GeneratedTokens\]"),
+])
+def test_trace_errors_name_file_line_format_and_columns(tmp_path, name, content, line, pattern):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=rf"{name}, line {line}: {pattern}"):
+        traces.load_trace(path)

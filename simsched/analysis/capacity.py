@@ -142,7 +142,7 @@ def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapp
                     policies: Iterable | Mapping | None = None, seeds: Iterable[int] = (0,),
                     low: float = 0.5, high: float | None = None, tol: float = 0.05,
                     rate_field: str = "rate", executor: str = "local",
-                    max_workers: int | None = None, progress: bool = False,
+                    max_workers: int | None = None, progress: bool = True,
                     ray_address: str | None = None) -> pd.DataFrame:
     """The largest arrival rate at which ``slo_target`` holds, for each policy.
 
@@ -152,8 +152,11 @@ def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapp
     ``low`` is the first rate probed, ``high`` (optional) caps it; ``tol`` is the relative width
     at which bisection stops. Returns one row per policy: ``policy, capacity, ci_low, ci_high,
     bracket_low, bracket_high, status`` (``ok``, ``below_low`` if ``low`` already fails,
-    ``at_high`` if ``high`` holds), ``num_seeds``, ``seed_capacities`` and ``num_runs``; every run
-    made (one row per policy, rate and seed, with ``holds``) is in ``result.attrs["runs"]``.
+    ``at_high`` if ``high`` holds), ``num_seeds`` and ``num_runs``. Two tidy frames ride in
+    ``result.attrs``: ``"runs"``, every run made (one row per policy, rate and seed, with
+    ``holds``), and ``"seed_capacities"``, one row per policy and seed (``policy, seed,
+    capacity``: each seed searched on its own; with a single seed, the search's capacity).
+    ``progress`` shows a progress bar (tqdm) for each round of more than one run.
     """
     base_config = base_config or SimConfig()
     target = slo_target if isinstance(slo_target, SLOTarget) else SLOTarget(limits=slo_target)
@@ -194,19 +197,22 @@ def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapp
             rows = pd.DataFrame([cache[(t.label, t.probe, s)] for s in t.seeds])
             t.update(target.holds(rows))
     runs = _runs_frame(cache, target, seeds)
-    table = []
+    table, seed_rows = [], []
     for label, group in tracks.items():
         main = group[0]
         per_seed = [t.capacity for t in group[1:]] or [main.capacity]
+        seed_rows += [{"policy": label, "seed": int(seed), "capacity": float(cap)}
+                      for seed, cap in zip(seeds, per_seed)]
         ci_low, ci_high = _interval(per_seed, main)
         table.append({"policy": label, "capacity": main.capacity, "ci_low": ci_low,
                       "ci_high": ci_high, "bracket_low": main.ok if main.ok is not None else 0.0,
                       "bracket_high": main.fail if main.fail is not None else math.inf,
                       "status": main.status, "num_seeds": len(seeds),
-                      "seed_capacities": per_seed,
                       "num_runs": int((runs["policy"] == label).sum())})
     result = pd.DataFrame(table)
     result.attrs["runs"] = runs
+    result.attrs["seed_capacities"] = pd.DataFrame(seed_rows, columns=["policy", "seed",
+                                                                       "capacity"])
     return result
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import pandas as pd
 
 from simsched.analysis.slo import summarize
@@ -50,23 +49,32 @@ class Job:
     keep_frames: bool = True
 
 
-def run_job(job: Job) -> RunOutput:
-    """Simulate one config (applying the default time limit) and summarise it."""
-    from simsched.analysis.runner import simulate
-    from simsched.workloads.workload import generate
+def run_config(config: SimConfig, slos: Any = None):
+    """Simulate one config (applying the default time limit); return its Results and summary row.
 
-    config = job.config
+    Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
+    ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
+    """
+    from simsched.analysis.runner import run, workload_requests
+
+    table = workload_requests(config)
+    if math.isinf(config.max_sim_time):
+        last = float(table["arrival_at"].max()) if len(table) else 0.0
+        config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
+    # simulate() draws the workload from the same seed: passing the table is identical.
+    results = run(config, requests=table, from_workload=True)[0]
+    row = summarize(results, slos)
+    row["max_sim_time"] = config.max_sim_time
+    row["num_blocks"] = results.info.get("num_blocks")
+    return results, row
+
+
+def run_job(job: Job) -> RunOutput:
+    """Run one job (see :func:`run_config`) and pack its row, frames and warnings."""
     # Workers collect warnings (e.g. clipped prompts) so the caller can show each once.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        table = generate(config.workload, np.random.default_rng(config.seed))
-        if math.isinf(config.max_sim_time):
-            last = float(table["arrival_at"].max()) if len(table) else 0.0
-            config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
-        # simulate() draws the workload from the same seed first: passing the table is identical.
-        results = simulate(config, requests=table)
-    row = summarize(results, job.slos)
-    row["max_sim_time"] = config.max_sim_time
+        results, row = run_config(job.config, job.slos)
     notes = tuple((w.category, str(w.message)) for w in caught)
     if not job.keep_frames:
         return RunOutput(row, warnings=notes)
@@ -120,7 +128,7 @@ def execute(jobs: Sequence[Job], executor: str = "local", max_workers: int | Non
             max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be an integer >= 1 or None, got {max_workers!r}")
     jobs = list(jobs)
-    bar = _progress(len(jobs), progress and len(jobs) > 1, desc)
+    bar = _progress(len(jobs), bool(progress) and len(jobs) > 1, desc)
     try:
         if executor == "ray":
             return ray_execute(jobs, ray_address, bar)

@@ -11,6 +11,7 @@ token per decode step, so its gaps are differences of the step end times, rebuil
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -184,12 +185,20 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
     cause_df = pd.DataFrame(data["causes"], columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
+    # A request id, or <NA> when no request caused the preemption (the cache ran out).
+    cause_df["preempted_by"] = cause_df["preempted_by"].astype("Int64")
     return df, itl, cause_df
 
 
 class Results:
     """What a run produced: per-request, per-iteration and per-replica frames, ITL samples and a
-    summary."""
+    summary.
+
+    ``requests`` (one row per request), ``iterations`` (one row per GPU iteration),
+    ``preemptions`` (one row per preemption) and ``replicas`` (one row per replica) are
+    DataFrames; ``config`` is the run's :class:`~simsched.config.SimConfig`; ``info`` holds what
+    the run derived (``num_blocks``) and its end state.
+    """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame, itl: ItlSamples,
                  preemptions: pd.DataFrame, config=None, sim_time: float = math.nan,
@@ -203,6 +212,18 @@ class Results:
         self.info = info or {}
         self._itl = itl
 
+    def __repr__(self) -> str:
+        status = self.requests["status"].value_counts()
+        counts = ", ".join(f"{int(status.get(s, 0))} {s}"
+                           for s in ("finished", "rejected") if status.get(s, 0)) or "none"
+        unfinished = len(self.requests) - int(status.get("finished", 0)) \
+            - int(status.get("rejected", 0))
+        if unfinished:
+            counts += f", {unfinished} unfinished"
+        return (f"<Results: {len(self.requests)} requests ({counts}), "
+                f"{len(self.iterations)} iterations, {len(self.preemptions)} preemptions, "
+                f"{self.sim_time:.4g} s simulated>")
+
     def itl_samples(self) -> np.ndarray:
         """Every inter-token gap of every request, as a float array (seconds)."""
         return self._itl.array()
@@ -213,10 +234,31 @@ class Results:
         return len(self._itl)
 
     def summary(self) -> dict:
-        """Mean, median, p90, p95, p99 of TTFT, TPOT, ITL and E2EL; throughput; counts."""
+        """Counts, latency statistics (seconds), throughputs and KV use, as plain Python numbers.
+
+        Keys follow one scheme: ``<metric>_mean``, ``<metric>_p50``, ``_p90``, ``_p95``, ``_p99``
+        for ``ttft``, ``tpot``, ``itl``, ``e2el`` and ``queue_time``. Which requests each
+        figure covers (its *population*) matters when a run ends at ``max_sim_time`` with
+        requests in flight:
+
+        * ``ttft_*``: every request that received its first token, finished or not;
+        * ``queue_time_*``: every request that was scheduled at least once, finished or not;
+        * ``itl_*``: every gap between consecutive tokens emitted by any request, finished or
+          not (pooled), and ``itl_max`` the largest;
+        * ``tpot_*``: finished requests with more than one output token;
+        * ``e2el_*``: finished requests;
+        * ``request_throughput``, ``output_throughput``, ``total_token_throughput``: finished
+          requests (and their prompt + output tokens) per second over ``duration``, from the
+          first arrival to the last finish;
+        * ``kv_usage_mean``: share of KV blocks in use, weighted by iteration time.
+
+        When every request finished (no ``max_sim_time`` cut) all latency figures cover the
+        same requests. Rejected requests appear only in ``num_rejected``.
+        """
         df = self.requests
         finished = (df["status"] == Status.FINISHED.value).to_numpy()
-        done = df[["e2el", "tpot", "finished_at", "num_output_tokens"]][finished]
+        done = df[["e2el", "tpot", "finished_at", "num_prompt_tokens",
+                   "num_output_tokens"]][finished]
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
@@ -227,16 +269,20 @@ class Results:
             values = values.to_numpy()
             out[f"{name}_mean"] = float(values.mean()) if len(values) else math.nan
             for q, v in zip(PERCENTILES, _percentiles(values)):
-                out[f"{name}_p{q}" if q != 50 else f"{name}_median"] = v
+                out[f"{name}_p{q}"] = v
         out["itl_mean"] = self._itl.mean()
         for q, v in zip(PERCENTILES, self._itl.percentiles(PERCENTILES)):
-            out[f"itl_p{q}" if q != 50 else "itl_median"] = v
+            out[f"itl_p{q}"] = v
         out["itl_max"] = float(df["itl_max"].max()) if len(df) else math.nan
         span = (done["finished_at"].max() - df["arrival_at"].min()) if len(done) else math.nan
         out["duration"] = float(span)
-        out["request_throughput"] = len(done) / span if span and span > 0 else math.nan
-        out["output_throughput"] = (float(done["num_output_tokens"].sum()) / span
-                                    if span and span > 0 else math.nan)
+        ok = bool(span and span > 0)
+        out["request_throughput"] = len(done) / span if ok else math.nan
+        out["output_throughput"] = float(done["num_output_tokens"].sum()) / span if ok \
+            else math.nan
+        out["total_token_throughput"] = (float(done["num_prompt_tokens"].sum()
+                                               + done["num_output_tokens"].sum()) / span
+                                         if ok else math.nan)
         out["num_preemptions"] = int(df["num_preemptions"].sum())
         out["num_recomputed_tokens"] = int(df["num_recomputed_tokens"].sum())
         out["num_swaps"] = int(df["num_swaps"].sum())
@@ -256,21 +302,84 @@ class Results:
             out["kv_usage_mean"] = float((it["kv_blocks_used"].to_numpy() * busy).sum()
                                          / busy.sum() / self.info["num_blocks"])
         out.update(cluster_summary(self.replicas, self.info))
-        return out
+        return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in out.items()}
 
     def summary_frame(self) -> pd.DataFrame:
         """The summary as a one-row DataFrame."""
         return pd.DataFrame([self.summary()])
 
-    def to_csv(self, directory, prefix: str = "") -> None:
-        """Write requests, iterations and preemptions frames as CSV files into ``directory``."""
-        from pathlib import Path
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` by name."""
+        out = {"requests": self.requests, "iterations": self.iterations,
+               "preemptions": self.preemptions}
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
+        return out
 
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self.requests.to_csv(path / f"{prefix}requests.csv", index=False)
-        self.iterations.to_csv(path / f"{prefix}iterations.csv", index=False)
-        self.preemptions.to_csv(path / f"{prefix}preemptions.csv", index=False)
+    def resolved_config(self) -> dict:
+        """The run's config as JSON data, with ``derived`` values (e.g. ``num_blocks``)."""
+        from simsched.analysis.export import resolved_config
+
+        if self.config is None:
+            return {}
+        return resolved_config(self.config, self.info)
+
+    def _write(self, directory, prefix: str, fmt: str) -> list:
+        from simsched.analysis.export import write_frames, write_json
+
+        written = write_frames(self.frames(), directory, fmt, prefix)
+        if self.config is not None:
+            written.append(write_json(self.resolved_config(),
+                                      Path(directory) / f"{prefix}config.json"))
+        return written
+
+    def to_csv(self, directory, prefix: str = "") -> list:
+        """Write the frames as CSV files and the resolved config as ``config.json`` into
+        ``directory``; return the paths. Read them back with
+        :func:`simsched.analysis.export.read_frames`."""
+        return self._write(directory, prefix, "csv")
+
+    def to_parquet(self, directory, prefix: str = "") -> list:
+        """As :meth:`to_csv`, as Parquet files (needs pyarrow)."""
+        return self._write(directory, prefix, "parquet")
+
+    def to_vllm_bench(self, path=None, percentiles=(99,), percentile_metrics=None, slo=None,
+                      label: str | None = None) -> dict:
+        """The run as ``vllm bench serve --save-result`` would save it (keys ``completed``,
+        ``mean_ttft_ms``, ``p99_itl_ms``, ...; see
+        :func:`simsched.analysis.export.vllm_bench_result`); written as JSON to ``path`` if
+        given."""
+        from simsched.analysis.export import (VLLM_PERCENTILE_METRICS, vllm_bench_result,
+                                              write_json)
+
+        result = vllm_bench_result(self, percentiles,
+                                   percentile_metrics or VLLM_PERCENTILE_METRICS, slo, label)
+        if path is not None:
+            write_json(result, path)
+        return result
+
+
+def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
+    """One line saying how many requests were rejected and the most common reason, or None.
+
+    With ``hint`` (the requests came from a workload config) a context-length rejection adds
+    how to fit such requests.
+    """
+    if "reject_reason" not in requests.columns:
+        return None
+    rejected = requests["status"] == Status.REJECTED.value
+    num = int(rejected.sum())
+    if not num:
+        return None
+    reasons = requests.loc[rejected, "reject_reason"].astype(str)
+    # Reasons carry the request's own numbers; group them by the words before the first number.
+    kind = reasons.str.replace(r"\d.*$", "", regex=True)
+    top = kind.value_counts().index[0]
+    example = reasons[kind == top].iloc[0]
+    hint = (" (set long_prompt_policy='clip' or 'drop' to fit such requests)"
+            if hint and "max_model_len" in example else "")
+    return (f"{num:,} of {len(requests):,} requests rejected; most common reason "
+            f"({int((kind == top).sum()):,}): {example}{hint}")
 
 
 def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:

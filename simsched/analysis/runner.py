@@ -5,17 +5,25 @@ Lives below the executors so sweeps can run it; :mod:`simsched.api` re-exports i
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 
 from simsched.config import SimConfig
+from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
-from simsched.analysis.metrics import Results, build_replicas_frame, build_requests_frame
+from simsched.analysis.metrics import (Results, build_replicas_frame, build_requests_frame,
+                                       rejection_note)
 from simsched.engine.log import concat_frames
 from simsched.request import Request
+from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
+
+
+class RejectionWarning(UserWarning):
+    """Some requests of a run were rejected (they can never fit the model's context or cache)."""
 
 _FIELDS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
 
@@ -44,23 +52,72 @@ def _as_frame(table: Any) -> pd.DataFrame:
     return df
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _reject(df: pd.DataFrame, column: str, bad: np.ndarray, what: str) -> None:
+    i = int(np.argmax(bad))
+    got = df[column].iloc[i]
+    got = got.item() if isinstance(got, np.generic) else got
+    raise ValueError(f"requests[{i}].{column} must be {what}, got {got!r}")
+
+
 def _numbers(df: pd.DataFrame, column: str, integer: bool, low: float) -> np.ndarray:
-    """A numeric column as floats; the first bad row raises ValueError naming row and field."""
+    """A numeric column as float64 (int64 if ``integer``); the first bad row raises ValueError
+    naming row and field.
+
+    Rejected: non-numbers, NaN and infinities, values below ``low``, booleans (``True`` is not a
+    token count), and in integer columns fractions and values outside int64.
+    """
     raw = df[column]
+    bound = f" >= {low:g}" if low > -INT64_MAX else ""
+    what = (f"an integer{bound} within int64" if integer else f"a finite number{bound}")
+    if raw.dtype == bool:
+        _reject(df, column, np.ones(len(raw), dtype=bool), what)
+    if raw.dtype == object:
+        items = raw.tolist()
+        # bool is an int subclass: pandas would read True as 1.
+        flags = np.fromiter((isinstance(v, (bool, np.bool_)) for v in items), bool, len(items))
+        if flags.any():
+            _reject(df, column, flags, what)
+        if integer:
+            # Python ints beyond int64 would wrap or lose digits as floats: check them exactly.
+            huge = np.fromiter((isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX
+                                for v in items), bool, len(items))
+            if huge.any():
+                _reject(df, column, huge, what)
+    if integer and raw.dtype.kind in "iu":
+        values = raw.to_numpy()
+        bad = values < low
+        if raw.dtype.kind == "u":
+            bad |= values > INT64_MAX
+        if bad.any():
+            _reject(df, column, bad, what)
+        return values.astype(np.int64)
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
     bad = ~np.isfinite(values) | (values < low)
     if integer:
-        bad |= values != np.round(values)
-    if raw.dtype == bool:
-        bad[:] = True
+        # 2**63 is the first float above int64's range.
+        bad |= (values != np.round(values)) | (np.abs(values) >= 2.0**63)
     if bad.any():
-        i = int(np.argmax(bad))
-        kind = "an integer" if integer else "a finite number"
-        bound = f" >= {low:g}" if low > -2**62 else ""
-        got = raw.iloc[i]
-        got = got.item() if isinstance(got, np.generic) else got
-        raise ValueError(f"requests[{i}].{column} must be {kind}{bound}, got {got!r}")
-    return values
+        _reject(df, column, bad, what)
+    return values.astype(np.int64) if integer else values
+
+
+def _tenants(df: pd.DataFrame) -> list:
+    """The tenant column as hashable labels or None (NaN means none)."""
+    if "tenant" not in df.columns:
+        return [None] * len(df)
+    tenant = [None if t is None or (isinstance(t, float) and math.isnan(t)) else t
+              for t in df["tenant"].tolist()]
+    for i, t in enumerate(tenant):
+        if t is not None and not isinstance(t, str):
+            try:
+                hash(t)
+            except TypeError:
+                raise ValueError(f"requests[{i}].tenant must be a hashable label (a string or "
+                                 f"an integer), got {t!r}") from None
+    return tenant
 
 
 def make_requests(table: Any) -> list[Request]:
@@ -69,28 +126,49 @@ def make_requests(table: Any) -> list[Request]:
     ``table`` may be a DataFrame with columns ``arrival_at, num_prompt_tokens,
     num_output_tokens`` (optional ``priority``, ``tenant``), or an iterable of tuples
     ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
-    Validation is vectorised; the first bad row is named in the error.
+    Validation is vectorised; the first bad row is named in the error. Token counts and
+    priorities must be integers within int64 (booleans are refused), arrival times finite
+    numbers >= 0, tenants hashable labels.
     """
     df = _as_frame(table)
     arrival = _numbers(df, "arrival_at", False, 0)
-    prompt = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
-    output = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
+    prompt = _numbers(df, "num_prompt_tokens", True, 1)
+    output = _numbers(df, "num_output_tokens", True, 1)
     if "priority" in df.columns:
-        prio_frame = pd.DataFrame({"priority": df["priority"].fillna(0)})
-        priority = _numbers(prio_frame, "priority", True, -2**62).astype(np.int64)
+        prio = df["priority"]
+        prio_frame = pd.DataFrame({"priority": prio.where(prio.notna(), 0)
+                                   if prio.dtype == object else prio.fillna(0)})
+        priority = _numbers(prio_frame, "priority", True, -INT64_MAX - 1)
     else:
         priority = np.zeros(len(df), dtype=np.int64)
-    if "tenant" in df.columns:
-        tenant = [None if t is None or (isinstance(t, float) and math.isnan(t)) else t
-                  for t in df["tenant"].tolist()]
-    else:
-        tenant = [None] * len(df)
+    tenant = _tenants(df)
     order = np.argsort(arrival, kind="stable")
     arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
                                          output[order].tolist(), priority[order].tolist())
     tenant = [tenant[i] for i in order.tolist()]
     return [Request(n, a, p, o, pr, t)
             for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
+
+
+def workload_requests(config: SimConfig) -> pd.DataFrame:
+    """The request table of ``config``'s workload, drawn from its seed.
+
+    With ``long_prompt_policy`` ``clip`` or ``drop`` the workload is also fitted to the model's
+    context: a request whose prompt plus output exceeds the context length (``max_model_len``)
+    is clipped or dropped, as an over-long prompt is. With ``error`` such requests are left to
+    the engine, which rejects them with a reason.
+    """
+    table = generate(config.workload, np.random.default_rng(config.seed))
+    policy = config.workload.long_prompt_policy
+    if policy != "error" and len(table):
+        load_report = table.attrs.get("load_report")
+        table, _ = apply_long_prompt_policy(table, None, policy,
+                                            f"workload {config.workload.name!r}",
+                                            max_total_tokens=hardware.max_model_len(
+                                                config.hardware))
+        if load_report is not None:
+            table.attrs["load_report"] = load_report
+    return table
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
@@ -105,13 +183,18 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-        cost_model=None, keep_engine: bool = False) -> tuple[Results, Cluster | None]:
-    """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks)."""
+        cost_model=None, keep_engine: bool = False,
+        from_workload: bool | None = None) -> tuple[Results, Cluster | None]:
+    """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
+
+    ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
+    caller), so a rejection warning may suggest the workload's ``long_prompt_policy``.
+    """
     config = config or SimConfig()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
-    rng = np.random.default_rng(config.seed)
-    table = generate(config.workload, rng) if requests is None else requests
+    from_workload = requests is None if from_workload is None else from_workload
+    table = workload_requests(config) if from_workload else requests
     reqs = make_requests(table)
     del table  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
@@ -155,4 +238,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     req_df.insert(1, "replica", owner)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described))
+    note = rejection_note(req_df, hint=from_workload)
+    if note:
+        warnings.warn(note, RejectionWarning, stacklevel=3)
     return results, (None if release else engine)

@@ -6,7 +6,8 @@ good. Goodput is good requests per second over the same span as request throughp
 minus first arrival); SLO attainment is good requests over all requests.
 
 The saturation label (:func:`saturation_label`) sorts a run into ``stable``, ``backlogged`` or
-``overloaded`` from signals any run records (see :func:`saturation_signals`).
+``overloaded`` from signals any run records (see :func:`saturation_signals`), or ``failed`` when
+no request finished and none was left in flight (e.g. every request was rejected).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-SATURATION_LABELS = ("stable", "backlogged", "overloaded")
+SATURATION_LABELS = ("stable", "backlogged", "overloaded", "failed")
 # Queue growth (waiting requests added per second, as a share of the offered arrival rate) above
 # which a run counts as overloaded / backlogged; see saturation_label.
 OVERLOAD_GROWTH = 0.10
@@ -146,8 +147,8 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
     * ``achieved_rate``: finished requests per second over the throughput span minus the median
       E2EL (the last arrivals' own service time, which a stable engine needs too);
     * ``throughput_ratio``: achieved / offered (about 1 when the engine keeps up);
-    * ``completion``: finished / accepted; ``num_unfinished``: accepted but not finished when the
-      run ended;
+    * ``completion``: finished / accepted; ``num_finished``; ``num_unfinished``: accepted but not
+      finished when the run ended;
     * ``queue_growth``: see :func:`queue_growth`; ``growth_significant``: whether the pile-up
       over the fitted half-window exceeds three times the count's noise, 3 * sqrt(mean + 1);
     * ``queue_ratio``: mean queue time over mean service time (E2EL minus queue time) of the
@@ -170,6 +171,7 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
             "achieved_rate": achieved,
             "throughput_ratio": achieved / offered if offered > 0 else math.nan,
             "completion": num_finished / accepted if accepted else math.nan,
+            "num_finished": num_finished,
             "num_unfinished": accepted - num_finished,
             "queue_growth": growth,
             "growth_significant": significant,
@@ -177,7 +179,7 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
 
 
 def label_from_signals(signals: Mapping[str, Any]) -> str:
-    """``stable``, ``backlogged`` or ``overloaded`` from :func:`saturation_signals`.
+    """``stable``, ``backlogged``, ``overloaded`` or ``failed`` from :func:`saturation_signals`.
 
     * ``overloaded``: the run ended (``max_sim_time``) with accepted requests unfinished, or the
       number of requests in the engine grew by more than 10 % of the offered rate over the second
@@ -187,6 +189,8 @@ def label_from_signals(signals: Mapping[str, Any]) -> str:
       offered rate, or the achieved throughput fell below 80 % of the offered rate, or requests
       spent on average more than 10 % of their service time queued (a queue built up and was
       worked off; near saturation).
+    * ``failed``: not overloaded and no request finished (every request was rejected, or there
+      were none): there is nothing to call stable.
     * ``stable``: otherwise (the engine kept up; the queue stayed flat).
 
     Short runs (tens of requests) are noisy; label runs of a few hundred requests or more.
@@ -194,6 +198,8 @@ def label_from_signals(signals: Mapping[str, Any]) -> str:
     growth = signals["queue_growth"] if signals.get("growth_significant", True) else 0.0
     if signals["num_unfinished"] > 0 or growth > OVERLOAD_GROWTH:
         return "overloaded"
+    if not signals.get("num_finished", 1):
+        return "failed"
     ratio = signals["throughput_ratio"]
     if growth > BACKLOG_GROWTH or (ratio == ratio and ratio < BACKLOG_THROUGHPUT_RATIO) \
             or signals.get("queue_ratio", 0.0) > BACKLOG_QUEUE_RATIO:
@@ -202,7 +208,7 @@ def label_from_signals(signals: Mapping[str, Any]) -> str:
 
 
 def saturation_label(results) -> str:
-    """``stable``, ``backlogged`` or ``overloaded`` for a :class:`~simsched.analysis.metrics.Results`.
+    """The saturation label of a :class:`~simsched.analysis.metrics.Results`.
 
     The rule is :func:`label_from_signals` applied to :func:`saturation_signals`.
     """
@@ -212,14 +218,14 @@ def saturation_label(results) -> str:
 def summarize(results, slos: "SLO | Mapping[str, SLO] | None" = None) -> dict[str, Any]:
     """One flat row for a run: the summary, saturation signals and label, goodput per SLO.
 
-    Percentile keys use ``_p50`` for the median. With one ``SLO`` the goodput columns are
+    Keys follow the summary's scheme (``ttft_p50``, ...; see ``Results.summary``). With one ``SLO`` the goodput columns are
     ``num_good``, ``goodput``, ``slo_attainment``; with a mapping ``{name: SLO}`` each is suffixed
     ``_{name}``.
     """
-    row = {k.replace("_median", "_p50"): v for k, v in results.summary().items()}
+    row = results.summary()
     row["num_waiting_at_end"] = results.info.get("num_waiting_at_end", 0)
     signals = saturation_signals(results.requests, results.iterations)
-    row.update({k: v for k, v in signals.items() if k != "num_unfinished"})
+    row.update({k: v for k, v in signals.items() if k not in ("num_unfinished", "num_finished")})
     row["saturation"] = label_from_signals(signals)
     row["sim_time"] = results.sim_time
     for suffix, slo in _named_slos(slos):

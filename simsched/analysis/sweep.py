@@ -3,7 +3,8 @@
 ``sweep(base, rate=[1, 2, 4], policy=["fcfs", "spf"], seed=[0, 1])`` makes 12 runs and returns a
 :class:`SweepResult` whose ``runs`` frame has one row per run (its ``run_id``, the varied fields
 and the summary metrics, goodput and saturation label) and whose ``requests``, ``iterations`` and
-``preemptions`` and ``replicas`` frames concatenate every run's frame with its ``run_id``.
+``preemptions`` and ``replicas`` frames concatenate every run's frame with its ``run_id`` and varied
+fields.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from simsched.analysis.executors import Job, RunOutput, execute, reraise_warnings
+from simsched.analysis.export import plain, resolved_config, write_frames, write_json
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
-from simsched.analysis.executors import Job, RunOutput, execute, reraise_warnings
 
 FRAMES = ("runs", "requests", "iterations", "preemptions", "replicas")
 
@@ -25,10 +27,11 @@ class SweepResult:
     """The outcome of a sweep: one row per run, plus every run's per-request/iteration frames."""
 
     def __init__(self, runs: pd.DataFrame, configs: list[SimConfig], factors: dict[str, list],
-                 outputs: Sequence[RunOutput]) -> None:
+                 outputs: Sequence[RunOutput], points: Sequence[dict] | None = None) -> None:
         self.runs = runs
         self.configs = configs
         self.factors = factors
+        self.points = list(points) if points is not None else [{} for _ in configs]
         self._outputs = outputs
         self._frames: dict[str, pd.DataFrame] = {}
 
@@ -40,29 +43,33 @@ class SweepResult:
                 if frame is None:
                     raise ValueError(f"this sweep did not keep per-run frames "
                                      f"(keep_frames=False); {name!r} is unavailable")
-                parts.append(frame.assign(run_id=run_id)[["run_id", *frame.columns]])
+                point = self.points[run_id] if run_id < len(self.points) else {}
+                lead = {"run_id": run_id}
+                lead.update({k: v for k, v in point.items() if k not in frame.columns})
+                parts.append(_with_leading(frame, lead))
             self._frames[name] = (pd.concat(parts, ignore_index=True) if parts
                                   else pd.DataFrame({"run_id": []}))
         return self._frames[name]
 
     @property
     def requests(self) -> pd.DataFrame:
-        """Every run's requests frame, concatenated, with a leading ``run_id`` column."""
+        """Every run's requests frame, concatenated, led by ``run_id`` and the varied fields."""
         return self._concat("requests")
 
     @property
     def iterations(self) -> pd.DataFrame:
-        """Every run's iterations frame, concatenated, with a leading ``run_id`` column."""
+        """Every run's iterations frame, concatenated, led by ``run_id`` and the varied fields."""
         return self._concat("iterations")
 
     @property
     def preemptions(self) -> pd.DataFrame:
-        """Every run's preemption causes, concatenated, with a leading ``run_id`` column."""
+        """Every run's preemption causes, concatenated, led by ``run_id`` and the varied
+        fields."""
         return self._concat("preemptions")
 
     @property
     def replicas(self) -> pd.DataFrame:
-        """Every run's per-replica frame, concatenated, with a leading ``run_id`` column."""
+        """Every run's per-replica frame, concatenated, led by ``run_id`` and the varied fields."""
         return self._concat("replicas")
 
     def frames(self) -> dict[str, pd.DataFrame]:
@@ -73,13 +80,31 @@ class SweepResult:
                        preemptions=self.preemptions, replicas=self.replicas)
         return out
 
+    def resolved_configs(self) -> dict:
+        """The sweep's factors and each run's resolved config (with ``derived`` values: the
+        KV blocks used and the time limit applied), as JSON data."""
+        runs = []
+        for run_id, config in enumerate(self.configs):
+            row = self.runs.iloc[run_id] if run_id < len(self.runs) else {}
+            info = {"num_blocks": row.get("num_blocks")} if "num_blocks" in row else None
+            extra = {"max_sim_time": row["max_sim_time"]} if "max_sim_time" in row else {}
+            runs.append({"run_id": run_id, "point": plain(self.points[run_id]),
+                         "config": resolved_config(config, info, **extra)})
+        return {"factors": plain(self.factors), "runs": runs}
+
+    def _write(self, directory, fmt: str) -> list[Path]:
+        written = write_frames(self.frames(), directory, fmt)
+        written.append(write_json(self.resolved_configs(), Path(directory) / "config.json"))
+        return written
+
     def to_csv(self, directory) -> list[Path]:
-        """Write every frame as ``NAME.csv`` into ``directory``; return the paths."""
-        return _write(self.frames(), directory, "csv")
+        """Write every frame as ``NAME.csv`` and the runs' resolved configs as ``config.json``
+        into ``directory``; return the paths."""
+        return self._write(directory, "csv")
 
     def to_parquet(self, directory) -> list[Path]:
-        """Write every frame as ``NAME.parquet`` (needs pyarrow) into ``directory``."""
-        return _write(self.frames(), directory, "parquet")
+        """As :meth:`to_csv`, as ``NAME.parquet`` files (needs pyarrow)."""
+        return self._write(directory, "parquet")
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -88,31 +113,12 @@ class SweepResult:
         return f"SweepResult({len(self.runs)} runs, factors={list(self.factors)})"
 
 
-def _write(frames: Mapping[str, pd.DataFrame], directory, fmt: str) -> list[Path]:
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, frame in frames.items():
-        target = path / f"{name}.{fmt}"
-        if fmt == "csv":
-            frame.to_csv(target, index=False)
-        else:
-            try:
-                import pyarrow  # noqa: F401
-            except ImportError:
-                raise ImportError("Parquet export needs pyarrow: pip install pyarrow") from None
-            _parquet_safe(frame).to_parquet(target, index=False)
-        written.append(target)
-    return written
-
-
-def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
-    # Object columns mixing None with strings/numbers (tenant, varied fields) must be one type.
-    out = frame.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: None if v is None else str(v))
-    return out
+def _with_leading(frame: pd.DataFrame, lead: Mapping) -> pd.DataFrame:
+    """``frame`` with constant columns ``lead`` put first."""
+    extra = pd.DataFrame({k: [v] * len(frame) if not isinstance(v, (list, tuple, dict))
+                          else pd.Series([v] * len(frame), dtype=object)
+                          for k, v in lead.items()}, index=frame.index)
+    return pd.concat([extra, frame], axis=1)
 
 
 def grid(base_config: SimConfig, factors: Mapping[str, Iterable]) -> tuple[list[SimConfig],
@@ -158,6 +164,7 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     mapping of name to SLO) adds goodput and attainment columns. If a config has no
     ``max_sim_time``, each run stops at twice its last arrival time plus 60 s, so overloaded runs
     end and report their unfinished requests. ``keep_frames=False`` returns only the rows.
+    ``progress`` shows a progress bar (tqdm) when there is more than one run.
     """
     base_config = base_config or SimConfig()
     if slos is not None and not isinstance(slos, (SLO, Mapping)):
@@ -172,4 +179,4 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
         rows.append({"run_id": run_id, **point, **out.row})
     runs = pd.DataFrame(rows)
     return SweepResult(runs, configs, {k: list(v) if isinstance(v, Iterable) and not isinstance(
-        v, (str, bytes)) else [v] for k, v in factors.items()}, outputs)
+        v, (str, bytes)) else [v] for k, v in factors.items()}, outputs, points)

@@ -10,11 +10,18 @@ rejected with a ``shed: ...`` reason), asks the router (:mod:`simsched.cluster.r
 replica, and keeps the per-replica load (:mod:`simsched.cluster.state`) up to date on routing,
 first token and completion. A cluster of one replica without admission control runs exactly the
 single-engine code path, so its results are bit-identical to a single engine's.
+
+Arrival times are kept exactly as given: each arrival is scheduled at its absolute time (the
+clock lands on ``arrival_at`` itself, never one ulp off), so requests given the same time are
+simultaneous and queue in request-id order. A replica forms a batch only after every event of
+that instant, so an arrival at the instant a batch is formed joins it (see
+:mod:`simsched.engine.replica`).
 """
 
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from array import array
 from contextlib import contextmanager
@@ -23,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
 
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
@@ -74,6 +82,22 @@ def replica_rng(seed: int, index: int) -> np.random.Generator:
 def router_rng(seed: int) -> np.random.Generator:
     """The router's Generator (independent of the workload's and the replicas' streams)."""
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
+
+
+class _At(simpy.Event):
+    """An event processed at absolute time ``when`` (a timeout's ``now + delay`` can miss it).
+
+    ``0.2 + d`` is never exactly 0.9 for any float ``d``, so an arrival at 0.9 cannot be reached
+    by a delay; this pushes the event onto SimPy's queue as ``Environment.schedule`` does, with
+    the absolute time instead of ``now + delay``.
+    """
+
+    def __init__(self, env: simpy.Environment, when: float) -> None:
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        heapq.heappush(env._queue, (when, NORMAL, next(env._eid), self))
 
 
 class Cluster:
@@ -166,10 +190,8 @@ class Cluster:
     def _arrivals(self):
         env = self.env
         for req in self.requests:
-            delay = req.arrival_at - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-                req.arrival_at = env.now    # now + delay can round one ulp below arrival_at
+            if req.arrival_at > env.now:
+                yield _At(env, req.arrival_at)
             env.process(self._request(req))
 
     def _refresh(self, interval: float):

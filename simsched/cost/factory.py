@@ -6,7 +6,7 @@ import functools
 
 from simsched.cost.base import LinearCostModel, UnitCostModel
 from simsched.cost.calibrated import CalibratedCostModel
-from simsched.cost.hardware import GPUS, MODELS, validate
+from simsched.cost.hardware import GPUS, model_spec
 
 
 @functools.lru_cache(maxsize=64)
@@ -24,5 +24,5 @@ def make_cost_model(hw):
     if hw.cost_model != "calibrated":
         raise ValueError(f"hardware.cost_model must be one of ['calibrated', 'linear', 'unit'], "
                          f"got {hw.cost_model!r}")
-    validate(hw)
-    return _cached_cost_model(MODELS[hw.model], GPUS[hw.gpu], hw.tensor_parallel_size, hw.model)
+    spec = model_spec(hw)   # the config's own shape, or the catalog's
+    return _cached_cost_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model)

@@ -7,7 +7,10 @@ extrapolation from the roofline with A100-fitted efficiencies (see :mod:`simsche
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 GIB = 2**30
@@ -42,8 +45,18 @@ class ModelSpec:
                              f"num_kv_heads ({self.num_kv_heads})")
 
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any], bytes_per_param: int = 2) -> "ModelSpec":
-        """Build a spec from a Hugging Face ``config.json`` mapping (Llama/Mistral/Phi keys)."""
+    def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike,
+                       bytes_per_param: int = 2) -> "ModelSpec":
+        """Build a spec from a Hugging Face ``config.json`` (Llama/Mistral/Phi keys).
+
+        ``config`` is the parsed mapping, the path of the JSON file, or a model folder holding a
+        ``config.json``.
+        """
+        if isinstance(config, (str, os.PathLike)):
+            config = _read_hf_config(Path(config))
+        if not isinstance(config, Mapping):
+            raise ValueError(f"hf config must be a mapping or the path of a config.json, got "
+                             f"{type(config).__name__}")
         try:
             heads = int(config["num_attention_heads"])
             spec = cls(
@@ -84,6 +97,20 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes over all layers: 2 x layers x kv_heads x head_dim x bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+
+
+def _read_hf_config(path: Path) -> Mapping[str, Any]:
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"hf config file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 @dataclass(frozen=True)
@@ -127,7 +154,12 @@ REFERENCE_GPU = "a100-80gb"  # the GPU the Vidur profiles were measured on
 
 
 def register_model(name: str, spec: ModelSpec) -> None:
-    """Add (or replace) a model in the catalog so configs can name it."""
+    """Add (or replace) a model in this process's catalog so configs can name it.
+
+    The catalog is a module global: worker processes of a sweep (spawned, or on Ray) do not see
+    it. To run a custom model anywhere, put its shape in the config instead:
+    ``HardwareConfig(model="my-model", model_spec=spec)``.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"model name must be a non-empty string, got {name!r}")
     if not isinstance(spec, ModelSpec):
@@ -135,13 +167,49 @@ def register_model(name: str, spec: ModelSpec) -> None:
     MODELS[name] = spec
 
 
-def validate(hw) -> None:
-    """Check model, GPU and tensor-parallel degree; raise ValueError naming the bad field."""
+def as_model_spec(value: Any) -> ModelSpec:
+    """A :class:`ModelSpec` from a spec, a mapping of its fields or of a Hugging Face
+    ``config.json``, or the path of such a file (what ``hardware.model_spec`` accepts)."""
+    if isinstance(value, ModelSpec):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return ModelSpec.from_hf_config(value)
+    if isinstance(value, Mapping):
+        if "num_hidden_layers" in value:
+            return ModelSpec.from_hf_config(value)
+        try:
+            return ModelSpec(**value)
+        except TypeError as exc:
+            raise ValueError(f"hardware.model_spec: {exc}") from None
+    raise ValueError(f"hardware.model_spec must be a ModelSpec, a mapping, the path of a "
+                     f"config.json or None, got {value!r}")
+
+
+def _spec(hw) -> ModelSpec:
+    """The shape of ``hw``'s model: ``hw.model_spec`` if set, else the catalog's entry."""
+    spec = getattr(hw, "model_spec", None)
+    if spec is not None:
+        return spec
     if hw.model not in MODELS:
-        raise ValueError(f"hardware.model must be one of {sorted(MODELS)}, got {hw.model!r}")
+        raise ValueError(f"hardware.model must be one of {sorted(MODELS)} (or give its shape "
+                         f"in hardware.model_spec), got {hw.model!r}")
+    return MODELS[hw.model]
+
+
+def validate(hw) -> None:
+    """Check model, GPU and tensor-parallel degree; raise ValueError naming the bad field.
+
+    A config carrying its own ``model_spec`` needs no catalog entry (so it works in any worker
+    process), but may not reuse a catalog name for a different shape.
+    """
+    spec = _spec(hw)
+    if getattr(hw, "model_spec", None) is not None and hw.model in MODELS \
+            and MODELS[hw.model] != spec:
+        raise ValueError(f"hardware.model {hw.model!r} names a catalog model of another shape "
+                         f"than hardware.model_spec; give the custom model its own name")
     if hw.gpu not in GPUS:
         raise ValueError(f"hardware.gpu must be one of {sorted(GPUS)}, got {hw.gpu!r}")
-    spec, tp = MODELS[hw.model], hw.tensor_parallel_size
+    tp = hw.tensor_parallel_size
     if tp not in TP_SIZES:
         raise ValueError(f"hardware.tensor_parallel_size must be one of {list(TP_SIZES)}, "
                          f"got {tp!r}")
@@ -152,9 +220,9 @@ def validate(hw) -> None:
 
 
 def model_spec(hw) -> ModelSpec:
-    """The catalog entry of ``hw.model``."""
+    """The shape of ``hw``'s model: ``hw.model_spec`` if set, else the catalog entry of ``hw.model``."""
     validate(hw)
-    return MODELS[hw.model]
+    return _spec(hw)
 
 
 def max_model_len(hw) -> int:

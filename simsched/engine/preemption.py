@@ -2,7 +2,9 @@
 
 Two triggers: a running request that cannot get a KV block (always on, as in vLLM) makes room by
 preempting victims chosen by the victim policy; with ``preemption=True`` the best waiting request
-that cannot get KV may preempt running requests the queue policy ranks below it. A request
+that cannot get KV may preempt running requests the queue policy ranks below it (a policy's
+``may_preempt(running, waiting)`` hook, where it has one, decides instead: MLFQ and fair share
+use it to guard against preemption storms). A request
 preempted ``max_num_preemptions`` times is protected while unprotected candidates exist, and when
 every running request is protected the newest is evicted, so the oldest always finishes.
 """
@@ -42,7 +44,7 @@ class PreemptionMixin:
         Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
         """
         key = (req.id, need, slot, self.running_version, tuple(self.planned))
-        if self._static_ranks and key == self._failed_admission:
+        if self._memo_failed and key == self._failed_admission:
             return False
         cap = self.cfg.max_num_preemptions
         planned = self.planned
@@ -53,10 +55,9 @@ class PreemptionMixin:
                           if r.sort_key > key_req and r.num_preemptions < cap
                           and r.id not in planned]
         else:
-            ranks_below = self.queue.ranks_below
+            below = self._may_preempt or self.queue.ranks_below
             candidates = [r for r in self.running.values()
-                          if r.num_preemptions < cap and r.id not in planned
-                          and ranks_below(r, req)]
+                          if r.num_preemptions < cap and r.id not in planned and below(r, req)]
         kv = self.kv
         held = kv.num_held
         freeable = sum([held(r.id) for r in candidates])

@@ -6,6 +6,11 @@ produced. A preemption (recompute or swap) interrupts the victim's process with 
 :class:`~simsched.request.PreemptionCause`. Swap transfers take
 ``bytes / (cache.swap_bandwidth_gbps * 1e9)`` seconds on top of the cost model's time.
 
+Batches form after everything else at their instant: the GPU waits for an iteration's end (and,
+after idling, for the instant it was woken) with an event of lower priority than SimPy's, so every
+arrival at the instant a batch is formed has joined the queue first and is considered for that
+batch, whatever the order in which SimPy scheduled the events.
+
 Request processes belong to the cluster (:mod:`simsched.cluster.cluster`), which hands each
 admitted request to a replica with :meth:`Replica.add` together with the SimPy handles the replica
 fires: the process to interrupt and the first-token and done events.
@@ -14,6 +19,7 @@ fires: the process to interrupt and the first-token and done events.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import simpy
@@ -25,8 +31,33 @@ from simsched.engine.scheduler import Scheduler
 from simsched.request import Request
 
 
+# SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
+LATE = 2
+
+
+# An iteration must span at least this many float spacings of the clock (relative error <= 0.05 %).
+MIN_ULPS = 1024
+
+
 class SimulationError(RuntimeError):
     """The engine could not make progress (a scheduler bug, never a user error)."""
+
+
+class IterationTimeError(ValueError):
+    """A cost model's iteration time is unusable: not a number, not finite and positive, or too
+    small to advance the clock at the current time (float resolution)."""
+
+
+class _Late(simpy.Event):
+    """A timeout processed after every URGENT and NORMAL event of the instant it fires at."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        # As simpy.Timeout does: already triggered, scheduled ``delay`` from now.
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        env.schedule(self, LATE, delay)
 
 
 class Replica:
@@ -83,6 +114,7 @@ class Replica:
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
+                yield _Late(env, 0.0)   # let every arrival of this instant join the batch
                 continue
             batch = sched.schedule(env.now)
             num_preempted = len(sched.preempted)
@@ -106,11 +138,15 @@ class Replica:
                 self.on_kv(self.index, used, self.kv.num_blocks)
             waiting = sched.num_waiting
             duration = cost.iteration_time(batch)
-            if not duration > 0 or duration == math.inf:
-                raise SimulationError(f"cost model returned {duration!r} for {batch!r}")
+            # One cheap check per iteration: a float, positive, finite from now on, and large
+            # enough that now + duration still resolves it (arrivals near 1e17 s do not).
+            if duration.__class__ is not float:
+                duration = self._seconds(duration, batch)
+            if not (duration >= math.ulp(started) * MIN_ULPS and started + duration < math.inf):
+                self._bad_duration(duration, batch)
             swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / self.swap_bytes_per_second
             duration += swap_time
-            yield env.timeout(duration)
+            yield _Late(env, duration)
             firsts, finished = sched.commit(env.now)
             log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
                          batch.num_seqs, waiting, used, num_preempted, swap_time))
@@ -120,6 +156,33 @@ class Replica:
                 live.pop(req.id)[2].succeed()
             if self.on_iteration is not None:
                 self.on_iteration(self, batch)
+
+    def _cost_name(self) -> str:
+        cost = self.cost_model
+        own_repr = type(cost).__repr__ is not object.__repr__
+        return repr(cost) if own_repr else type(cost).__qualname__
+
+    def _seconds(self, value, batch) -> float:
+        """A cost model's non-``float`` return value as seconds (ints and numpy reals pass)."""
+        if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+            return float(value)
+        raise IterationTimeError(
+            f"cost model {self._cost_name()} returned {value!r} ({type(value).__name__}, not a "
+            f"number of seconds) for {batch!r} at t={self.env.now!r}")
+
+    def _bad_duration(self, duration: float, batch) -> None:
+        now = self.env.now
+        if duration > 0 and now + duration < math.inf:
+            raise IterationTimeError(
+                f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at "
+                f"t={now!r} s, below the clock's float resolution there (spacing "
+                f"{math.ulp(now):.3g} s; an iteration must span {MIN_ULPS} of them): latencies "
+                f"would round to nothing. Shift the arrival times to start near 0 (times this "
+                f"large are rejected, not shifted) or check the cost model's units")
+        why = ("overflows the clock" if duration > 0 else "must be a finite number > 0")
+        raise IterationTimeError(
+            f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at t={now!r} "
+            f"s: an iteration time {why}")
 
     def _interrupt_victims(self) -> None:
         for victim, cause in self.scheduler.preempted:

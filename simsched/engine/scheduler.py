@@ -10,8 +10,8 @@ Decodes are advanced lazily. Every running decoder computes one token in every *
 ``step``, advances them all; a decoder's progress is its count at the start of its decode run
 plus the steps since. The steps at which a decoder needs a new KV block or emits its last token
 are known in advance and kept in calendar dicts, so an iteration costs O(events) rather than
-O(batch), and never O(waiting queue). Queue policies with a per-iteration ``refresh`` hook (MLFQ)
-add O(running) per iteration, only when selected.
+O(batch), and never O(waiting queue). A queue policy with a per-iteration ``refresh`` hook would
+add O(running) per iteration (none has one: MLFQ ranks lazily).
 
 Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
 ``preemption_mode="swap"``, swaps the victim's KV to CPU memory (:mod:`simsched.swap`).
@@ -63,7 +63,13 @@ class Scheduler(PreemptionMixin):
         # With fixed ranks a failed admission preemption fails again until the running set
         # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan.
         self._static_ranks = (self._queue_refresh is None
-                              and getattr(self.queue, "max_wait", False) is None)
+                              and not getattr(self.queue, "dynamic_ranks", False))
+        # A policy may refuse an admission preemption its ranks would allow (storm guards).
+        self._may_preempt = getattr(self.queue, "may_preempt", None)
+        # Running requests whose ranks can only improve (SJF: remaining work shrinks) keep a
+        # failed admission scan failed until the running set changes, as fixed ranks do.
+        self._memo_failed = self._static_ranks or bool(getattr(self.queue, "ranks_only_improve",
+                                                               False))
         self.running_version = 0
         self._failed_admission: tuple | None = None
         self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
@@ -168,9 +174,11 @@ class Scheduler(PreemptionMixin):
             self._decodes_count = True
             self._grow_decoders(self.step + 1)
             self._continue_prefills()
-            swap.swap_in(self)
-            if self._may_admit() and (self.cfg.style != "static" or not self.running):
-                self._admit()
+            # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
+            if not self.preempted or self.cfg.admit_after_preemption:
+                swap.swap_in(self)
+                if self._may_admit() and (self.cfg.style != "static" or not self.running):
+                    self._admit()
         for req in self._requeue:
             self.queue.push(req, now)
         self._requeue.clear()

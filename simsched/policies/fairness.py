@@ -37,8 +37,10 @@ class ServiceMeter:
         self._decoders: dict[Hashable, int] = {}
         self._mark: dict[Hashable, int] = {}
         self._lift: dict[Hashable, float] = {}
+        self.version = 0            # bumped by every change, so counters can be cached
 
     def _settle(self, tenant: Hashable, step: int) -> None:
+        self.version += 1
         n = self._decoders.get(tenant, 0)
         if n:
             self._output[tenant] = self._output.get(tenant, 0) + n * (step - self._mark[tenant])
@@ -47,10 +49,12 @@ class ServiceMeter:
     def prefill(self, req: Request, num_tokens: int) -> None:
         """Count ``num_tokens`` prompt tokens prefilled for ``req`` (negative to undo)."""
         t = req.tenant
+        self.version += 1
         self.prompt_tokens[t] = self.prompt_tokens.get(t, 0) + num_tokens
 
     def first_token(self, req: Request) -> None:
         """Count an output token emitted at the end of a (re)prefill."""
+        self.version += 1
         self._output[req.tenant] = self._output.get(req.tenant, 0) + 1
 
     def start_decoding(self, req: Request, step: int) -> None:
@@ -79,11 +83,14 @@ class ServiceMeter:
         """Raise the tenant's counter to at least ``to``."""
         gap = to - self.counter(tenant, step)
         if gap > 0:
+            self.version += 1
             self._lift[tenant] = self._lift.get(tenant, 0.0) + gap
 
 
 class VTCQueue:
     """Waiting queue of the virtual token counter policy (see the module docstring)."""
+
+    dynamic_ranks = True        # ranks follow the tenants' counters, which change every iteration
 
     def __init__(self, meter: ServiceMeter) -> None:
         self.meter = meter
@@ -91,6 +98,8 @@ class VTCQueue:
         self._view = None
         self._last_left = 0.0
         self._len = 0
+        self._counters: dict[Hashable, float] = {}   # valid for _counted = (version, step)
+        self._counted = (-1, -1)
 
     def bind(self, view) -> None:
         """Read the decode-step clock from ``view`` (the scheduler)."""
@@ -100,8 +109,15 @@ class VTCQueue:
         return self._view.step if self._view is not None else 0
 
     def counter(self, tenant: Hashable) -> float:
-        """The VTC of ``tenant`` now."""
-        return self.meter.counter(tenant, self._step())
+        """The VTC of ``tenant`` now (cached until the meter or the decode step changes)."""
+        stamp = (self.meter.version, self._step())
+        if stamp != self._counted:
+            self._counters = {}
+            self._counted = stamp
+        value = self._counters.get(tenant)
+        if value is None:
+            value = self._counters[tenant] = self.meter.counter(tenant, stamp[1])
+        return value
 
     def push(self, req: Request, now: float) -> None:
         """Enqueue ``req``; lift its tenant if it was not backlogged."""
@@ -137,6 +153,19 @@ class VTCQueue:
         """Whether ``req``'s tenant has received more service (ties: ``req`` arrived later)."""
         return ((self.counter(req.tenant), req.arrival_at, req.id)
                 > (self.counter(other.tenant), other.arrival_at, other.id))
+
+    def may_preempt(self, running: Request, waiting: Request) -> bool:
+        """Whether ``waiting`` may preempt ``running``: only if its tenant stays behind
+        ``running``'s even after ``waiting``'s prefill is counted.
+
+        Otherwise the two tenants would swap places at the next iteration and the victim's
+        tenant would preempt back: a storm of several preemptions per iteration. Requests of one
+        tenant never preempt each other.
+        """
+        meter = self.meter
+        prefill = (meter.prompt_weight * (waiting.prefill_target - waiting.num_computed)
+                   / meter.tenant_weights.get(waiting.tenant, 1.0))
+        return self.counter(running.tenant) > self.counter(waiting.tenant) + prefill
 
     def __len__(self) -> int:
         return self._len

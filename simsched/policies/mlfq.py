@@ -8,15 +8,18 @@ exceed (skip-join: it enters the first level whose quantum is larger than its pr
 demoted to the next level each time it has used up its current level's quantum, and the last
 level has no limit. Requests are served by level, then by arrival.
 
-Because a running request's level changes while it decodes, the scheduler calls
-:meth:`MLFQueue.refresh` once per iteration, which re-ranks every running request (O(running), paid
-only when this policy is selected); the queue is *preemptive*: a waiting request of a higher level
-that cannot get a sequence slot or KV blocks preempts running requests of lower levels.
+A running request's level changes while it decodes. Levels are cached: a request's key
+``(level, arrival_at, id, end)`` carries the service ``end`` at which its level ends, so its rank
+is recomputed only when its service crosses that bound, and only when a rank is asked for
+(admission preemption, the ``policy_worst`` victim): no per-iteration pass over the running
+requests. The queue is *preemptive*: a waiting request of a higher level that cannot get a
+sequence slot or KV blocks preempts running requests of lower levels.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -26,18 +29,26 @@ from simsched.request import Request
 
 
 class MLFQueue(HeapQueue):
-    """Skip-join MLFQ: the waiting-queue key is (level, arrival) at enqueue time."""
+    """Skip-join MLFQ: the key is (level, arrival, id), with the level's service bound cached."""
 
     preemptive = True
+    dynamic_ranks = True        # a running request's rank changes as it is served
 
     def __init__(self, quantum: float, growth: float, num_levels: int,
-                 prefill_tokens_per_unit: float, max_wait: float | None = None) -> None:
+                 prefill_tokens_per_unit: float, max_wait: float | None = None,
+                 min_quantum: float = 0.0) -> None:
         super().__init__(self._rank_key, max_wait)
+        self.min_quantum = min_quantum
         self.quanta = [quantum * growth ** i for i in range(num_levels)]
         self.num_levels = num_levels
         self.prefill_tokens_per_unit = prefill_tokens_per_unit
         # ends[e][L]: service (units) after which a request that entered at level e leaves level L
         self.ends = [list(itertools.accumulate(self.quanta[e:])) for e in range(num_levels)]
+        self._view = None
+
+    def bind(self, view) -> None:
+        """Read running requests' progress from ``view`` (the scheduler)."""
+        self._view = view
 
     def entry_level(self, req: Request) -> int:
         """The first level whose quantum exceeds ``req``'s prefill (skip-join)."""
@@ -47,22 +58,42 @@ class MLFQueue(HeapQueue):
                 return i
         return self.num_levels - 1
 
-    def level(self, req: Request, num_generated: int) -> int:
-        """The level of ``req`` after ``num_generated`` output tokens."""
+    def _key_at(self, req: Request, num_generated: int) -> tuple:
         e = self.entry_level(req)
         service = req.num_prompt_tokens / self.prefill_tokens_per_unit + num_generated
         for offset, end in enumerate(self.ends[e]):
             if service < end:
-                return e + offset
-        return self.num_levels - 1
+                return (e + offset, req.arrival_at, req.id, end)
+        return (self.num_levels - 1, req.arrival_at, req.id, math.inf)
+
+    def level(self, req: Request, num_generated: int) -> int:
+        """The level of ``req`` after ``num_generated`` output tokens."""
+        return self._key_at(req, num_generated)[0]
 
     def _rank_key(self, req: Request, now: float) -> tuple:
-        return (self.level(req, req.num_generated), req.arrival_at, req.id)
+        return self._key_at(req, req.num_generated)
 
-    def refresh(self, running, view) -> None:
-        """Re-rank running requests by their current level (called once per iteration)."""
-        for req in running:
-            req.sort_key = (self.level(req, view.num_generated(req)), req.arrival_at, req.id)
+    def key(self, req: Request) -> tuple:
+        """``req``'s current key, recomputed only if its service left the cached level."""
+        key = req.sort_key
+        g = self._view.num_generated(req) if self._view is not None else req.num_generated
+        if key and req.num_prompt_tokens / self.prefill_tokens_per_unit + g < key[3]:
+            return key            # service only grows: still below the cached level's end
+        key = req.sort_key = self._key_at(req, g)
+        return key
+
+    def ranks_below(self, req: Request, other: Request) -> bool:
+        """Whether ``req`` (waiting, running or swapped) is served after ``other`` now."""
+        return self.key(req) > self.key(other)
+
+    def may_preempt(self, running: Request, waiting: Request) -> bool:
+        """Whether ``waiting`` may preempt ``running`` to be admitted: it ranks higher, and
+        ``running`` has decoded ``min_quantum`` tokens since its last admission (the guard
+        against demote-and-preempt storms; a request still in its prefill is protected too)."""
+        s0 = running.run_start_step
+        if s0 < 0 or self._view.step - s0 + 1 < self.min_quantum:
+            return False
+        return self.key(running) > self.key(waiting)
 
 
 def mlfq(options: Mapping[str, Any], rng: np.random.Generator) -> MLFQueue:
@@ -70,10 +101,12 @@ def mlfq(options: Mapping[str, Any], rng: np.random.Generator) -> MLFQueue:
 
     Options: ``quantum`` (units in level 0, default 4), ``growth`` (quantum ratio between levels,
     default 2), ``num_levels`` (default 8), ``prefill_tokens_per_unit`` (prompt tokens whose
-    prefill counts as one unit, default 128), ``max_wait`` (seconds; promote longer waits).
+    prefill counts as one unit, default 128), ``max_wait`` (seconds; promote longer waits),
+    ``min_quantum`` (output tokens a request decodes after each admission before a waiting
+    request of a higher level may preempt it, default 64; 0 turns the guard off).
     """
     check_option_names(options, "mlfq", ("quantum", "growth", "num_levels",
-                                         "prefill_tokens_per_unit", "max_wait"))
+                                         "prefill_tokens_per_unit", "max_wait", "min_quantum"))
     levels = option(options, "num_levels", 8, 1, 64)
     if levels != int(levels):
         raise ValueError(f"scheduler.policy_options['num_levels'] must be an integer, "
@@ -82,4 +115,5 @@ def mlfq(options: Mapping[str, Any], rng: np.random.Generator) -> MLFQueue:
                     option(options, "growth", 2.0, 1.0),
                     int(levels),
                     option(options, "prefill_tokens_per_unit", 128.0, 0.0, low_open=True),
-                    option(options, "max_wait", None, 0.0, low_open=True))
+                    option(options, "max_wait", None, 0.0, low_open=True),
+                    option(options, "min_quantum", 64.0, 0.0))

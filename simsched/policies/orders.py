@@ -8,9 +8,12 @@ ranks below another, which the admission trigger and the ``policy_worst`` victim
 fixed while a request waits; time-dependent rules are written as a fixed key involving the enqueue
 time (aging: ``base - rate * (now - t_enq)`` compared at one ``now`` orders like
 ``base + rate * t_enq``). Optional queue hooks the scheduler calls: ``bind(scheduler)`` once,
-``update(now)`` every iteration, ``refresh(running, scheduler)`` every iteration (O(running); only
-MLFQ has it), ``preemptive = True`` (a better waiting request may also preempt for a sequence
-slot), and ``meter`` (a :class:`~simsched.policies.fairness.ServiceMeter` fed with served tokens).
+``update(now)`` every iteration, ``refresh(running, scheduler)`` every iteration (O(running); no
+policy has one), ``dynamic_ranks = True`` (ranks of running requests change as they are served,
+so the scheduler asks ``ranks_below`` instead of comparing keys), ``may_preempt(running,
+waiting)`` (the admission trigger's decision, where it differs from ``ranks_below``: storm
+guards), ``preemptive = True`` (a better waiting request may also preempt for a sequence slot),
+and ``meter`` (a :class:`~simsched.policies.fairness.ServiceMeter` fed with served tokens).
 
 Adding a policy means adding one function and one line in a registry below.
 """

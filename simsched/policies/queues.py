@@ -3,7 +3,8 @@
 :class:`HeapQueue` keeps waiting requests in a heap by a key fixed at enqueue time (O(log n) per
 push/pop). With ``max_wait`` it also promotes any request that has waited longer than that, in
 enqueue order, ahead of the key order (an anti-starvation rule): the promotion is evaluated at the
-time of the scheduler's last :meth:`HeapQueue.update` call.
+time of the scheduler's last :meth:`HeapQueue.update` call. Promotion decides who is admitted
+next, not whom a waiting request may preempt (see :meth:`HeapQueue.ranks_below`).
 """
 
 from __future__ import annotations
@@ -92,18 +93,15 @@ class HeapQueue:
         del self._live[req.id]
         return req
 
-    def rank(self, req: Request) -> tuple:
-        """A comparable rank of ``req`` (waiting or running): smaller is served first."""
-        if self.max_wait is not None and req.id in self._live \
-                and self.now - req.queued_at > self.max_wait:
-            return (0, req.queued_at)
-        return (1, req.sort_key)
-
     def ranks_below(self, req: Request, other: Request) -> bool:
-        """Whether ``req`` would be served after ``other``."""
-        if self.max_wait is None:
-            return req.sort_key > other.sort_key
-        return self.rank(req) > self.rank(other)
+        """Whether ``req``'s key ranks it after ``other`` (for preemption and victims).
+
+        Promotion past ``max_wait`` orders the waiting queue only: it gives no right to preempt
+        running requests. (It did: once every waiting request had waited ``max_wait``, each
+        admission preempted a running one, and the victims, re-queued, did the same ``max_wait``
+        later, a storm of two to three preemptions per iteration in overload.)
+        """
+        return req.sort_key > other.sort_key
 
     def __len__(self) -> int:
         return len(self._live)

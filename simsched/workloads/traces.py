@@ -10,14 +10,16 @@ Formats, recognised from the header (CSV) or field names (JSONL, one object per 
 * **lengths**: ``num_prefill_tokens, num_decode_tokens`` (the bundled ShareGPT length pairs) or a
   generic file without ``arrival_at``: usable for lengths only.
 
-Files may be gzipped (``.gz``). Loading is vectorised; a bad value raises
-:class:`TraceFormatError` naming the file and line of the first bad row and how many rows are bad.
+Files may be gzipped (``.gz``) and must be UTF-8 text. Loading is vectorised; a bad value raises
+:class:`TraceFormatError` naming the file, the line of the first bad row, how many rows are bad,
+the format detected and the columns it expects (an unrecognised header lists every format).
 Unsorted timestamps are sorted and reported; long prompts are clipped, dropped or refused per
 :func:`apply_long_prompt_policy`, with the count reported in a :class:`LoadReport` and a warning.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import gzip
 import io
@@ -43,6 +45,11 @@ _COLUMNS = {  # format -> (time column, prompt column, output column)
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "generic": ("arrival_at", "num_prompt_tokens", "num_output_tokens"),
     "sharegpt": (None, "num_prefill_tokens", "num_decode_tokens"),
+}
+EXPECTED = {  # format -> the columns it expects, as error messages state them
+    "azure": "TIMESTAMP, ContextTokens, GeneratedTokens",
+    "generic": "arrival_at, num_prompt_tokens, num_output_tokens[, priority][, tenant]",
+    "sharegpt": "num_prefill_tokens, num_decode_tokens (lengths only)",
 }
 
 
@@ -99,6 +106,44 @@ def _fail(path, line, message: str, num_bad: int = 1) -> None:
     raise TraceFormatError(f"{where}: {message}{more}")
 
 
+def _expected(fmt: str) -> str:
+    return f"{fmt} format, expected columns: {EXPECTED[fmt]}"
+
+
+def _all_formats() -> str:
+    return "; ".join(f"{fmt}: {cols}" for fmt, cols in EXPECTED.items())
+
+
+def _lines(path: Path) -> list[bytes]:
+    """The file's raw lines (decompressed), for locating errors only."""
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as f:
+        return f.read().split(b"\n")
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> None:
+    for number, raw in enumerate(_lines(path), 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            _fail(path, number, f"not UTF-8 text (byte 0x{raw[bad.start]:02x} at column "
+                  f"{bad.start + 1}); save the trace as UTF-8")
+    _fail(path, None, f"not UTF-8 text ({exc.reason}); save the trace as UTF-8")
+
+
+def _field_counts(path: Path) -> None:
+    """Name the first row whose field count differs upwards from the header's (error path)."""
+    text = io.StringIO(b"\n".join(_lines(path)).decode("utf-8"))
+    reader = csv.reader(text)
+    header = [c.strip() for c in next(reader, [])]
+    fmt = next((f for f, cols in _COLUMNS.items() if all(c in header for c in cols if c)), None)
+    expected = f" [{_expected(fmt)}]" if fmt else ""
+    for row in reader:
+        if len(row) > len(header):
+            _fail(path, reader.line_num, f"{len(row)} fields, but the header has {len(header)} "
+                  f"({', '.join(header)}){expected}")
+
+
 def _is_jsonl(path: Path) -> bool:
     suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
     return bool(suffixes) and suffixes[-1] in (".jsonl", ".json", ".ndjson")
@@ -108,8 +153,11 @@ def _read_table(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     """The raw table and the file line number of each of its rows (blank lines skipped)."""
     if _is_jsonl(path):
         opener = gzip.open if path.suffix.lower() == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read().splitlines()
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                text = f.read().splitlines()
+        except UnicodeDecodeError as exc:
+            _not_utf8(path, exc)
         lines = np.array([i + 1 for i, s in enumerate(text) if s.strip()], dtype=np.int64)
         body = "\n".join(s for s in text if s.strip())
         try:
@@ -127,10 +175,18 @@ def _read_table(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
         return table, lines
     try:
         # Numeric columns parse in C; only a column with a bad value falls back to strings.
-        table = pd.read_csv(path, dtype={"tenant": str, "TIMESTAMP": str},
-                            skip_blank_lines=False)
+        # index_col=False: a first row with an extra field must not become an index column.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)
+            table = pd.read_csv(path, dtype={"tenant": str, "TIMESTAMP": str},
+                                skip_blank_lines=False, index_col=False, encoding="utf-8")
+        if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
+            _field_counts(path)
+    except UnicodeDecodeError as exc:
+        _not_utf8(path, exc)
     except pd.errors.ParserError as exc:
-        raise TraceFormatError(f"{path}: malformed CSV: {exc}") from None
+        _field_counts(path)
+        raise TraceFormatError(f"{path}: malformed CSV: {str(exc).strip()}") from None
     except pd.errors.EmptyDataError:
         raise TraceFormatError(f"{path}: empty file (expected a header line)") from None
     table.columns = [str(c).strip() for c in table.columns]
@@ -149,9 +205,19 @@ def _detect(path: Path, columns, require_times: bool) -> str:
             if require_times and t is None:
                 _fail(path, 1, f"has lengths only ({p}, {o}), no timestamps to replay")
             return fmt
-    closest = min(missing, key=lambda f: len(missing[f]))
-    _fail(path, 1, f"missing column(s) {missing[closest]} for the {closest} format; header has "
-          f"{list(columns)} (see simsched.traces for the accepted formats)")
+    # Blame a format only if the header has some of its columns.
+    known = {fmt: len([c for c in _COLUMNS[fmt] if c is not None]) - len(missing[fmt])
+             for fmt in _COLUMNS}
+    closest = max(known, key=lambda f: known[f])
+    if known[closest] > 0:
+        _fail(path, 1, f"missing column(s) {missing[closest]} for the {closest} format; header "
+              f"has {list(columns)} ({_expected(closest)})")
+    separator = next((sep for sep in (";", "\t", "|") if any(sep in str(c) for c in columns)),
+                     None)
+    hint = (f"; the header contains {separator!r}: traces are comma-separated" if separator
+            else "")
+    _fail(path, 1, f"unrecognised header {list(columns)}{hint}; expected the columns of one "
+          f"format: {_all_formats()}")
     raise AssertionError  # unreachable
 
 
@@ -194,6 +260,14 @@ def _read(path: Path, require_times: bool) -> tuple[pd.DataFrame, LoadReport]:
     if table.empty:
         _fail(path, None, "no requests in the file")
     fmt = _detect(path, table.columns, require_times)
+    try:
+        return _parse(path, table, lines, fmt)
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"{exc} [{_expected(fmt)}]") from None
+
+
+def _parse(path: Path, table: pd.DataFrame, lines: np.ndarray,
+           fmt: str) -> tuple[pd.DataFrame, LoadReport]:
     t_col, p_col, o_col = _COLUMNS[fmt]
     out = pd.DataFrame({
         "num_prompt_tokens": _tokens(path, table, lines, p_col, "prompt"),
@@ -255,20 +329,30 @@ def read_trace(path, require_times: bool = True) -> tuple[pd.DataFrame, LoadRepo
 
 
 def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | None,
-                             policy: str, source: str) -> tuple[pd.DataFrame, dict]:
-    """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens``.
+                             policy: str, source: str,
+                             max_total_tokens: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens`` or whose prompt
+    plus output exceeds ``max_total_tokens`` (a model's context length).
 
-    Returns the new table and the counts ``num_long_prompts``, ``num_clipped``, ``num_dropped``.
-    Never silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
+    Clipping shortens the prompt so that both limits hold (the output too, if the output alone
+    leaves no room for a one-token prompt). Returns the new table and the counts
+    ``num_long_prompts`` (requests over a limit), ``num_clipped``, ``num_dropped``. Never
+    silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
     ``ValueError`` naming the source and the first offending line (or request index).
     """
     if policy not in LONG_PROMPT_POLICIES:
         raise ValueError(f"long_prompt_policy must be one of {list(LONG_PROMPT_POLICIES)}, "
                          f"got {policy!r}")
     counts = {"num_long_prompts": 0, "num_clipped": 0, "num_dropped": 0}
-    if max_prompt_tokens is None or requests.empty:
+    if (max_prompt_tokens is None and max_total_tokens is None) or requests.empty:
         return requests, counts
-    long = requests["num_prompt_tokens"].to_numpy() > max_prompt_tokens
+    prompt = requests["num_prompt_tokens"].to_numpy()
+    output = requests["num_output_tokens"].to_numpy()
+    long = np.zeros(len(requests), dtype=bool)
+    if max_prompt_tokens is not None:
+        long |= prompt > max_prompt_tokens
+    if max_total_tokens is not None:
+        long |= prompt + output > max_total_tokens
     num_long = int(long.sum())
     counts["num_long_prompts"] = num_long
     if not num_long:
@@ -276,14 +360,27 @@ def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | No
     i = int(np.flatnonzero(long)[0])
     where = (f"line {requests['line'].iloc[i]}" if "line" in requests.columns
              else f"request {i}")
-    message = (f"{source}: {num_long} prompt(s) longer than max_prompt_tokens="
-               f"{max_prompt_tokens} (first at {where}: "
-               f"{requests['num_prompt_tokens'].iloc[i]} tokens)")
+    if max_total_tokens is None:
+        message = (f"{source}: {num_long} prompt(s) longer than max_prompt_tokens="
+                   f"{max_prompt_tokens} (first at {where}: {prompt[i]} tokens)")
+    else:
+        limits = (f"max_prompt_tokens={max_prompt_tokens} or " if max_prompt_tokens else "")
+        message = (f"{source}: {num_long} request(s) over {limits}prompt + output > "
+                   f"{max_total_tokens} tokens (first at {where}: {prompt[i]} + {output[i]} "
+                   "tokens)")
     if policy == "error":
         raise ValueError(message + "; set long_prompt_policy='clip' or 'drop' to load anyway")
     if policy == "clip":
         requests = requests.copy()
-        requests.loc[long, "num_prompt_tokens"] = max_prompt_tokens
+        new_prompt = prompt.copy()
+        new_output = output.copy()
+        if max_prompt_tokens is not None:
+            new_prompt = np.minimum(new_prompt, max_prompt_tokens)
+        if max_total_tokens is not None:
+            new_prompt = np.maximum(np.minimum(new_prompt, max_total_tokens - output), 1)
+            new_output = np.minimum(output, max_total_tokens - new_prompt)
+        requests["num_prompt_tokens"] = new_prompt.astype(prompt.dtype)
+        requests["num_output_tokens"] = new_output.astype(output.dtype)
         counts["num_clipped"] = num_long
     else:
         requests = requests[~long].reset_index(drop=True)

@@ -36,6 +36,10 @@ WORKLOADS = {
     "trace": "replay of a user trace file (trace_path)",
     "custom": "any arrival process and length distribution, set field by field",
 }
+# What rate=None and num_requests=None (with duration=None) mean for a synthetic arrival process;
+# a replayed trace keeps its recorded times and every request instead.
+DEFAULT_RATE = 8.0
+DEFAULT_NUM_REQUESTS = 500
 # What arrival=None and lengths=None mean for each workload.
 _DEFAULTS = {"lesson": ("poisson", "lognormal"), "sharegpt": ("poisson", "empirical"),
              "azure-code": ("trace", "trace"), "azure-conv": ("trace", "trace"),
@@ -66,17 +70,21 @@ class WorkloadConfig:
 
     ``name`` picks one of :data:`WORKLOADS`; ``arrival`` and ``lengths`` left at ``None`` take
     that workload's own (e.g. ``trace`` for ``azure-conv``). ``rate`` is the mean rate in
-    requests/s for every arrival process; for a replayed trace ``rate=None`` keeps the recorded
-    times (divided by ``speedup``) and a number rescales them to that mean rate. ``num_requests``
-    caps the count and ``duration`` the time span (for a trace: the window
-    ``[start, start + duration)`` in the trace's own clock); a trace may leave both ``None`` to
-    replay all of it. Use :meth:`preset` for a workload's recommended settings
-    (``WorkloadConfig.preset("azure-conv")`` replays the whole trace as recorded).
+    requests/s for every arrival process. ``num_requests`` caps the count and ``duration`` the
+    time span (for a trace: the window ``[start, start + duration)`` in the trace's own clock).
+
+    A trace replays as recorded unless asked otherwise: with ``rate=None`` (the default) its
+    times are kept (divided by ``speedup``) and with ``num_requests=None`` and ``duration=None``
+    (the defaults) every request is replayed; a number for ``rate`` rescales the times to that
+    mean rate. A piecewise schedule with ``rate=None`` is used as given. Any other (synthetic)
+    arrival process takes ``rate=None`` as :data:`DEFAULT_RATE` (8 req/s) and, without a
+    ``duration``, ``num_requests=None`` as :data:`DEFAULT_NUM_REQUESTS` (500);
+    :attr:`resolved_rate` and :attr:`resolved_num_requests` give the values in effect.
     """
 
     name: str = "lesson"
-    rate: float | None = 8.0
-    num_requests: int | None = 500
+    rate: float | None = None
+    num_requests: int | None = None
     duration: float | None = None
     # arrivals
     arrival: str | None = None
@@ -113,18 +121,9 @@ class WorkloadConfig:
             raise ValueError(f"workload.lengths must be one of {list(LENGTHS)} or None, "
                              f"got {self.lengths!r}")
         arrival, length = self.arrival_process, self.length_distribution
-        if self.rate is None:
-            if arrival not in ("trace", "piecewise"):
-                raise ValueError(f"workload.rate must be a finite number > 0 for "
-                                 f"arrival={arrival!r}; None only replays a trace or schedule "
-                                 "as given")
-        else:
-            _number("rate", self.rate)
+        _number("rate", self.rate, allow_none=True)
         _integer("num_requests", self.num_requests, allow_none=True)
         _number("duration", self.duration, allow_none=True)
-        if self.num_requests is None and self.duration is None and arrival != "trace":
-            raise ValueError("workload needs num_requests or duration (only a replayed trace "
-                             "may leave both None)")
         _number("cv", self.cv)
         _number("on_seconds", self.on_seconds)
         _number("off_seconds", self.off_seconds)
@@ -217,6 +216,21 @@ class WorkloadConfig:
         return self.arrival or _DEFAULTS[self.name][0]
 
     @property
+    def resolved_rate(self) -> float | None:
+        """The mean rate in effect; None replays a trace's times or a rate schedule as given."""
+        if self.rate is not None or self.arrival_process in ("trace", "piecewise"):
+            return self.rate
+        return DEFAULT_RATE
+
+    @property
+    def resolved_num_requests(self) -> int | None:
+        """The request cap in effect; None keeps every request of the trace or the duration."""
+        if self.num_requests is not None or self.duration is not None \
+                or self.arrival_process == "trace":
+            return self.num_requests
+        return DEFAULT_NUM_REQUESTS
+
+    @property
     def length_distribution(self) -> str:
         """The length distribution in effect: ``lengths`` or the workload's own."""
         return self.lengths or _DEFAULTS[self.name][1]
@@ -237,14 +251,10 @@ class WorkloadConfig:
     def preset(cls, name: str, **changes) -> "WorkloadConfig":
         """The recommended settings of workload ``name``, with ``changes`` applied.
 
-        Trace workloads (``azure-*``, ``trace``) replay the whole trace at its recorded rate
-        (``rate=None, num_requests=None``); the others are the field defaults.
+        The field defaults already are every workload's recommended settings (trace workloads
+        replay the whole trace at its recorded rate); kept for code that names presets.
         """
-        base = {"name": name}
-        if _DEFAULTS.get(name, ("",))[0] == "trace":
-            base.update(rate=None, num_requests=None, duration=None)
-        base.update(changes)
-        return cls(**base)
+        return cls(name=name, **changes)
 
     def describe(self, rng: np.random.Generator | None = None) -> "WorkloadDescription":
         """Generate this workload (with ``rng``, default seed 0) and :func:`describe` it."""
@@ -252,7 +262,8 @@ class WorkloadConfig:
 
 
 def _synthetic_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
-    kind, n, d, rate = cfg.arrival_process, cfg.num_requests, cfg.duration, cfg.rate
+    kind, n, d, rate = (cfg.arrival_process, cfg.resolved_num_requests, cfg.duration,
+                        cfg.resolved_rate)
     if kind == "poisson":
         return arrivals.poisson(rng, rate, n, d)
     if kind == "gamma":
@@ -289,6 +300,12 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     is a :class:`~simsched.workloads.traces.LoadReport` saying what trace loading and the long-prompt
     policy did (counts of sorted, clipped and dropped requests).
     """
+    if not isinstance(cfg, WorkloadConfig):
+        hint = "; pass config.workload" if hasattr(cfg, "workload") else ""
+        raise ValueError(f"generate() wants a WorkloadConfig, got {type(cfg).__name__}{hint}")
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"generate() wants a numpy.random.Generator as rng (e.g. "
+                         f"numpy.random.default_rng(seed)), got {type(rng).__name__}")
     arrival, kind = cfg.arrival_process, cfg.length_distribution
     source = cfg.trace_source()
     trace = report = None
@@ -296,7 +313,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         trace = traces.load_trace(
             source, start=cfg.start, duration=cfg.duration if arrival == "trace" else None,
             num_requests=cfg.num_requests if arrival == "trace" else None,
-            speedup=cfg.speedup, rate=cfg.rate if arrival == "trace" else None,
+            speedup=cfg.speedup, rate=cfg.resolved_rate if arrival == "trace" else None,
             max_prompt_tokens=cfg.max_prompt_tokens if kind == "trace" else None,
             long_prompt_policy=cfg.long_prompt_policy)
         report = trace.attrs["load_report"]

@@ -1,0 +1,169 @@
+"""simsched against a bare lazy-decode SimPy loop on the same trace and cost model (the floor).
+
+``python -m benchmarks.floor [--quick] [--repeat N]``
+
+The floor is the least a SimPy continuous-batching simulator can do per iteration: one GPU
+process, one counter advancing every decode (the lazy-decode idea simsched uses), a token budget
+and a sequence cap, FCFS admission with chunked prefill, KV blocks reserved for the whole request
+at admission (so it never preempts), one SimPy process per request woken at its first token and
+completion, and only first-token and finish times recorded. No policies, no preemption, no
+invariants, no iteration log, no result frames. simsched replays the same trace with FCFS and the
+calibrated model; both loops are timed between their first and last cost-model call, so start-up
+and frame building are excluded from both. Ratios are measured within one run, best of N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import deque
+
+import numpy as np
+import simpy
+
+from benchmarks.common import TimedCostModel
+from simsched import SimConfig, simulate
+from simsched.cost.base import Batch
+from simsched.cost.factory import make_cost_model
+from simsched.cost.hardware import kv_capacity_blocks
+from simsched.workloads.workload import WorkloadConfig, generate
+
+
+def floor_loop(arrival, prompt, output, cost, budget: int, max_seqs: int, num_blocks: int,
+               block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run the bare loop; return (first_token_at, finished_at) per request."""
+    env = simpy.Environment()
+    n = len(arrival)
+    first_at = np.full(n, math.nan)
+    finish_at = np.full(n, math.nan)
+    waiting: deque = deque()
+    state = {"idle": None, "free": num_blocks}
+    prefilling: dict[int, int] = {}      # id -> prompt tokens computed
+    decoding: dict[int, int] = {}        # id -> finish step
+    finish_due: dict[int, list] = {}
+    ctx_base_sum = [0]
+    ctx_base: dict[int, int] = {}
+    events: dict[int, tuple] = {}
+    step = [0]
+
+    def request(i):
+        first, done = env.event(), env.event()
+        events[i] = (first, done)
+        waiting.append(i)
+        if state["idle"] is not None and not state["idle"].triggered:
+            state["idle"].succeed()
+        yield first
+        yield done
+
+    def arrivals():
+        for i in range(n):
+            delay = arrival[i] - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            env.process(request(i))
+
+    def gpu():
+        while True:
+            if not (waiting or prefilling or decoding):
+                state["idle"] = env.event()
+                yield state["idle"]
+                state["idle"] = None
+                continue
+            n_dec = len(decoding)
+            left = budget - n_dec
+            planned = []
+            for i, done in prefilling.items():
+                if left <= 0:
+                    break
+                c = min(prompt[i] - done, left)
+                planned.append((i, c, done))
+                left -= c
+            while waiting and left > 0 and len(prefilling) + n_dec < max_seqs:
+                i = waiting[0]
+                need = -(-(prompt[i] + output[i]) // block_size)
+                if need > state["free"]:
+                    break
+                waiting.popleft()
+                state["free"] -= need
+                prefilling[i] = 0
+                c = min(prompt[i], left)
+                planned.append((i, c, 0))
+                left -= c
+            s = step[0] + 1
+            batch = Batch([c for _, c, _ in planned], [d for _, _, d in planned], n_dec,
+                          ctx_base_sum[0] + n_dec * s if n_dec else 0)
+            yield env.timeout(cost.iteration_time(batch))
+            now = env.now
+            if n_dec:
+                step[0] = s
+                for i in finish_due.pop(s, ()):
+                    del decoding[i]
+                    ctx_base_sum[0] -= ctx_base.pop(i)
+                    state["free"] += -(-(prompt[i] + output[i]) // block_size)
+                    finish_at[i] = now
+                    events.pop(i)[1].succeed()
+            for i, c, d in planned:
+                if d + c < prompt[i]:
+                    prefilling[i] = d + c
+                    continue
+                del prefilling[i]
+                first_at[i] = now
+                events[i][0].succeed()
+                if output[i] == 1:
+                    state["free"] += -(-(prompt[i] + output[i]) // block_size)
+                    finish_at[i] = now
+                    events.pop(i)[1].succeed()
+                    continue
+                s1 = step[0] + 1
+                fin = s1 + output[i] - 2
+                decoding[i] = fin
+                finish_due.setdefault(fin, []).append(i)
+                ctx_base[i] = prompt[i] - s1
+                ctx_base_sum[0] += ctx_base[i]
+
+    env.process(arrivals())
+    env.process(gpu())
+    env.run()
+    return first_at, finish_at
+
+
+def main(argv=None) -> None:
+    """Time both loops (best of --repeat) and print the ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="first 600 s of the trace only")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    workload = WorkloadConfig.preset("azure-conv", duration=600.0 if args.quick else None)
+    cfg = SimConfig(workload=workload)
+    table = generate(cfg.workload, np.random.default_rng(cfg.seed))
+    fits = table["num_prompt_tokens"] + table["num_output_tokens"] <= 4096
+    table = table[fits].reset_index(drop=True)   # the floor has no rejection path
+    hw, sch = cfg.hardware, cfg.scheduler
+    blocks = kv_capacity_blocks(hw, cfg.cache.block_size)
+    arrays = (table["arrival_at"].to_numpy(), table["num_prompt_tokens"].to_numpy().tolist(),
+              table["num_output_tokens"].to_numpy().tolist())
+    best = {"floor": math.inf, "simsched": math.inf}
+    iters = {}
+    for _ in range(args.repeat):
+        timed = TimedCostModel(make_cost_model(hw))
+        floor_loop(arrays[0].tolist(), arrays[1], arrays[2], timed, sch.max_num_batched_tokens,
+                   sch.max_num_seqs, blocks, cfg.cache.block_size)
+        best["floor"] = min(best["floor"], timed.last_at - timed.first_at)
+        iters["floor"] = timed.num_calls
+        timed = TimedCostModel(make_cost_model(hw))
+        simulate(cfg, requests=table, cost_model=timed)
+        best["simsched"] = min(best["simsched"], timed.last_at - timed.first_at)
+        iters["simsched"] = timed.num_calls
+    print(f"Azure conversation trace{' (first 600 s)' if args.quick else ''}: {len(table)} "
+          f"requests, FCFS, calibrated Llama-2-7B on A100-80GB, best of {args.repeat}")
+    for name in ("floor", "simsched"):
+        print(f"  {name:<9} loop {best[name]:7.3f} s  {iters[name]:>7} iterations  "
+              f"{best[name] / iters[name] * 1e6:6.1f} us/iteration")
+    print(f"  simsched / floor: {best['simsched'] / best['floor']:.2f}x wall "
+          f"({best['simsched'] / iters['simsched'] / (best['floor'] / iters['floor']):.2f}x "
+          f"per iteration)")
+
+
+if __name__ == "__main__":
+    main()
