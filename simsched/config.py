@@ -127,10 +127,13 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Paged KV cache: block size, number of GPU blocks, admission watermark and swap space.
+    """Paged KV cache: block size, number of GPU blocks, admission watermark, swap, prefix cache.
 
     ``num_blocks=None`` derives the block count from the hardware (GPU memory, weights, KV bytes per
-    token) as vLLM does; an integer sets it directly.
+    token) as vLLM does; an integer sets it directly. ``enable_prefix_caching`` shares full blocks
+    of equal content between requests and keeps released ones cached until their memory is needed
+    (vLLM's automatic prefix caching; see :mod:`simsched.engine.prefix_cache`). Off by default:
+    results are then exactly those of a cache without sharing.
     """
 
     block_size: int = 16
@@ -138,6 +141,7 @@ class CacheConfig:
     watermark: float = 0.01
     swap_space_gib: float = 4.0
     swap_bandwidth_gbps: float = 25.0
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         _plain(self)
@@ -148,6 +152,7 @@ class CacheConfig:
         _check_float(o, "watermark", self.watermark, 0.0, 0.5)
         _check_float(o, "swap_space_gib", self.swap_space_gib, 0.0)
         _check_float(o, "swap_bandwidth_gbps", self.swap_bandwidth_gbps, 0.0, low_open=True)
+        _check_bool(o, "enable_prefix_caching", self.enable_prefix_caching)
 
 
 @dataclass(frozen=True)

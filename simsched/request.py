@@ -41,10 +41,12 @@ class Request:
         "first_scheduled_at", "first_token_at", "finished_at", "last_token_at",
         "runs", "gaps", "causes",
         "predicted_output_tokens", "deadline_at",
+        "content",   # Content (prefix-cache identity, session, cache hits) or None
     )
 
     def __init__(self, id: int, arrival_at: float, num_prompt_tokens: int,
-                 num_output_tokens: int, priority: int = 0, tenant: str | None = None) -> None:
+                 num_output_tokens: int, priority: int = 0, tenant: str | None = None,
+                 content: "Content | None" = None) -> None:
         self.id = id
         self.arrival_at = float(arrival_at)
         self.num_prompt_tokens = int(num_prompt_tokens)
@@ -79,6 +81,19 @@ class Request:
         self.causes: list | tuple = ()  # PreemptionCause objects received by the process
         self.predicted_output_tokens = NAN
         self.deadline_at = NAN
+        self.content = content
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache at the first admission (0 without content)."""
+        content = self.content
+        return 0 if content is None else content.num_cached_tokens
+
+    @property
+    def session_id(self) -> int:
+        """The session this request is a turn of, or -1."""
+        content = self.content
+        return -1 if content is None else content.session_id
 
     def __repr__(self) -> str:
         return (f"Request(id={self.id}, arrival_at={self.arrival_at:.4f}, "
@@ -104,3 +119,82 @@ class PreemptionCause:
         return (f"PreemptionCause(request_id={self.request_id}, reason={self.reason!r}, "
                 f"preempted_by={self.preempted_by}, at={self.at:.6f}, "
                 f"num_lost_tokens={self.num_lost_tokens}, mode={self.mode!r})")
+
+
+def chain_key(parent: int, start: int, content_id) -> int:
+    """Identity of a content segment that starts at token ``start`` after what ``parent`` names.
+
+    ``content_id`` is an int or a tuple of ints (never a string: string hashes change between
+    Python processes, and runs must be reproducible). Keys are 64-bit hashes: two different
+    histories share a key with negligible probability.
+    """
+    return hash((parent, start, content_id))
+
+
+class Content:
+    """What a request's tokens are, as far as a prefix cache can tell, plus per-request cache facts.
+
+    simsched has no token text. A prompt is a sequence of *segments* ``(content_id, num_tokens)``;
+    two prompts share their first ``n`` tokens when they agree on every segment that starts
+    before ``n`` (same id at the same start: a segment id names a token string, so equal ids at
+    equal starts hold equal tokens at equal offsets). Each segment gets a chained key
+    (:func:`chain_key` of the previous segment's key, its start and its id), so a key names the
+    whole history before it. ``ends`` are the segments' cumulative end offsets (the last is the
+    prompt length). The output gets one more key, ``output_key``, chained after the prompt from
+    ``output_id``: the next turn of a session names it to reuse the KV of the generated tokens.
+
+    A request without content (``Request.content is None``) never shares KV blocks. An instance
+    with no keys only carries ``session_id``. ``num_cached_tokens`` is set by the scheduler at the
+    first admission (prompt tokens served from the cache, as vLLM reports it); ``runs`` is the
+    KV cache's memo of the keys cut to its block size.
+    """
+
+    __slots__ = ("keys", "ends", "output_key", "session_id", "num_cached_tokens", "runs")
+
+    def __init__(self, keys: tuple = (), ends: tuple = (), output_key: int = 0,
+                 session_id: int = -1) -> None:
+        if len(keys) != len(ends):
+            raise ValueError(f"Content: {len(keys)} keys but {len(ends)} segment ends")
+        self.keys = keys
+        self.ends = ends
+        self.output_key = output_key
+        self.session_id = session_id
+        self.num_cached_tokens = 0
+        self.runs = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the segments cover (the prompt length)."""
+        return self.ends[-1] if self.ends else 0
+
+    @classmethod
+    def from_segments(cls, segments, output_id, session_id: int = -1,
+                      parent: "Content | None" = None, num_parent_output: int = 0) -> "Content":
+        """Content of ``segments`` ``[(content_id, num_tokens), ...]``, output named ``output_id``.
+
+        With ``parent`` the prompt starts with the parent's prompt and its first
+        ``num_parent_output`` generated tokens (a session's next turn), then ``segments``.
+        """
+        if parent is not None and parent.keys:
+            keys, ends = list(parent.keys), list(parent.ends)
+            if num_parent_output:
+                keys.append(parent.output_key)
+                ends.append(ends[-1] + num_parent_output)
+        else:
+            keys, ends = [], []
+        key = keys[-1] if keys else 0
+        end = ends[-1] if ends else 0
+        for cid, n in segments:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"segment {cid!r} must have an integer number of tokens >= 0, "
+                                 f"got {n!r}")
+            if n:
+                key = chain_key(key, end, cid)
+                end += n
+                keys.append(key)
+                ends.append(end)
+        return cls(tuple(keys), tuple(ends), chain_key(key, end, output_id), session_id)
+
+    def __repr__(self) -> str:
+        return (f"Content({len(self.keys)} segments, {self.num_tokens} tokens, "
+                f"session_id={self.session_id})")

@@ -36,6 +36,7 @@ BAD = [
     ("scheduler", "max_num_preemptions", -1, {}, "[0, inf]"),
     ("scheduler", "admit_after_preemption", 0, {}, "True or False"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
+    ("cache", "enable_prefix_caching", "yes", {}, "True or False"),
     ("cache", "block_size", 0, {}, "[1, 4096]"),
     ("cache", "block_size", 16.0, {}, "integer"),
     ("cache", "num_blocks", 0, {}, "[1, inf]"),
@@ -82,6 +83,11 @@ BAD = [
     ("workload", "tenant_weights", (1.0,), {"num_tenants": 2}, "num_tenants"),
     ("workload", "num_priorities", -1, {}, ">= 1"),
     ("workload", "priority_weights", (-1.0, 2.0), {"num_priorities": 2}, ">= 0"),
+    ("workload", "hash_block_size", 0, {}, ">= 1"),
+    ("workload", "system_prompt_len", -1, {}, ">= 0"),
+    ("workload", "num_prefix_groups", 0, {}, ">= 1"),
+    ("workload", "num_turns", ("geometric", 0.5), {"name": "sessions"}, "geometric mean >= 1"),
+    ("workload", "think_time", "long", {"name": "sessions"}, "kind one of"),
 ]
 BAD += [
     ("cluster", "num_replicas", 0, {}, "[1, 100000]"),

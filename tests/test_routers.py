@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from simsched.cluster.routers import ROUTERS, _cached_tokens, check_router, make_router
 from simsched.cluster.state import MinIndex, ReplicaLoad, Snapshot, TokenBucket
-from simsched.request import Request
+from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.prefix_cache import PrefixCache
+from simsched.request import Content, Request
 
 
 class FakeKV:
@@ -45,19 +47,14 @@ class FakeView:
 
 
 def request(prompt: int = 100, output: int = 10, hashes=None, session=None) -> Request:
-    req = Request(0, 0.0, prompt, output)
-    # Prefix caching and sessions add these attributes to Request; a stand-in carries them here.
-    if hashes is not None or session is not None:
-        req = _Annotated(req, hashes, session)
-    return req
-
-
-class _Annotated:
-    def __init__(self, req: Request, hashes, session) -> None:
-        self.num_prompt_tokens = req.num_prompt_tokens
-        self.num_output_tokens = req.num_output_tokens
-        self.block_hashes = hashes
-        self.session_id = session
+    """A request; ``hashes`` give it prompt segments of 16 tokens each, ``session`` a session."""
+    content = None
+    if hashes is not None:
+        content = Content.from_segments([(h, 16) for h in hashes], ("out", 0),
+                                        -1 if session is None else session)
+    elif session is not None:
+        content = Content(session_id=session)
+    return Request(0, 0.0, prompt, output, content=content)
 
 
 def router(name: str, n: int, seed: int = 0, **options):
@@ -138,14 +135,14 @@ def test_prefix_affinity_load_cap_stops_a_hot_prefix_swamping_a_replica():
 
 def test_session_affinity_is_sticky_and_spreads_new_sessions():
     r = router("session_affinity", 3)
-    assert r.choose(FakeView([2, 0, 1]), request(session="a")) == 1
-    assert r.choose(FakeView([2, 5, 0]), request(session="a")) == 1      # sticky despite load
-    assert r.choose(FakeView([2, 5, 0]), request(session="b")) == 2      # new session: least
+    assert r.choose(FakeView([2, 0, 1]), request(session=1)) == 1
+    assert r.choose(FakeView([2, 5, 0]), request(session=1)) == 1      # sticky despite load
+    assert r.choose(FakeView([2, 5, 0]), request(session=2)) == 2      # new session: least
     assert r.choose(FakeView([0, 5, 3]), request()) == 0                 # no session: least
     capped = router("session_affinity", 3, max_load_ratio=1.0, load_slack=0)
-    assert capped.choose(FakeView([0, 1, 1]), request(session="s")) == 0
-    assert capped.choose(FakeView([9, 1, 2]), request(session="s")) == 1  # home overloaded
-    assert capped.choose(FakeView([0, 1, 9]), request(session="s")) == 1  # new home sticks
+    assert capped.choose(FakeView([0, 1, 1]), request(session=3)) == 0
+    assert capped.choose(FakeView([9, 1, 2]), request(session=3)) == 1  # home overloaded
+    assert capped.choose(FakeView([0, 1, 9]), request(session=3)) == 1  # new home sticks
 
 
 def test_weighted_sums_normalised_scores():
@@ -164,14 +161,25 @@ def test_weighted_sums_normalised_scores():
         router("weighted", 3, weights={"latency": 1.0})
 
 
-def test_cached_tokens_adapter_is_zero_without_a_prefix_cache():
+def test_cached_tokens_adapter_asks_the_replicas_kv_cache():
     assert _cached_tokens(FakeReplica(48), request(hashes=(7,))) == 48
-    assert _cached_tokens(FakeReplica(48), request()) == 0          # no block hashes
-    assert _cached_tokens(object(), request(hashes=(7,))) == 0      # no KV cache at all
+    assert _cached_tokens(FakeReplica(48), request()) == 0          # no content identity
 
-    class PagedOnly:
-        kv = object()                                               # no prefix query
-    assert _cached_tokens(PagedOnly(), request(hashes=(7,))) == 0
+    class Paged:
+        kv = KVCacheManager(64, 16)                                 # no prefix cache: nothing
+
+    assert _cached_tokens(Paged(), request(hashes=(7,))) == 0
+
+    class Prefix:
+        kv = PrefixCache(64, 16)
+
+    held = request(prompt=64, hashes=(1, 2, 3, 4))
+    held.id = 5
+    Prefix.kv.acquire(held, 0)
+    Prefix.kv.allocate(held.id, 64)
+    Prefix.kv.free(held.id, 64)                                     # cached, evictable
+    # The same first three segments are served from the cache (the fourth differs).
+    assert _cached_tokens(Prefix(), request(prompt=64, hashes=(1, 2, 3, 9))) == 48
 
 
 def test_bad_router_names_and_options_fail_naming_the_field():

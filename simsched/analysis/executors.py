@@ -49,6 +49,16 @@ class Job:
     keep_frames: bool = True
 
 
+def _last_arrival(table: pd.DataFrame) -> float:
+    """The latest arrival; for closed-loop sessions, a start plus the session's think times."""
+    if not len(table):
+        return 0.0
+    times = table["arrival_at"]
+    if "session_id" in table.columns and "think_time" in table.columns:
+        times = times + table.groupby("session_id", sort=False)["think_time"].cumsum()
+    return float(times.max())
+
+
 def run_config(config: SimConfig, slos: Any = None):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
@@ -59,7 +69,7 @@ def run_config(config: SimConfig, slos: Any = None):
 
     table = workload_requests(config)
     if math.isinf(config.max_sim_time):
-        last = float(table["arrival_at"].max()) if len(table) else 0.0
+        last = _last_arrival(table)
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
     results = run(config, requests=table, from_workload=True)[0]

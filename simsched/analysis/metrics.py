@@ -78,26 +78,28 @@ _REQUEST_ATTRS = (
     ("priority", "priority"), ("tenant", "tenant"), ("num_preemptions", "num_preemptions"),
     ("num_recomputed_tokens", "num_recomputed_tokens"), ("num_swaps", "num_swaps"),
     ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
+# Only for runs with a prefix cache or prompt identities (memory: a million-request run stays lean).
+PREFIX_ATTRS = (("num_cached_tokens", "num_cached_tokens"), ("session_id", "session_id"))
 
 
 _OBJECT_ATTRS = ("tenant", "reject_reason")
 _CHUNK = 65536
 
 
-def _extract(requests, release: bool) -> dict:
+def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
     """Everything the frames need from the request objects, as arrays, in one chunked pass.
 
     With ``release`` each chunk's list entries are dropped once read, so a big run never holds
     its request objects and the finished frame at the same time.
     """
     n = len(requests)
-    parts: dict[str, list] = {name: [] for name, _ in _REQUEST_ATTRS}
+    parts: dict[str, list] = {name: [] for name, _ in attrs}
     parts.update(status=[], runs=[], num_runs=[])
     gaps: list[tuple] = []
     causes: list[tuple] = []
     for lo in range(0, max(n, 1), _CHUNK):    # once even when empty: typed empty columns
         chunk = requests[lo:lo + _CHUNK]
-        for name, attr in _REQUEST_ATTRS:
+        for name, attr in attrs:
             if attr in _OBJECT_ATTRS:
                 parts[name].append([getattr(r, attr) for r in chunk])
             else:
@@ -126,19 +128,21 @@ def _extract(requests, release: bool) -> dict:
 
 
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
-                         step_offset: np.ndarray | None = None
+                         step_offset: np.ndarray | None = None, prefix: bool = False
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
     ``req.runs`` is a flat tuple of triples ``(prev_token_at, a, b)``: a decode run that emitted
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
-    of ``requests`` are set to None as they are read (see :func:`_extract`).
+    of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
+    prefix-cache columns ``num_cached_tokens`` and ``session_id``.
 
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
-    data = _extract(requests, release)
+    attrs = _REQUEST_ATTRS + PREFIX_ATTRS if prefix else _REQUEST_ATTRS
+    data = _extract(requests, release, attrs)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
@@ -170,7 +174,7 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
-    cols = {name: data[name] for name, _ in _REQUEST_ATTRS}
+    cols = {name: data[name] for name, _ in attrs}
     cols["status"] = data["status"]
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
@@ -291,16 +295,29 @@ class Results:
                             if "swap_time" in self.iterations else 0.0)
         it = self.iterations
         out["num_iterations"] = len(it)
-        blocks = self.info.get("replica_num_blocks")
-        if len(it) and blocks is not None and len(blocks) > 1:
+        blocks = self.info.get("replica_num_blocks") or [self.info.get("num_blocks")]
+        if len(it) and blocks[0]:
             busy = it["duration"].to_numpy()
-            use = it["kv_blocks_used"].to_numpy() / np.asarray(blocks, dtype=float)[
-                it["replica"].to_numpy()]
-            out["kv_usage_mean"] = float((use * busy).sum() / busy.sum())
-        elif len(it) and self.info.get("num_blocks"):
-            busy = it["duration"].to_numpy()
-            out["kv_usage_mean"] = float((it["kv_blocks_used"].to_numpy() * busy).sum()
-                                         / busy.sum() / self.info["num_blocks"])
+
+            def mean_share(column):
+                if len(blocks) == 1:
+                    return float((it[column].to_numpy() * busy).sum() / busy.sum() / blocks[0])
+                # Each iteration's use is a share of its own replica's blocks.
+                capacity = np.asarray(blocks, dtype=float)[it["replica"].to_numpy()]
+                return float((it[column].to_numpy() / capacity * busy).sum() / busy.sum())
+
+            out["kv_usage_mean"] = mean_share("kv_blocks_used")
+            if "kv_blocks_cached" in it:
+                out["kv_cached_usage_mean"] = mean_share("kv_blocks_cached")
+        # Prefix cache: prompt tokens served from the cache at first admission / prompt tokens,
+        # over every request admitted at least once (finished or still in flight).
+        if "num_cached_tokens" in df:
+            admitted = df["first_scheduled_at"].notna().to_numpy()
+            prompt = float(df["num_prompt_tokens"].to_numpy()[admitted].sum())
+            out["prefix_hit_rate"] = (float(df["num_cached_tokens"].to_numpy()[admitted].sum())
+                                      / prompt if prompt else math.nan)
+        if "num_evicted_blocks" in it:
+            out["num_evicted_blocks"] = int(it["num_evicted_blocks"].sum())
         out.update(cluster_summary(self.replicas, self.info))
         return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in out.items()}
 

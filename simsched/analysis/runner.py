@@ -14,11 +14,13 @@ import pandas as pd
 from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
+from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
 from simsched.analysis.metrics import (Results, build_replicas_frame, build_requests_frame,
                                        rejection_note)
 from simsched.engine.log import concat_frames
-from simsched.request import Request
-from simsched.workloads.traces import apply_long_prompt_policy
+from simsched.request import Content, Request
+from simsched.workloads.traces import (apply_long_prompt_policy, check_hash_ids,
+                                       merged_hash_segments, parse_hash_ids)
 from simsched.workloads.workload import generate
 
 
@@ -120,17 +122,78 @@ def _tenants(df: pd.DataFrame) -> list:
     return tenant
 
 
-def make_requests(table: Any) -> list[Request]:
+def _validated(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its length and time columns checked as :func:`make_requests` checks them."""
+    out = df.copy()
+    out["arrival_at"] = _numbers(df, "arrival_at", False, 0)
+    out["num_prompt_tokens"] = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
+    out["num_output_tokens"] = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
+    return out
+
+
+def _contents(df: pd.DataFrame, order: np.ndarray, prompt: list,
+              hash_block_size: int) -> list | None:
+    """Each request's :class:`~simsched.request.Content` (None without prefix columns).
+
+    ``hash_ids`` give trace blocks; ``prefix_group``/``prefix_len`` a shared system prompt
+    followed by the request's own tokens; ``session_id`` alone only labels the request.
+    """
+    columns = [c for c in ("hash_ids", "prefix_group", "session_id") if c in df.columns]
+    if not columns:
+        return None
+
+    def values(name, default):
+        if name not in df.columns:
+            return [default] * len(order)
+        col = df[name].to_numpy(dtype=object)[order]
+        return [default if v is None or (isinstance(v, float) and v != v) else v
+                for v in col.tolist()]
+
+    hashes, groups = values("hash_ids", None), values("prefix_group", -1)
+    shared, sessions = values("prefix_len", 0), values("session_id", -1)
+    if "hash_ids" in df.columns:
+        parsed = [None if h is None else parse_hash_ids(h) for h in hashes]
+        bad = [i for i, (h, ids) in enumerate(zip(hashes, parsed)) if h is not None and ids is None]
+        if bad:
+            raise ValueError(f"requests[{int(order[bad[0]])}].hash_ids must be a non-empty list "
+                             f"of integers >= 0, got {hashes[bad[0]]!r}")
+        given = np.array([ids is not None for ids in parsed], dtype=bool)
+        check = pd.DataFrame({"hash_ids": pd.Series(parsed, dtype=object)[given].to_numpy(),
+                              "num_prompt_tokens": np.asarray(prompt)[given]})
+        check_hash_ids(check, hash_block_size, "requests (in arrival order)")
+        hashes = merged_hash_segments(parsed, prompt, hash_block_size)
+    out = []
+    for rid, (p, segs, g, s, sess) in enumerate(zip(prompt, hashes, groups, shared, sessions)):
+        sess = int(sess)
+        if segs is not None:
+            out.append(Content.from_segments(segs, (UNIQUE, -1, rid), sess))
+        elif int(g) >= 0 and int(s) > 0:
+            s = min(int(s), p)
+            segments = [((SYSTEM_PROMPT, int(g)), s), ((UNIQUE, rid), p - s)]
+            out.append(Content.from_segments(segments, (UNIQUE, -1, rid), sess))
+        elif sess >= 0:
+            out.append(Content(session_id=sess))
+        else:
+            out.append(None)
+    return out
+
+
+def make_requests(table: Any, hash_block_size: int | None = None) -> list[Request]:
     """Turn a request table into ``Request`` objects sorted by arrival, ids 0..n-1 in that order.
 
     ``table`` may be a DataFrame with columns ``arrival_at, num_prompt_tokens,
     num_output_tokens`` (optional ``priority``, ``tenant``), or an iterable of tuples
     ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
+    Optional prefix-identity columns (``hash_ids`` in blocks of ``hash_block_size`` tokens,
+    default ``table.attrs["hash_block_size"]`` or 512; ``prefix_group`` and ``prefix_len``;
+    ``session_id``) give each request a :class:`~simsched.request.Content`.
     Validation is vectorised; the first bad row is named in the error. Token counts and
     priorities must be integers within int64 (booleans are refused), arrival times finite
     numbers >= 0, tenants hashable labels.
     """
     df = _as_frame(table)
+    if hash_block_size is None:
+        hash_block_size = int(df.attrs.get("hash_block_size", 512))
     arrival = _numbers(df, "arrival_at", False, 0)
     prompt = _numbers(df, "num_prompt_tokens", True, 1)
     output = _numbers(df, "num_output_tokens", True, 1)
@@ -146,8 +209,13 @@ def make_requests(table: Any) -> list[Request]:
     arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
                                          output[order].tolist(), priority[order].tolist())
     tenant = [tenant[i] for i in order.tolist()]
-    return [Request(n, a, p, o, pr, t)
-            for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority, tenant))]
+    contents = _contents(df, order, prompt, hash_block_size)
+    if contents is None:
+        return [Request(n, a, p, o, pr, t)
+                for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority,
+                                                         tenant))]
+    return [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
+            in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
 
 
 def workload_requests(config: SimConfig) -> pd.DataFrame:
@@ -195,12 +263,22 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
     from_workload = requests is None if from_workload is None else from_workload
     table = workload_requests(config) if from_workload else requests
-    reqs = make_requests(table)
-    del table  # the Request objects now hold everything; keep a big run's peak memory down
+    sessions = None
+    frame = _as_frame(table)
+    # Prefix-cache columns in the frames only where they can say something (memory of big runs).
+    prefix = config.cache.enable_prefix_caching or any(
+        c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
+    block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
+    if is_closed_loop(frame):
+        # Closed-loop sessions: turns are created as they arrive (appended to reqs).
+        sessions, reqs = build_sessions(_validated(frame), block), []
+    else:
+        reqs = make_requests(frame, block)
+    del table, frame  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
-    engine = Cluster(config, reqs, specs=specs)
+    engine = Cluster(config, reqs, specs=specs, sessions=sessions)
     engine.run()
     replicas = engine.replicas
     step_ends = [np.asarray(r.scheduler.step_end_at, dtype=float) for r in replicas]
@@ -234,7 +312,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if release:
         del engine
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
-                                               step_offset=step_offset)
+                                               step_offset=step_offset, prefix=prefix)
     req_df.insert(1, "replica", owner)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described))

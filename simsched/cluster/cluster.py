@@ -36,6 +36,7 @@ from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
+from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
 from simsched.request import Request, Status
 
@@ -107,13 +108,15 @@ class Cluster:
     ``config`` uses ``cost_model`` and ``num_blocks`` (or its config's) and ``max_model_len``
     (None: no limit). ``rng``, if given, is replica 0's Generator.
     ``replica_of[request id]`` is the replica a request was routed to (-1: shed), or None when
-    a single replica served everything.
+    a single replica served everything. ``sessions``
+    (:class:`~simsched.cluster.sessions.SessionPlan` list) adds closed-loop sessions: their
+    turns are created as they arrive and appended to ``requests``.
     """
 
     def __init__(self, config, requests: list[Request], cost_model=None,
                  num_blocks: int | None = None, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None,
-                 specs: list[ReplicaSpec] | None = None) -> None:
+                 specs: list[ReplicaSpec] | None = None, sessions: list | None = None) -> None:
         self.config = config
         self.env = simpy.Environment()
         if specs is None:
@@ -138,6 +141,8 @@ class Cluster:
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
         self.env.process(self._arrivals())
+        if sessions:
+            self.env.process(run_sessions(self, sessions))
 
     def _setup_routing(self, cl) -> None:
         n = len(self.replicas)
@@ -218,7 +223,10 @@ class Cluster:
         if self.queue_cap is not None and replica.scheduler.num_waiting >= self.queue_cap:
             self._shed(req, f"shed: replica {i} already has {self.queue_cap} requests waiting")
             return
-        self.replica_of[req.id] = i
+        owners = self.replica_of
+        if req.id >= len(owners):        # a session turn created after the run started
+            owners.extend([-1] * (req.id + 1 - len(owners)))
+        owners[req.id] = i
         waits = (env.event(), env.event())      # first token, done
         if not replica.add(req, (env.active_process, *waits)):
             return

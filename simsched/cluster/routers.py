@@ -28,16 +28,14 @@ import simsched.config as _config
 def _cached_tokens(replica, req) -> int:
     """Prompt tokens of ``req`` that ``replica``'s KV cache already holds (0 without a prefix cache).
 
-    Asks ``replica.kv.num_cached_prefix_tokens(req.block_hashes)``, a side-effect-free query of
-    the prefix cache; requests without block hashes, and caches without the query, report 0.
+    Asks ``replica.kv.num_cached_prefix_tokens(req)``, the side-effect-free query admission uses
+    (O(prompt segments)); a request without content identity reports 0. The router reads the
+    replicas' caches directly (as a KV-event-driven index does), even when load comes from a
+    stale snapshot.
     """
-    hashes = getattr(req, "block_hashes", None)
-    if not hashes:
+    if getattr(req, "content", None) is None:
         return 0
-    query = getattr(getattr(replica, "kv", None), "num_cached_prefix_tokens", None)
-    if query is None:
-        return 0
-    return int(query(hashes))
+    return int(replica.kv.num_cached_prefix_tokens(req))
 
 
 class _Uniforms:
@@ -230,7 +228,7 @@ class PrefixAffinity(Router):
         self.load_slack = load_slack
 
     def choose(self, view, req) -> int:
-        if not getattr(req, "block_hashes", None):
+        if getattr(req, "content", None) is None:
             return view.least("outstanding")
         best, best_tokens = -1, 0
         for i, replica in enumerate(view.replicas):
@@ -263,8 +261,8 @@ class SessionAffinity(Router):
         self.home: dict[Any, int] = {}
 
     def choose(self, view, req) -> int:
-        session = getattr(req, "session_id", None)
-        if session is None:
+        session = req.session_id
+        if session < 0:
             return view.least("outstanding")
         i = self.home.get(session)
         if i is None or not _under_cap(view, i, self.max_load_ratio, self.load_slack):
@@ -305,7 +303,7 @@ class Weighted(Router):
         low, high = min(queue), max(queue)
         span = high - low
         kv = view.kv_use
-        prefix = self.w_prefix and getattr(req, "block_hashes", None)
+        prefix = self.w_prefix and getattr(req, "content", None) is not None
         prompt = max(1, req.num_prompt_tokens)
         best, best_score = 0, -1.0
         for i in range(self.num_replicas):

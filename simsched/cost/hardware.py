@@ -130,6 +130,8 @@ MODELS: dict[str, ModelSpec] = {
     "llama-2-13b": ModelSpec(40, 5120, 40, 40, 13824, 32000, max_context=4096),
     "llama-2-70b": ModelSpec(80, 8192, 64, 8, 28672, 32000, max_context=4096),
     "llama-3-8b": ModelSpec(32, 4096, 32, 8, 14336, 128256, max_context=8192),
+    # Llama-3.1-8B: Llama-3-8B's shape with a 128k context (long-prompt traces such as Mooncake).
+    "llama-3.1-8b": ModelSpec(32, 4096, 32, 8, 14336, 128256, max_context=131072),
     "llama-3-70b": ModelSpec(80, 8192, 64, 8, 28672, 128256, max_context=8192),
     # Mistral-7B-v0.2+ (no sliding window): 32k context.
     "mistral-7b": ModelSpec(32, 4096, 32, 8, 14336, 32000, max_context=32768),

@@ -62,7 +62,9 @@ def check_invariants(cluster, replica, batch) -> None:
 def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     cfg = sched.cfg
     held = kv.holders()
-    if kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
+    if kv.prefix_caching:
+        _check_prefix_cache(sched, kv, held, now)
+    elif kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
         raise InvariantError("kv_conservation", now,
                              f"free {kv.num_free} + held {sum(held.values())} != {kv.num_blocks}")
     for rid, n in held.items():
@@ -84,6 +86,66 @@ def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     if any(n < 1 for n in batch.prefill_new_tokens) or batch.num_decode_seqs < 0:
         raise InvariantError("batch_shape", now, f"empty prefill chunk or negative decodes: "
                                                  f"{batch!r}")
+
+
+def _check_prefix_cache(sched, kv, held: dict, now: float) -> None:
+    """Reference counts, the evictable pool and block conservation of a prefix cache."""
+    nodes = kv.nodes()
+    registered = kv.registered()
+    expected: dict = {}
+    private = 0
+    for rid, n in held.items():
+        reg = registered.get(rid, (0,))[0]
+        if not 0 <= reg <= n:
+            raise InvariantError("prefix_refcount", now, f"{reg} registered of {n} held", rid)
+        private += n - reg
+    for rid, (reg, keys, los, his) in registered.items():
+        if rid not in sched.running:
+            raise InvariantError("kv_leak", now, "references cached blocks but is not running",
+                                 rid)
+        for key, lo, hi in zip(keys, los, his):
+            if lo >= reg:
+                break
+            reach = expected.setdefault(key, {})
+            r = min(hi, reg) - lo
+            reach[r] = reach.get(r, 0) + 1
+    referenced = evictable = 0
+    for key, (num_cached, max_reach, reach, runs) in nodes.items():
+        # A block's reference count is the number of running requests reaching past it.
+        if reach != expected.get(key, {}):
+            raise InvariantError("prefix_refcount", now,
+                                 f"segment {key}: holders by reach {reach}, running requests "
+                                 f"{expected.get(key, {})}")
+        if max_reach != max(reach, default=0) or not 0 < num_cached or max_reach > num_cached:
+            raise InvariantError("prefix_refcount", now, f"segment {key}: {num_cached} cached, "
+                                                         f"referenced up to {max_reach}")
+        # Evictable runs tile [max_reach, num_cached), deepest first: none is referenced.
+        edge = num_cached
+        for lo, hi in runs:
+            if hi != edge or not lo < hi:
+                raise InvariantError("prefix_evictable_unreferenced", now,
+                                     f"segment {key}: runs {runs} do not tile "
+                                     f"[{max_reach}, {num_cached})")
+            edge = lo
+        if edge != max_reach:
+            raise InvariantError("prefix_evictable_unreferenced", now,
+                                 f"segment {key}: runs {runs} do not tile "
+                                 f"[{max_reach}, {num_cached})")
+        referenced += max_reach
+        evictable += num_cached - max_reach
+    missing = set(expected) - set(nodes)
+    if missing:
+        raise InvariantError("prefix_refcount", now, f"held segments not cached: {missing}")
+    lru = kv.lru_runs()
+    if evictable != kv.num_evictable or sum(hi - lo for _, lo, hi in lru) != evictable:
+        raise InvariantError("prefix_evictable_unreferenced", now,
+                             f"evictable: {kv.num_evictable} counted, {evictable} in segments, "
+                             f"{sum(hi - lo for _, lo, hi in lru)} queued")
+    empty = kv.num_free - kv.num_evictable
+    if empty < 0 or referenced + private + kv.num_evictable + empty != kv.num_blocks:
+        raise InvariantError("kv_conservation", now,
+                             f"used {referenced} shared + {private} private, evictable "
+                             f"{kv.num_evictable}, empty {empty} != {kv.num_blocks} blocks")
 
 
 def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
@@ -146,6 +208,10 @@ def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) ->
             raise InvariantError("generated_within_target", now,
                                  f"waiting with {req.num_generated}/{req.num_output_tokens}",
                                  req.id)
+        if not 0 <= req.num_cached_tokens <= max(0, req.num_prompt_tokens - 1):
+            raise InvariantError("prefix_cached_le_prompt", now,
+                                 f"{req.num_cached_tokens} cached of a "
+                                 f"{req.num_prompt_tokens}-token prompt", req.id)
         if req.status is Status.REJECTED and not req.reject_reason:
             raise InvariantError("rejected_has_reason", now, "rejected without a reason", req.id)
     for req in engine.requests[engine.num_arrived:]:
@@ -180,7 +246,8 @@ def check_final_state(engine) -> None:
             raise InvariantError("drained", now, f"replica {replica.index}: "
                                                  f"{len(sched.running)} running, "
                                                  f"{sched.num_waiting} waiting at the end")
-        if kv.num_free != kv.num_blocks or kv.holders():
+        if kv.num_free != kv.num_blocks or kv.holders() \
+                or (kv.prefix_caching and kv.registered()):
             raise InvariantError("kv_all_free", now,
                                  f"replica {replica.index}: {kv.num_free} of {kv.num_blocks} "
                                  f"blocks free, held {kv.holders()}")
@@ -224,6 +291,8 @@ def check_results(results) -> None:
     done = df[df["status"] == Status.FINISHED.value]
     need = int((done["num_prompt_tokens"] + done["num_output_tokens"] - 1
                 + done["num_recomputed_tokens"]).sum())
+    if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
+        need -= int(it["num_cached_tokens"].sum())
     work = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum()) if len(it) else 0
     if work != need:
         raise InvariantError("work_conservation", now,
@@ -248,6 +317,8 @@ def _check_replica_work(df, it, now: float) -> None:
     done = df[df["status"] == Status.FINISHED.value]
     need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
             + done["num_recomputed_tokens"]).groupby(done["replica"]).sum()
+    if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
+        need = need.sub(it["num_cached_tokens"].groupby(it["replica"]).sum(), fill_value=0)
     work = (it["num_prefill_tokens"] + it["num_decode_tokens"]).groupby(it["replica"]).sum()
     for replica in set(need.index) | set(work.index):
         if int(need.get(replica, 0)) != int(work.get(replica, 0)):

@@ -1,7 +1,11 @@
-"""Paged KV-cache block manager: fixed-size blocks held per request, never shared.
+"""Paged KV-cache block managers: private blocks (the default) or a shared prefix cache.
 
 A request holding ``n`` cached tokens holds exactly ``ceil(n / block_size)`` blocks. Only block
 counts are tracked (which physical block holds what does not affect scheduling).
+:class:`KVCacheManager` never shares a block; :class:`~simsched.engine.prefix_cache.PrefixCache`
+(``cache.enable_prefix_caching``) shares full blocks of equal content between requests and keeps
+released ones cached until their memory is needed;
+:func:`~simsched.engine.prefix_cache.make_kv_cache` picks one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ class KVCacheManager:
     """Counts free and held KV blocks; admission keeps a watermark of free blocks back."""
 
     __slots__ = ("num_blocks", "block_size", "num_free", "watermark_blocks", "_held")
+    prefix_caching = False
+    num_evictable = 0           # cached blocks nobody holds (always 0 here)
+    num_evicted_blocks = 0      # cumulative evictions (always 0 here)
 
     def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0) -> None:
         if num_blocks < 1:
@@ -72,12 +79,20 @@ class KVCacheManager:
         self._held[req_id] += 1
         self.num_free -= 1
 
-    def free(self, req_id: int) -> int:
-        """Release all of ``req_id``'s blocks; return how many."""
+    def free(self, req_id: int, num_tokens: int = 0) -> int:
+        """Release all of ``req_id``'s blocks; return how many.
+
+        ``num_tokens`` (the tokens whose KV the request computed) matters only to a prefix cache.
+        """
         n = self._held.pop(req_id, 0)
         self.num_free += n
         return n
 
+    def num_cached_prefix_tokens(self, req) -> int:
+        """Prompt tokens of ``req`` the cache would serve if it were admitted now (none here)."""
+        return 0
+
     def holders(self) -> dict[int, int]:
         """A copy of request id -> blocks held."""
         return dict(self._held)
+

@@ -66,6 +66,8 @@ class PreemptionMixin:
             return False  # preempting would not help: keep their work
         while not kv.can_allocate(need, use_watermark=True) or \
                 (slot and len(self.running) >= self.cfg.max_num_seqs):
+            if not candidates:
+                return False    # shared prefix blocks stay held by others: it freed too little
             victim = self.choose_victim(candidates, self)
             candidates.remove(victim)
             self._preempt(victim, "admission", req.id)

@@ -25,8 +25,8 @@ import numpy as np
 import simpy
 
 from simsched.cost import hardware
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.log import IterationLog
+from simsched.engine.prefix_cache import make_kv_cache
+from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.request import Request
 
@@ -76,14 +76,15 @@ class Replica:
         self.index = index
         self.config = config
         cache = config.cache
-        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark)
+        self.kv = make_kv_cache(num_blocks, cache)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, max_model_len, rng,
             kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
-        self.iteration_rows = IterationLog()
+        self.iteration_rows = IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS
+                                           if self.kv.prefix_caching else ITERATION_COLUMNS)
         self.on_iteration = on_iteration
         self.on_kv = None
         self._idle: simpy.Event | None = None
@@ -107,6 +108,9 @@ class Replica:
         env, sched, cost = self.env, self.scheduler, self.cost_model
         log = self.iteration_rows
         live = self._live
+        kv = self.kv
+        prefix = kv.prefix_caching
+        hits = evictions = cached = last_hits = last_evictions = 0
         while True:
             if not sched.has_work():
                 if self.on_kv is not None:
@@ -133,10 +137,16 @@ class Replica:
                         f"{sched.num_waiting} waiting, {self.kv.num_free} free KV blocks")
             self._interrupt_victims()
             started = env.now
-            used = self.kv.num_used
+            used = kv.num_used
             if self.on_kv is not None:
-                self.on_kv(self.index, used, self.kv.num_blocks)
+                self.on_kv(self.index, used, kv.num_blocks)
             waiting = sched.num_waiting
+            if prefix:
+                # Cumulative counters -> this iteration's admissions' cache hits and evictions.
+                hits = sched.num_cached_tokens - last_hits
+                evictions = kv.num_evicted_blocks - last_evictions
+                last_hits, last_evictions = sched.num_cached_tokens, kv.num_evicted_blocks
+                cached = kv.num_evictable
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
             # enough that now + duration still resolves it (arrivals near 1e17 s do not).
@@ -148,8 +158,13 @@ class Replica:
             duration += swap_time
             yield _Late(env, duration)
             firsts, finished = sched.commit(env.now)
-            log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                         batch.num_seqs, waiting, used, num_preempted, swap_time))
+            if prefix:
+                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+                            batch.num_seqs, waiting, used, num_preempted, swap_time, hits,
+                            evictions, cached))
+            else:
+                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
+                            batch.num_seqs, waiting, used, num_preempted, swap_time))
             for req in firsts:
                 live[req.id][1].succeed()
             for req in finished:

@@ -15,6 +15,9 @@ add O(running) per iteration (none has one: MLFQ ranks lazily).
 
 Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
 ``preemption_mode="swap"``, swaps the victim's KV to CPU memory (:mod:`simsched.swap`).
+
+With a prefix cache (:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached
+blocks of the request's prefix and prefills only the rest, with the cached tokens as context.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Scheduler(PreemptionMixin):
         self.kv = kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
+        self.prefix_caching = kv.prefix_caching
+        self.num_cached_tokens = 0                # prompt tokens served from the prefix cache
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
         if hasattr(self.queue, "bind"):
             self.queue.bind(self)
@@ -260,6 +265,7 @@ class Scheduler(PreemptionMixin):
     def _admit(self) -> None:
         cfg, kv, queue = self.cfg, self.kv, self.queue
         static = cfg.style == "static"
+        prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
         while queue:
@@ -271,6 +277,9 @@ class Scheduler(PreemptionMixin):
                 break
             req = queue.peek()
             remaining = req.prefill_target
+            if prefix:
+                cached, hit, evictable = kv.match(req)
+                remaining -= cached
             if self.chunking:
                 chunk = min(remaining, max(budget, 0))
             elif remaining <= budget:
@@ -279,29 +288,44 @@ class Scheduler(PreemptionMixin):
                 chunk = remaining               # an over-budget prompt runs alone, unchunked
             else:
                 break
-            need = kv.blocks_for(remaining if static else chunk) + reserved
+            if prefix:
+                # Hit blocks are held already; taking evictable ones uses free blocks.
+                need = kv.blocks_for(cached + (remaining if static else chunk)) - hit \
+                    + evictable + reserved
+            else:
+                need = kv.blocks_for(remaining if static else chunk) + reserved
             # The watermark keeps headroom for running requests to grow; with none running it
             # would only block a request that fits the cache forever.
             if full or not kv.can_allocate(need, use_watermark=bool(self.running)):
                 if not (may_preempt and self._preempt_for_admission(req, need, full)):
                     break
+                if prefix:
+                    continue        # the victims' released blocks change the match: look again
             queue.pop()
             req.status = RUNNING
             req.admitted_seq = self.num_admitted
             self.num_admitted += 1
             if req.first_scheduled_at != req.first_scheduled_at:  # NaN: first admission
                 req.first_scheduled_at = self.now
+                if prefix and req.content is not None:
+                    req.content.num_cached_tokens = cached
+            if prefix:
+                kv.acquire(req, hit)
+                req.num_computed = cached
+                self.num_cached_tokens += cached
             self.running[req.id] = req
             self.running_version += 1
             self.prefilling[req.id] = req
+            done = req.num_computed                # cached tokens (0 without a prefix cache)
             if static:
-                reserved += kv.blocks_for(remaining) - kv.blocks_for(chunk)
+                reserved += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
             if chunk:
-                kv.allocate(req.id, chunk)
+                kv.allocate(req.id, done + chunk)
                 self._plan(req, chunk)
 
     def _stop(self, victim: Request) -> None:
         """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
+        cached = self.num_cached(victim) if self.prefix_caching else 0
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:
@@ -309,7 +333,7 @@ class Scheduler(PreemptionMixin):
             self._unplan(victim)
         del self.running[victim.id]
         self.running_version += 1
-        self.kv.free(victim.id)
+        self.kv.free(victim.id, cached)
         victim.epoch += 1
         victim.finish_step = -1
 
@@ -389,7 +413,13 @@ class Scheduler(PreemptionMixin):
         req.num_generated = req.num_output_tokens
         del self.running[req.id]
         self.running_version += 1
-        self.kv.free(req.id)
+        if self.prefix_caching:
+            # Prompt and output blocks stay cached (the last token's KV is never written).
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
+            if req.content is not None:
+                req.content.runs = None
+        else:
+            self.kv.free(req.id)
         # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
         # which keeps a million finished requests within memory.
         req.sort_key = None

@@ -77,6 +77,8 @@ def swap_in(sched) -> None:
         sched.swap.used_bytes -= num_bytes
         sched.swap_in_bytes += num_bytes
         req.swapped_bytes += num_bytes
+        if sched.prefix_caching:
+            kv.acquire(req, 0)          # its blocks are registered again as they come back
         kv.allocate(req.id, req.num_computed)
         req.status = Status.RUNNING
         req.admitted_seq = sched.num_admitted

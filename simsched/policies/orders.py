@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from simsched.policies.cache_aware import lpm
 from simsched.policies.fairness import fair
 from simsched.policies.mlfq import mlfq
 from simsched.policies.predictors import predicted_sjf, sjf_oracle
@@ -108,6 +109,7 @@ QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], Any
     "mlfq": mlfq,
     "fair": fair,
     "edf": edf,
+    "lpm": lpm,
 }
 
 

@@ -6,7 +6,17 @@ Formats, recognised from the header (CSV) or field names (JSONL, one object per 
   traces (timestamps like ``2023-11-16 18:17:03.9799600``). Times are made relative to the first
   request.
 * **generic**: ``arrival_at`` (seconds, >= 0, kept as given), ``num_prompt_tokens``,
-  ``num_output_tokens``, optional ``priority`` (integer) and ``tenant`` (string).
+  ``num_output_tokens``, optional ``priority`` (integer), ``tenant`` (string), ``hash_ids``,
+  ``session_id`` (integer >= 0) and ``think_time`` (seconds >= 0; see below).
+* **mooncake**: ``timestamp`` (milliseconds from the start), ``input_length``,
+  ``output_length``, ``hash_ids`` (JSONL), as in Mooncake's released traces.
+
+``hash_ids`` (any format; a JSON list, or in CSV a string such as ``"[1, 2, 3]"`` or ``"1 2 3"``)
+name the prompt's blocks of ``hash_block_size`` tokens (512 in Mooncake's traces; the last block
+may be partial): equal ids at equal positions mean equal tokens, which a prefix cache can share.
+A file with ``session_id`` and ``think_time`` columns is a closed-loop conversation: rows of one
+session are its turns in file order, and each turn after the first is sent ``think_time`` seconds
+after the previous one finished (its ``arrival_at`` is then ignored).
 * **lengths**: ``num_prefill_tokens, num_decode_tokens`` (the bundled ShareGPT length pairs) or a
   generic file without ``arrival_at``: usable for lengths only.
 
@@ -39,17 +49,20 @@ BUNDLED = {
     "azure-code": DATA_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv.gz",
     "azure-conv": DATA_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv.gz",
     "sharegpt": DATA_DIR / "sharegpt-lengths" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv.gz",
+    "mooncake": DATA_DIR / "mooncake-synthetic" / "synthetic_trace.jsonl.gz",
 }
 LONG_PROMPT_POLICIES = ("clip", "drop", "error")
 _COLUMNS = {  # format -> (time column, prompt column, output column)
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "generic": ("arrival_at", "num_prompt_tokens", "num_output_tokens"),
     "sharegpt": (None, "num_prefill_tokens", "num_decode_tokens"),
+    "mooncake": ("timestamp", "input_length", "output_length"),
 }
 EXPECTED = {  # format -> the columns it expects, as error messages state them
     "azure": "TIMESTAMP, ContextTokens, GeneratedTokens",
     "generic": "arrival_at, num_prompt_tokens, num_output_tokens[, priority][, tenant]",
     "sharegpt": "num_prefill_tokens, num_decode_tokens (lengths only)",
+    "mooncake": "timestamp (ms), input_length, output_length, hash_ids (JSONL)",
 }
 
 
@@ -94,7 +107,7 @@ class LoadReport:
 
 
 def bundled_path(name: str) -> Path:
-    """Path of a bundled trace: ``azure-code``, ``azure-conv`` or ``sharegpt``."""
+    """Path of a bundled trace: ``azure-code``, ``azure-conv``, ``sharegpt`` or ``mooncake``."""
     if name not in BUNDLED:
         raise ValueError(f"no bundled trace {name!r}; bundled: {sorted(BUNDLED)}")
     return BUNDLED[name]
@@ -251,8 +264,137 @@ def _times(path, table: pd.DataFrame, lines, column: str, fmt: str) -> np.ndarra
     values = (raw if pd.api.types.is_numeric_dtype(raw) else
               pd.to_numeric(raw, errors="coerce")).to_numpy(dtype=float)
     bad = ~np.isfinite(values) | (values < 0)
-    _first_bad(path, lines, bad, raw, f"{column} must be a finite number of seconds >= 0")
-    return values
+    unit = "milliseconds" if fmt == "mooncake" else "seconds"
+    _first_bad(path, lines, bad, raw, f"{column} must be a finite number of {unit} >= 0")
+    return values / 1000.0 if fmt == "mooncake" else values
+
+
+def parse_hash_ids(value):
+    """One row's hash ids (a list, tuple, array or string) as a tuple of ints >= 0; None if bad."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text.startswith("[") else text.replace(";", " ").split()
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    out = []
+    for v in value:
+        try:
+            i = int(v)
+        except (TypeError, ValueError):
+            return None
+        if i < 0 or isinstance(v, bool) or (isinstance(v, float) and v != i):
+            return None
+        out.append(i)
+    return tuple(out)
+
+
+def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> None:
+    """Parse ``hash_ids``, ``session_id`` and ``think_time`` into ``out`` when the file has them."""
+    if "hash_ids" in table.columns:
+        raw = table["hash_ids"]
+        ids = [parse_hash_ids(v) for v in raw.tolist()]
+        bad = np.array([i is None for i in ids])
+        _first_bad(path, lines, bad, raw, "hash_ids must be a non-empty list of integers >= 0")
+        out["hash_ids"] = pd.Series(ids, dtype=object)
+    for column, integer in (("session_id", True), ("think_time", False)):
+        if column not in table.columns:
+            continue
+        raw = table[column]
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+        given = raw.notna().to_numpy()
+        bad = given & (~np.isfinite(values) | (values < 0))
+        if integer:
+            bad |= given & (values != np.floor(values))
+        what = "an integer >= 0" if integer else "a number of seconds >= 0"
+        _first_bad(path, lines, bad, raw, f"{column} must be {what}")
+        out[column] = (np.where(given, values, -1).astype(np.int64) if integer
+                       else np.where(given, values, 0.0))
+
+
+def hash_segments(hash_ids, num_tokens: int, block_tokens: int) -> tuple:
+    """Prompt segments ``((hash_id, tokens), ...)`` of a prompt of ``num_tokens`` tokens.
+
+    Each id names one block of ``block_tokens`` tokens, the last one partial; ids beyond the
+    prompt are ignored. Raises ValueError if there are too few ids to cover the prompt.
+    """
+    need = -(-num_tokens // block_tokens)
+    if len(hash_ids) < need:
+        raise ValueError(f"{len(hash_ids)} hash_ids cover {len(hash_ids) * block_tokens} tokens "
+                         f"of blocks of {block_tokens}, the prompt has {num_tokens}")
+    last = num_tokens - (need - 1) * block_tokens
+    return tuple((h, block_tokens) for h in hash_ids[:need - 1]) + ((hash_ids[need - 1], last),)
+
+
+def merged_hash_segments(hash_ids, prompts, block_tokens: int) -> list:
+    """:func:`hash_segments` of every row, with trace blocks merged where the data never branch.
+
+    If every prompt that continues past a chain of blocks continues with the same next block,
+    the two are one segment (the first block's id, the summed length): two prompts then still
+    share exactly the tokens they shared before (a radix tree's path compression, done once for
+    the whole table), and a prefix cache tracks a handful of segments per prompt instead of one
+    per 512 tokens. Rows without ids (None) give None.
+    """
+    multi = object()
+    follows: dict = {}
+    cut = []
+    for ids, p in zip(hash_ids, prompts):
+        if ids is None:
+            cut.append(None)
+            continue
+        need = -(-int(p) // block_tokens)
+        if len(ids) < need:
+            raise ValueError(f"{len(ids)} hash_ids cover {len(ids) * block_tokens} tokens of "
+                             f"blocks of {block_tokens}, the prompt has {p}")
+        ids = ids[:need]
+        cut.append(ids)
+        key = 0
+        for t in range(need - 1):
+            key = hash((key, ids[t]))
+            nxt = ids[t + 1]
+            if follows.setdefault(key, nxt) != nxt:
+                follows[key] = multi
+    out = []
+    for ids, p in zip(cut, prompts):
+        if ids is None:
+            out.append(None)
+            continue
+        segments = []
+        head, length, key = ids[0], 0, 0
+        last = len(ids) - 1
+        for t, h in enumerate(ids):
+            length += block_tokens
+            key = hash((key, h))
+            if t < last and follows[key] is multi:
+                segments.append((head, length))
+                head, length = ids[t + 1], 0
+        segments.append((head, length - (last + 1) * block_tokens + int(p)))
+        out.append(tuple(segments))
+    return out
+
+
+def check_hash_ids(table: pd.DataFrame, block_tokens: int, source) -> None:
+    """Raise ValueError naming the first row whose ``hash_ids`` do not match its prompt length.
+
+    A prompt of ``n`` tokens needs exactly ``ceil(n / block_tokens)`` ids (fewer cannot cover it;
+    more mean a wrong ``hash_block_size``).
+    """
+    if "hash_ids" not in table.columns or table.empty:
+        return
+    have = np.fromiter((len(h) for h in table["hash_ids"]), dtype=np.int64, count=len(table))
+    need = -(-table["num_prompt_tokens"].to_numpy() // block_tokens)
+    bad = have != need
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        where = (f"line {table['line'].iloc[i]}" if "line" in table.columns else f"row {i}")
+        raise TraceFormatError(
+            f"{source}, {where}: {have[i]} hash_ids for a {table['num_prompt_tokens'].iloc[i]}-"
+            f"token prompt; blocks of hash_block_size={block_tokens} tokens need {need[i]} "
+            f"({int(bad.sum())} rows disagree)")
 
 
 def _read(path: Path, require_times: bool) -> tuple[pd.DataFrame, LoadReport]:
@@ -292,6 +434,7 @@ def _parse(path: Path, table: pd.DataFrame, lines: np.ndarray,
         tenant = tenant.where(given, None)
         tenant[given] = tenant[given].astype(str)
         out["tenant"] = pd.Series(tenant.to_numpy(dtype=object), dtype=object)
+    _optional_columns(path, table, lines, out)
     out["line"] = lines
     num_unsorted = 0
     if out["arrival_at"].notna().all():
@@ -330,12 +473,14 @@ def read_trace(path, require_times: bool = True) -> tuple[pd.DataFrame, LoadRepo
 
 def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | None,
                              policy: str, source: str,
-                             max_total_tokens: int | None = None) -> tuple[pd.DataFrame, dict]:
+                             max_total_tokens: int | None = None,
+                             hash_block_size: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Clip, drop or refuse requests whose prompt exceeds ``max_prompt_tokens`` or whose prompt
     plus output exceeds ``max_total_tokens`` (a model's context length).
 
     Clipping shortens the prompt so that both limits hold (the output too, if the output alone
-    leaves no room for a one-token prompt). Returns the new table and the counts
+    leaves no room for a one-token prompt), and cuts ``hash_ids`` to the blocks (of
+    ``hash_block_size`` tokens) that remain. Returns the new table and the counts
     ``num_long_prompts`` (requests over a limit), ``num_clipped``, ``num_dropped``. Never
     silent: any affected request triggers a :class:`TraceWarning`, and ``error`` raises a
     ``ValueError`` naming the source and the first offending line (or request index).
@@ -381,6 +526,12 @@ def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | No
             new_output = np.minimum(output, max_total_tokens - new_prompt)
         requests["num_prompt_tokens"] = new_prompt.astype(prompt.dtype)
         requests["num_output_tokens"] = new_output.astype(output.dtype)
+        if "hash_ids" in requests.columns and hash_block_size:
+            keep = (-(-np.asarray(new_prompt) // hash_block_size)).tolist()
+            ids = requests["hash_ids"].tolist()
+            requests["hash_ids"] = pd.Series(
+                [h[:k] if cut and h is not None else h for h, k, cut in zip(ids, keep, long)],
+                dtype=object, index=requests.index)
         counts["num_clipped"] = num_long
     else:
         requests = requests[~long].reset_index(drop=True)
@@ -392,7 +543,7 @@ def apply_long_prompt_policy(requests: pd.DataFrame, max_prompt_tokens: int | No
 def load_trace(path, *, start: float = 0.0, duration: float | None = None,
                num_requests: int | None = None, speedup: float = 1.0, rate: float | None = None,
                max_prompt_tokens: int | None = None,
-               long_prompt_policy: str = "error") -> pd.DataFrame:
+               long_prompt_policy: str = "error", hash_block_size: int = 512) -> pd.DataFrame:
     """Load a trace for replay: window, long-prompt policy, request limit, then time scaling.
 
     ``start`` and ``duration`` select the window ``[start, start + duration)`` in the trace's
@@ -406,8 +557,9 @@ def load_trace(path, *, start: float = 0.0, duration: float | None = None,
     t = table["arrival_at"].to_numpy()
     end = math.inf if duration is None else start + duration
     table = table[(t >= start) & (t < end)].reset_index(drop=True)
+    check_hash_ids(table, hash_block_size, path)
     table, counts = apply_long_prompt_policy(table, max_prompt_tokens, long_prompt_policy,
-                                             str(path))
+                                             str(path), hash_block_size=hash_block_size)
     num_in_window = len(table) + counts["num_dropped"]
     if num_requests is not None:
         table = table.iloc[:num_requests].copy()

@@ -6,6 +6,11 @@ tenant``, sorted by arrival) using the run's ``numpy.random.Generator``. A workl
 arrival process (:mod:`simsched.arrivals`), a length distribution (:mod:`simsched.lengths`),
 optionally a recorded trace (:mod:`simsched.traces`), and a tenant and priority mix.
 :func:`describe` summarises any request table so a trace can be checked before it is run.
+
+Prefix identity (for a prefix cache) rides along in optional columns: ``hash_ids`` (a trace's
+block hashes, blocks of ``hash_block_size`` tokens), ``prefix_group``/``prefix_len`` (a shared
+system prompt) and ``session_id``/``think_time`` (closed-loop multi-turn sessions,
+:mod:`simsched.workloads.sessions`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pandas as pd
 
 from simsched.workloads import arrivals
 from simsched.workloads import lengths
+from simsched.workloads import sessions
 from simsched.workloads import traces
 from simsched.workloads.arrivals import ARRIVALS
 from simsched.workloads.lengths import LENGTHS
@@ -33,6 +39,9 @@ WORKLOADS = {
     "sharegpt": "Poisson arrivals, (prompt, output) pairs resampled from ShareGPT",
     "azure-code": "Azure 2023 code-completion trace replayed (bursty, CV ~13)",
     "azure-conv": "Azure 2023 conversation trace replayed (near-Poisson)",
+    "mooncake": "Mooncake synthetic trace replayed: long prompts sharing prefixes (hash_ids)",
+    "shared-prefix": "G groups with their own system prompts; request = system prompt + question",
+    "sessions": "closed-loop multi-turn sessions: each turn's prompt is the whole history",
     "trace": "replay of a user trace file (trace_path)",
     "custom": "any arrival process and length distribution, set field by field",
 }
@@ -43,6 +52,8 @@ DEFAULT_NUM_REQUESTS = 500
 # What arrival=None and lengths=None mean for each workload.
 _DEFAULTS = {"lesson": ("poisson", "lognormal"), "sharegpt": ("poisson", "empirical"),
              "azure-code": ("trace", "trace"), "azure-conv": ("trace", "trace"),
+             "mooncake": ("trace", "trace"), "shared-prefix": ("poisson", "fixed"),
+             "sessions": ("poisson", "lognormal"),
              "trace": ("trace", "trace"), "custom": ("poisson", "lognormal")}
 
 
@@ -80,6 +91,15 @@ class WorkloadConfig:
     arrival process takes ``rate=None`` as :data:`DEFAULT_RATE` (8 req/s) and, without a
     ``duration``, ``num_requests=None`` as :data:`DEFAULT_NUM_REQUESTS` (500);
     :attr:`resolved_rate` and :attr:`resolved_num_requests` give the values in effect.
+
+    Prefix sharing: ``hash_block_size`` is the tokens per trace ``hash_ids`` entry (512 in
+    Mooncake's traces). ``system_prompt_len`` tokens of a shared system prompt, one of
+    ``num_prefix_groups`` drawn uniformly per request (per session), are prepended to every
+    prompt of a synthetic workload (``shared-prefix``: system prompt + a question of
+    ``prompt_len`` tokens). ``sessions``: ``rate`` and ``num_requests`` count *sessions*; each has
+    ``num_turns`` turns whose new user tokens and outputs come from the length distribution, the
+    next sent ``think_time`` seconds after the previous finished (both distributions, see
+    :mod:`simsched.workloads.sessions`).
     """
 
     name: str = "lesson"
@@ -110,6 +130,12 @@ class WorkloadConfig:
     tenant_weights: tuple | None = None
     num_priorities: int = 1
     priority_weights: tuple | None = None
+    # prefix sharing
+    hash_block_size: int = 512
+    system_prompt_len: int = 0
+    num_prefix_groups: int = 1
+    num_turns: float | tuple = 4
+    think_time: float | tuple = ("exponential", 5.0)
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -155,6 +181,25 @@ class WorkloadConfig:
         for count, weights in (("num_tenants", "tenant_weights"),
                                ("num_priorities", "priority_weights")):
             self._check_mix(count, weights)
+        self._check_prefix(arrival)
+
+    def _check_prefix(self, arrival: str) -> None:
+        _integer("hash_block_size", self.hash_block_size)
+        _integer("system_prompt_len", self.system_prompt_len, low=0)
+        _integer("num_prefix_groups", self.num_prefix_groups)
+        if self.name == "shared-prefix" and self.system_prompt_len < 1:
+            raise ValueError("workload.system_prompt_len must be >= 1 for name='shared-prefix' "
+                             "(the shared system prompt's tokens)")
+        if self.name == "sessions" and self.max_prompt_tokens is not None:
+            raise ValueError("workload.max_prompt_tokens cannot cut a session's history; turns "
+                             "too long for the model are rejected when they arrive")
+        if self.system_prompt_len and arrival == "trace":
+            raise ValueError("workload.system_prompt_len applies to synthetic workloads only; a "
+                             "trace names its shared blocks with hash_ids")
+        object.__setattr__(self, "num_turns",
+                           sessions.parse_distribution("num_turns", self.num_turns, True))
+        object.__setattr__(self, "think_time",
+                           sessions.parse_distribution("think_time", self.think_time, False))
 
     def _check_schedule(self, arrival: str) -> None:
         s = self.rate_schedule
@@ -192,7 +237,7 @@ class WorkloadConfig:
         if self.name in ("trace", "custom") and uses_trace and self.trace_path is None:
             raise ValueError(f"workload.trace_path is required for name={self.name!r} with "
                              f"arrival={arrival!r}, lengths={length!r}")
-        if uses_trace and self.name in ("lesson", "sharegpt"):
+        if uses_trace and self.name in ("lesson", "sharegpt", "shared-prefix", "sessions"):
             raise ValueError(f"workload {self.name!r} has no timestamped trace; use name='custom' "
                              "with trace_path, or an azure-* workload")
 
@@ -239,7 +284,9 @@ class WorkloadConfig:
         """The timestamped trace file this workload reads, if any."""
         if self.trace_path is not None:
             return Path(self.trace_path)
-        return traces.BUNDLED.get(self.name) if self.name.startswith("azure") else None
+        if self.name in ("azure-code", "azure-conv", "mooncake"):
+            return traces.BUNDLED[self.name]
+        return None
 
     def lengths_source(self) -> Path:
         """The file ``lengths='empirical'`` resamples pairs from."""
@@ -251,10 +298,15 @@ class WorkloadConfig:
     def preset(cls, name: str, **changes) -> "WorkloadConfig":
         """The recommended settings of workload ``name``, with ``changes`` applied.
 
-        The field defaults already are every workload's recommended settings (trace workloads
-        replay the whole trace at its recorded rate); kept for code that names presets.
+        Trace workloads (``azure-*``, ``mooncake``, ``trace``) replay the whole trace at its
+        recorded rate (the field defaults); ``shared-prefix`` has 8 groups with a 1,024-token
+        system prompt, 128-token questions and outputs; the others are the field defaults.
         """
-        return cls(name=name, **changes)
+        base = {"name": name}
+        if name == "shared-prefix":
+            base.update(system_prompt_len=1024, num_prefix_groups=8)
+        base.update(changes)
+        return cls(**base)
 
     def describe(self, rng: np.random.Generator | None = None) -> "WorkloadDescription":
         """Generate this workload (with ``rng``, default seed 0) and :func:`describe` it."""
@@ -296,9 +348,12 @@ def _mix(rng: np.random.Generator, n: int, count: int, weights) -> np.ndarray:
 def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     """The request table of workload ``cfg`` drawn with ``rng``.
 
-    Columns are :data:`REQUEST_COLUMNS`, sorted by ``arrival_at``. ``frame.attrs["load_report"]``
-    is a :class:`~simsched.workloads.traces.LoadReport` saying what trace loading and the long-prompt
-    policy did (counts of sorted, clipped and dropped requests).
+    Columns are :data:`REQUEST_COLUMNS`, sorted by ``arrival_at``, plus the prefix-identity
+    columns the workload has (``hash_ids``, ``prefix_group``/``prefix_len``,
+    ``session_id``/``think_time``). ``frame.attrs["load_report"]`` is a
+    :class:`~simsched.workloads.traces.LoadReport` saying what trace loading and the long-prompt
+    policy did (counts of sorted, clipped and dropped requests); ``frame.attrs["hash_block_size"]``
+    the tokens per ``hash_ids`` entry.
     """
     if not isinstance(cfg, WorkloadConfig):
         hint = "; pass config.workload" if hasattr(cfg, "workload") else ""
@@ -306,6 +361,8 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"generate() wants a numpy.random.Generator as rng (e.g. "
                          f"numpy.random.default_rng(seed)), got {type(rng).__name__}")
+    if cfg.name == "sessions":
+        return _sessions(cfg, rng)
     arrival, kind = cfg.arrival_process, cfg.length_distribution
     source = cfg.trace_source()
     trace = report = None
@@ -315,7 +372,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
             num_requests=cfg.num_requests if arrival == "trace" else None,
             speedup=cfg.speedup, rate=cfg.resolved_rate if arrival == "trace" else None,
             max_prompt_tokens=cfg.max_prompt_tokens if kind == "trace" else None,
-            long_prompt_policy=cfg.long_prompt_policy)
+            long_prompt_policy=cfg.long_prompt_policy, hash_block_size=cfg.hash_block_size)
         report = trace.attrs["load_report"]
     if arrival == "trace":
         times = trace["arrival_at"].to_numpy()
@@ -347,8 +404,17 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                           "num_prompt_tokens": np.asarray(prompt, dtype=np.int64),
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
                           "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
+    if kind == "trace":     # rows are the trace's, in order: keep their prefix identity
+        for column in ("hash_ids", "session_id", "think_time"):
+            if column in trace.columns:
+                frame[column] = trace[column].iloc[:n].to_numpy()
+    if cfg.system_prompt_len:
+        frame["prefix_group"] = rng.integers(0, cfg.num_prefix_groups, n, dtype=np.int64)
+        frame["prefix_len"] = cfg.system_prompt_len
+        frame["num_prompt_tokens"] += cfg.system_prompt_len
     frame, counts = traces.apply_long_prompt_policy(
-        frame, cfg.max_prompt_tokens, cfg.long_prompt_policy, f"workload {cfg.name!r}")
+        frame, cfg.max_prompt_tokens, cfg.long_prompt_policy, f"workload {cfg.name!r}",
+        hash_block_size=cfg.hash_block_size)
     if report is None:
         report = LoadReport(source=f"workload {cfg.name!r}", format="synthetic",
                             num_rows=n, num_in_window=n)
@@ -356,6 +422,34 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     frame.attrs["load_report"] = replace(report, num_returned=len(frame),
                                          max_prompt_tokens=cfg.max_prompt_tokens,
                                          long_prompt_policy=cfg.long_prompt_policy, **merged)
+    frame.attrs["hash_block_size"] = cfg.hash_block_size
+    return frame
+
+
+def _sessions(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
+    """The turns of closed-loop sessions (``name='sessions'``), one row each."""
+    starts = _synthetic_arrivals(cfg, rng)
+    n = len(starts)
+    turns = sessions.draw(cfg.num_turns, rng, n, integer=True)
+    total = int(turns.sum())
+    user, output = _lengths(cfg, rng, total)
+    think = sessions.draw(cfg.think_time, rng, total, integer=False)
+    groups = rng.integers(0, cfg.num_prefix_groups, n, dtype=np.int64) \
+        if cfg.system_prompt_len else None
+    frame = sessions.session_table(starts, turns, user, output, think, cfg.system_prompt_len,
+                                   groups)
+    priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
+    if cfg.num_priorities > 1:
+        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
+    if cfg.num_tenants > 1:
+        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
+            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
+    frame.insert(3, "priority", np.repeat(priority, turns))
+    frame.insert(4, "tenant", pd.Series(np.repeat(tenant, turns), dtype=object))
+    frame.attrs["load_report"] = LoadReport(source=f"workload {cfg.name!r}", format="sessions",
+                                            num_rows=total, num_in_window=total,
+                                            num_returned=total)
+    frame.attrs["hash_block_size"] = cfg.hash_block_size
     return frame
 
 
@@ -365,6 +459,10 @@ class WorkloadDescription(dict):
     def __str__(self) -> str:
         head = (f"{self['num_requests']} requests over {self['duration']:.1f} s: "
                 f"{self['rate']:.3f} req/s, inter-arrival CV {self['interarrival_cv']:.2f}")
+        if "num_sessions" in self:
+            head = (f"{self['num_requests']} requests in {self['num_sessions']} closed-loop "
+                    f"sessions starting over {self['duration']:.1f} s: {self['rate']:.3f} "
+                    f"sessions/s, inter-arrival CV {self['interarrival_cv']:.2f}")
         stats = ("mean", "p50", "p90", "p99", "max")
         rows = [f"{'tokens':<8}" + "".join(f"{s:>9}" for s in stats)]
         for what in ("prompt", "output"):
@@ -384,9 +482,13 @@ def describe(requests: pd.DataFrame) -> WorkloadDescription:
     """Count, duration, mean rate, inter-arrival CV and length percentiles of a request table.
 
     ``duration`` is last minus first arrival, ``rate`` one over the mean gap, and the CV is the
-    gaps' standard deviation over their mean (1 for Poisson, >1 for bursty traffic).
+    gaps' standard deviation over their mean (1 for Poisson, >1 for bursty traffic). For
+    closed-loop sessions (``session_id`` and ``think_time`` columns) these describe the sessions'
+    starts, and ``num_sessions`` is added.
     """
-    times = np.sort(requests["arrival_at"].to_numpy(dtype=float))
+    closed = "session_id" in requests.columns and "think_time" in requests.columns
+    starts = requests.drop_duplicates("session_id") if closed else requests
+    times = np.sort(starts["arrival_at"].to_numpy(dtype=float))
     gaps = np.diff(times)
     out = WorkloadDescription(
         num_requests=len(requests),
@@ -405,5 +507,7 @@ def describe(requests: pd.DataFrame) -> WorkloadDescription:
         out["num_tenants"] = int(requests["tenant"].dropna().nunique())
     if "priority" in requests.columns:
         out["num_priorities"] = int(requests["priority"].nunique())
+    if closed:
+        out["num_sessions"] = len(starts)
     return out
 

@@ -1,0 +1,407 @@
+"""Automatic prefix caching (vLLM V1 semantics): shared, reference-counted, LRU-evicted KV blocks.
+
+A full KV block has an identity: the content of every token up to its end (a chained hash, from
+:class:`~simsched.request.Content`). Running requests whose prompts start alike reference the
+same blocks; admission reuses the longest run of cached full blocks from the start of the prompt
+and prefills only the rest (always at least one token); a block whose last reference drops stays
+cached in an evictable pool, counted as free, until its memory is needed (least recently released
+first, a request's tail blocks before its head). Recompute preemption releases a request's
+references the same way, so its re-admission may hit them.
+
+How it is kept fast (work grows with the segments a request touches, never with the cache):
+
+* Blocks are grouped by the prompt *segment* their last token falls in (a trace block of 512
+  tokens, a system prompt, a turn of a conversation). A :class:`_Node` per segment key holds the
+  cached blocks of that segment as positions ``[0, num_cached)``: every holder of a block also
+  holds all blocks before it, and ties in release time evict the deeper block first, so a
+  segment's cached blocks always form a prefix and are evicted from their tail.
+* A holder covers positions ``[0, reach)`` of a node; the node keeps how many holders have each
+  reach, so a block's reference count is the number of holders reaching past it, and the
+  referenced blocks are ``[0, max_reach)``. Evictable blocks ``[max_reach, num_cached)`` form
+  runs (blocks released together), queued oldest first in one LRU list shared by all nodes.
+* Blocks computed by a prefill are registered when the chunk is scheduled (as vLLM does, so a
+  request admitted later in the same iteration hits them); a duplicate of a block already cached
+  is dropped and the cached copy referenced instead (vLLM would keep both copies). Blocks filled
+  by decoding are registered lazily, when their request finishes or is preempted: only then can
+  anyone else use them (the next turn of a session, or the request's own re-admission).
+* Requests without content (no ``Request.content``) hold private blocks exactly as
+  :class:`~simsched.engine.kv_cache.KVCacheManager` does: they never hit and never populate the
+  cache, and pay nothing for it.
+
+Allocation takes never-used ("empty") blocks before evicting cached ones, so a cached block is
+evicted only when its memory is needed (vLLM's single free queue may evict a cached block while
+uncached free blocks remain further back; this model does not).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from simsched.engine.kv_cache import KVCacheError, KVCacheManager
+
+OPEN_END = 1 << 62          # the output segment has no end
+
+
+class _Node:
+    """The cached full blocks of one segment key: positions ``[0, num_cached)``."""
+
+    __slots__ = ("key", "num_cached", "max_reach", "reach", "runs")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.num_cached = 0
+        self.max_reach = 0          # positions [0, max_reach) are referenced
+        self.reach: dict[int, int] = {}   # reach -> number of holders reaching exactly that far
+        self.runs: list[_Run] = []  # evictable runs, deepest (oldest) first
+
+
+class _Run:
+    """Evictable positions ``[lo, hi)`` of a node, released together."""
+
+    __slots__ = ("node", "lo", "hi")
+
+    def __init__(self, node: _Node, lo: int, hi: int) -> None:
+        self.node = node
+        self.lo = lo
+        self.hi = hi
+
+
+class _Holding:
+    """A request's registered blocks: the first ``num_registered`` blocks of its segment runs.
+
+    Run ``i`` covers the request's blocks ``[los[i], his[i])`` (those whose last token lies in
+    segment ``keys[i]``); ``index`` is the first run not fully registered.
+    """
+
+    __slots__ = ("keys", "los", "his", "num_registered", "index")
+
+    def __init__(self, runs: tuple) -> None:
+        _, self.keys, self.los, self.his = runs
+        self.num_registered = 0
+        self.index = 0
+
+
+def segment_runs(content, block_size: int) -> tuple | None:
+    """``(block_size, keys, los, his)``: each segment's blocks, the output's last; memoised.
+
+    None for a request without identity. Blocks ``[lo, hi)`` of a run are those whose last token
+    falls in the segment; segments too short to hold a block end are skipped.
+    """
+    memo = content.runs
+    if memo is not None and memo[0] == block_size:
+        return memo
+    if not content.keys:
+        return None
+    keys, los, his = [], [], []
+    start = 0
+    for key, end in zip(content.keys, content.ends):
+        lo, hi = start // block_size, end // block_size
+        if hi > lo:
+            keys.append(key)
+            los.append(lo)
+            his.append(hi)
+        start = end
+    keys.append(content.output_key)
+    los.append(start // block_size)
+    his.append(OPEN_END)
+    memo = content.runs = (block_size, keys, los, his)
+    return memo
+
+
+class PrefixCache(KVCacheManager):
+    """A KV cache whose full blocks are shared by content, reference-counted and LRU-evicted.
+
+    ``num_free`` counts every allocatable block: empty ones plus ``num_evictable`` cached blocks
+    nobody references. ``num_used`` is therefore the blocks in use by running requests (a shared
+    block counts once).
+    """
+
+    __slots__ = ("_nodes", "_lru", "_holding", "num_evictable", "num_evicted_blocks")
+    prefix_caching = True
+
+    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0) -> None:
+        super().__init__(num_blocks, block_size, watermark)
+        self._nodes: dict[int, _Node] = {}
+        self._lru: OrderedDict[_Run, None] = OrderedDict()
+        self._holding: dict[int, _Holding] = {}
+        self.num_evictable = 0
+        self.num_evicted_blocks = 0
+
+    @property
+    def num_empty(self) -> int:
+        """Blocks holding nothing (free and not cached)."""
+        return self.num_free - self.num_evictable
+
+    # ------------------------------------------------------------------ queries
+    def match(self, req) -> tuple[int, int, int]:
+        """``(cached_tokens, hit_blocks, evictable_hit_blocks)`` if ``req`` were admitted now.
+
+        The hit is the longest run of cached full blocks from the start of the request's
+        ``prefill_target`` tokens, at most ``prefill_target - 1`` tokens (one is always
+        computed); taking its evictable blocks uses that many free blocks. No side effects;
+        O(segments of the prompt).
+        """
+        content = req.content
+        if content is None:
+            return 0, 0, 0
+        runs = segment_runs(content, self.block_size)
+        if runs is None:
+            return 0, 0, 0
+        target = req.prefill_target
+        # Full blocks only, and never a block that only the token to compute would need (with
+        # one-token blocks a fully cached prompt holds one block fewer than its length).
+        limit = min(target // self.block_size, -(-(target - 1) // self.block_size))
+        nodes = self._nodes
+        hit = evictable = 0
+        for key, lo, hi in zip(runs[1], runs[2], runs[3]):
+            if lo >= limit:
+                break
+            node = nodes.get(key)
+            if node is None:
+                break
+            cap = (hi if hi < limit else limit) - lo
+            got = node.num_cached if node.num_cached < cap else cap
+            if got > node.max_reach:
+                evictable += got - node.max_reach
+            hit = lo + got
+            if got < cap:
+                break
+        if not hit:
+            return 0, 0, 0
+        cached = hit * self.block_size
+        return (cached if cached < target else target - 1), hit, evictable
+
+    def num_cached_prefix_tokens(self, req) -> int:
+        """Tokens of ``req``'s ``prefill_target`` (its prompt, for a new request) the cache holds.
+
+        What admission would reuse now: cached full blocks from the start, at most all but one
+        token. Side-effect free, O(segments of the prompt); for routers and cache-aware policies.
+        """
+        return self.match(req)[0]
+
+    # ------------------------------------------------------------------ holding blocks
+    def acquire(self, req, num_hit_blocks: int) -> None:
+        """Admit ``req``: reference its first ``num_hit_blocks`` cached blocks (from :meth:`match`).
+
+        Also records the request's content, so the blocks it computes later are registered.
+        ``req`` must hold nothing yet.
+        """
+        content = req.content
+        if content is None:
+            return
+        runs = segment_runs(content, self.block_size)
+        if runs is None:
+            return
+        holding = self._holding[req.id] = _Holding(runs)
+        if num_hit_blocks:
+            self.num_free += self._extend(holding, num_hit_blocks, False)
+            self._held[req.id] = num_hit_blocks
+
+    def allocate(self, req_id: int, num_tokens: int) -> int:
+        """Grow ``req_id``'s holding to ``num_tokens`` tokens and register its full blocks.
+
+        Returns the blocks added. Registering may find some of them cached already (computed
+        concurrently by another request): those are returned to the free pool.
+        """
+        held = self._held.get(req_id, 0)
+        extra = -(-num_tokens // self.block_size) - held
+        if extra > 0:
+            if extra > self.num_free:
+                raise KVCacheError(f"request {req_id} needs {extra} blocks, {self.num_free} free")
+            if extra > self.num_free - self.num_evictable:
+                self._evict(extra - self.num_free + self.num_evictable)
+            self.num_free -= extra
+            self._held[req_id] = held + extra
+        else:
+            extra = 0
+        holding = self._holding.get(req_id)
+        if holding is not None:
+            n = num_tokens // self.block_size
+            if n > holding.num_registered:
+                self.num_free += self._extend(holding, n, True)
+        return extra
+
+    def add_block(self, req_id: int) -> None:
+        """Give ``req_id`` one more block (a decode's; registered when the request stops)."""
+        if self.num_free < 1:
+            raise KVCacheError(f"request {req_id} needs 1 block, none free")
+        if self.num_free == self.num_evictable:
+            run = next(iter(self._lru))
+            if run.hi - run.lo > 1:         # the common case, inline: shorten the oldest run
+                run.hi -= 1
+                run.node.num_cached -= 1
+                self.num_evictable -= 1
+                self.num_evicted_blocks += 1
+            else:
+                self._evict(1)
+        self._held[req_id] += 1
+        self.num_free -= 1
+
+    def free(self, req_id: int, num_tokens: int = 0) -> int:
+        """Release ``req_id``'s blocks; the full blocks of its ``num_tokens`` tokens stay cached.
+
+        The blocks the request filled while decoding are registered first (the lazy scheme);
+        blocks registered for a chunk that was planned but never computed (a request preempted
+        in the iteration that scheduled it) are dropped from the cache when nobody else uses them.
+        """
+        held = self._held.pop(req_id, 0)
+        holding = self._holding.pop(req_id, None)
+        if holding is None:
+            self.num_free += held
+            return held
+        n = num_tokens // self.block_size
+        if n > held:
+            n = held
+        if n > holding.num_registered:
+            self.num_free += self._extend(holding, n, True)
+        private = held - holding.num_registered
+        released, uncached = self._release(holding, n)
+        self.num_evictable += released
+        self.num_free += private + released + uncached
+        return held
+
+    # ------------------------------------------------------------------ internals
+    def _extend(self, holding: _Holding, n_new: int, private: bool) -> int:
+        """Register (``private``: the holder's own new blocks) or reference blocks up to ``n_new``.
+
+        Returns the change in free blocks: duplicates of cached blocks give the holder's copies
+        back, and cached blocks nobody held leave the evictable pool.
+        """
+        n_old = holding.num_registered
+        keys, los, his = holding.keys, holding.los, holding.his
+        nodes = self._nodes
+        i = holding.index
+        freed = taken = 0
+        while True:
+            lo, hi = los[i], his[i]
+            if lo >= n_new:
+                break
+            old_r = n_old - lo if n_old > lo else 0
+            new_r = (hi if hi < n_new else n_new) - lo
+            key = keys[i]
+            node = nodes.get(key)
+            if node is None:
+                node = nodes[key] = _Node(key)
+            cached, top_ref = node.num_cached, node.max_reach
+            top = new_r if new_r < cached else cached
+            if private and top > old_r:
+                freed += top - old_r
+            if top > top_ref:
+                taken += top - top_ref
+                self._unevict(node, top)
+            if new_r > cached:
+                node.num_cached = new_r
+            reach = node.reach
+            if old_r:
+                count = reach[old_r] - 1
+                if count:
+                    reach[old_r] = count
+                else:
+                    del reach[old_r]
+            reach[new_r] = reach.get(new_r, 0) + 1
+            if new_r > top_ref:
+                node.max_reach = new_r
+            if hi > n_new:
+                break
+            i += 1
+        holding.index = i
+        holding.num_registered = n_new
+        self.num_evictable -= taken
+        return freed - taken
+
+    def _unevict(self, node: _Node, top: int) -> None:
+        """Take positions up to ``top`` of ``node`` out of its evictable runs (the newest ones)."""
+        runs, lru = node.runs, self._lru
+        while runs:
+            run = runs[-1]
+            if run.hi <= top:
+                runs.pop()
+                del lru[run]
+            else:
+                if run.lo < top:
+                    run.lo = top
+                break
+
+    def _release(self, holding: _Holding, n_computed: int) -> tuple[int, int]:
+        """Drop ``holding``'s references, deepest segment first: (blocks now evictable, uncached).
+
+        Blocks past ``n_computed`` that nobody else uses and that end their segment's cached
+        blocks are dropped from the cache (they were never computed).
+        """
+        reg = holding.num_registered
+        if not reg:
+            return 0, 0
+        keys, los, his = holding.keys, holding.los, holding.his
+        nodes, lru = self._nodes, self._lru
+        j = holding.index if los[holding.index] < reg else holding.index - 1
+        released = uncached = 0
+        while j >= 0:
+            lo = los[j]
+            r = (his[j] if his[j] < reg else reg) - lo
+            node = nodes[keys[j]]
+            reach = node.reach
+            count = reach[r] - 1
+            j -= 1
+            if count:
+                reach[r] = count
+                continue
+            del reach[r]
+            if r != node.max_reach:
+                continue
+            m = max(reach) if reach else 0
+            node.max_reach = m
+            cut = n_computed - lo
+            if cut < r and node.num_cached == r:
+                keep = cut if cut > m else m
+                uncached += r - keep
+                node.num_cached = r = keep
+            if r > m:
+                run = _Run(node, m, r)
+                node.runs.append(run)
+                lru[run] = None
+                released += r - m
+            if not node.num_cached:
+                del nodes[node.key]
+        return released, uncached
+
+    def _evict(self, k: int) -> None:
+        """Evict ``k`` cached blocks nobody holds, least recently released first."""
+        lru, nodes = self._lru, self._nodes
+        evicted = 0
+        while evicted < k:
+            run = next(iter(lru))
+            node = run.node
+            size = run.hi - run.lo
+            t = k - evicted
+            if t >= size:
+                t = size
+                del lru[run]
+                node.runs.pop(0)
+            run.hi -= t
+            node.num_cached -= t
+            evicted += t
+            if not node.num_cached:
+                del nodes[node.key]
+        self.num_evictable -= evicted
+        self.num_evicted_blocks += evicted
+
+    # ------------------------------------------------------------------ inspection
+    def nodes(self) -> dict:
+        """Segment key -> ``(num_cached, max_reach, {reach: holders}, [(lo, hi) runs])``, a copy."""
+        return {k: (n.num_cached, n.max_reach, dict(n.reach), [(r.lo, r.hi) for r in n.runs])
+                for k, n in self._nodes.items()}
+
+    def lru_runs(self) -> list[tuple[int, int, int]]:
+        """The evictable runs ``(segment key, lo, hi)``, next to be evicted first."""
+        return [(r.node.key, r.lo, r.hi) for r in self._lru]
+
+    def registered(self) -> dict[int, tuple]:
+        """Request id -> ``(num_registered, keys, los, his)`` of the blocks it references."""
+        return {rid: (h.num_registered, h.keys, h.los, h.his) for rid, h in self._holding.items()}
+
+
+def make_kv_cache(num_blocks: int, cache) -> KVCacheManager:
+    """The KV cache manager ``cache`` (a :class:`~simsched.config.CacheConfig`) asks for."""
+    if getattr(cache, "enable_prefix_caching", False):
+        return PrefixCache(num_blocks, cache.block_size, cache.watermark)
+    return KVCacheManager(num_blocks, cache.block_size, cache.watermark)
