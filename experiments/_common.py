@@ -60,3 +60,13 @@ def save_plot(path: Path, draw: Callable[[], object]) -> Path | None:
         print(f"plot {Path(path).name} skipped: {exc}", file=sys.stderr)
         return None
     return Path(path)
+
+
+def try_plots(draw: Callable[[], list]) -> list:
+    """``draw()`` (which writes plots and returns their paths), or [] with one line on stderr
+    when plotting fails (matplotlib missing or broken): the tables are already out by then."""
+    try:
+        return draw()
+    except (ImportError, RuntimeError, ValueError, OSError) as exc:
+        print(f"plots skipped: {exc}", file=sys.stderr)
+        return []

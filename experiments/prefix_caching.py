@@ -20,7 +20,6 @@ Four studies, each caching off vs on (vLLM V1 automatic prefix caching semantics
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from pathlib import Path
@@ -32,6 +31,7 @@ import simsched
 from experiments.load_sweep import print_table, write_frames
 from simsched import SimConfig
 from simsched.workloads.workload import WorkloadConfig, generate
+from experiments._common import parser as make_parser
 
 GPU_BLOCKS = 19477      # Llama-3.1-8B on one A100-80GB at 90 % memory, 16-token blocks
 METRICS = ("prefix_hit_rate", "ttft_p50", "ttft_p99", "request_throughput",
@@ -107,9 +107,7 @@ def sessions(quick: bool) -> pd.DataFrame:
 
 def main(argv=None) -> dict[str, pd.DataFrame]:
     """Run the four studies; print and write their tables."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/prefix_caching", help="output directory")
-    p.add_argument("--quick", action="store_true", help="fewer sizes, shorter runs")
+    p = make_parser("prefix_caching", __doc__, "fewer sizes, shorter runs")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")   # ten Mooncake prompts exceed 128k tokens: rejected, noted
     out = Path(args.out)

@@ -297,7 +297,8 @@ def cmd_run(args) -> int:
     path.mkdir(parents=True, exist_ok=True)
     row.to_csv(path / "summary.csv", index=False)
     results.to_csv(path)
-    written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "config.json"]
+    written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
+               "config.json"]
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")
@@ -329,7 +330,8 @@ def cmd_sweep(args) -> int:
     _print_table(result.runs, list(factors))
     path = Path(args.out or "out/sweep")
     result.to_csv(path)
-    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "config.json"]
+    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
+               "config.json"]
     rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
     if rate_key is not None and len(factors[rate_key]) > 1:
         from simsched.analysis import plots

@@ -164,6 +164,9 @@ class HardwareConfig:
     ``config.json``, or the path of that file) then defines the model's shape. A config carrying
     its model's shape runs on any executor (spawned worker processes, Ray) with no
     ``register_model`` call there.
+
+    ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
+    ``measured_2023`` (default), ``eager_2023``, ``overlapped`` or ``none``.
     """
 
     model: str = "llama-2-7b"
@@ -173,6 +176,9 @@ class HardwareConfig:
     cost_model: str = "calibrated"
     max_model_len: int | None = None
     model_spec: Any = None
+    # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
+    # measured_2023 is the default: simsched.cost.overhead and docs/cost_model.md.
+    engine_overhead: str = "measured_2023"
 
     def __post_init__(self) -> None:
         from simsched.cost import hardware
@@ -187,6 +193,9 @@ class HardwareConfig:
         _check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
                      low_open=True)
         _check_choice(o, "cost_model", self.cost_model, COST_MODELS)
+        from simsched.cost.overhead import ENGINE_OVERHEADS
+
+        _check_choice(o, "engine_overhead", self.engine_overhead, ENGINE_OVERHEADS)
         if self.max_model_len is not None:
             _check_int(o, "max_model_len", self.max_model_len, 1)
         hardware.validate(self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import numpy as np
@@ -86,6 +88,39 @@ def test_positive_finite_everywhere():
                 for b in batches:
                     t = m.iteration_time(b)
                     assert math.isfinite(t) and t > 0, (model, gpu, tp, b)
+
+
+# The A100 fit before the H200 and real-serving work (main at e136813): its coefficients, bit for
+# bit, and its leave-one-model-out linear figure. The A100 path must not move.
+A100_COEFFICIENTS_SHA = "fb27d74562ed6809"
+A100_LOO_MEAN = 4.4918
+
+
+def test_a100_fit_is_unchanged_golden():
+    coef = json.loads(json.dumps(cal.fit_all()))
+    del coef["linear"]["gpu"]  # a label added with the H200 fit, not a number
+    digest = hashlib.sha256(json.dumps(coef, sort_keys=True).encode()).hexdigest()[:16]
+    assert digest == A100_COEFFICIENTS_SHA
+    errs = report.linear_errors()
+    assert errs.loo.mean() == pytest.approx(A100_LOO_MEAN, abs=1e-4)
+    assert errs.seen.mean() == pytest.approx(0.8885, abs=1e-4)
+    comp = cal.component_errors().set_index(["component", "subset"]).mape
+    assert comp["prefill attention"].iloc[0] == pytest.approx(2.848, abs=1e-3)
+    assert comp["decode attention"].iloc[0] == pytest.approx(8.743, abs=1e-3)
+
+
+def test_leave_one_model_out_within_half_a_point_of_before():
+    # The guard: the kernel-level A100 LOO linear figure may not get worse by > 0.5 pt.
+    assert abs(report.linear_errors().loo.mean() - A100_LOO_MEAN) <= 0.5
+
+
+def test_default_a100_iteration_times_unchanged():
+    # Numbers of the default model before this work (measured_2023 overhead, A100 kernels).
+    m = model_for()
+    assert m.iteration_time(decode(1, 128)) == 0.010913829478897723
+    assert m.iteration_time(Batch([2048], [0])) == 0.15784982225632221
+    m70 = model_for(model="llama-2-70b", tensor_parallel_size=4)
+    assert m70.iteration_time(decode(32, 900)) == 0.04207179849705108
 
 
 def test_seen_and_leave_one_model_out_errors():
@@ -179,7 +214,7 @@ def test_register_model_from_hf_config():
 def test_other_gpus_are_faster_or_slower_as_datasheets_say():
     b = Batch([1024], [0], 32, 32 * 1000)
     t = {g: model_for(gpu=g).iteration_time(b) for g in hwmod.GPUS}
-    assert t["h200"] < t["h100-sxm"] < t["a100-80gb"] < t["a100-40gb"]
+    assert t["h200"] < t["h100-sxm"] < t["h100-sxm-pcap"] < t["a100-80gb"] < t["a100-40gb"]
 
 
 def test_make_cost_model_kinds_and_cache():
@@ -189,7 +224,16 @@ def test_make_cost_model_kinds_and_cache():
 
 
 def test_bundled_data_is_small_and_licensed():
-    files = list(cal.DATA_DIR.iterdir())
-    assert any(f.name == "LICENSE" and "MIT" in f.read_text() for f in files)
-    assert sum(f.stat().st_size for f in files) < 500_000
+    files = [f for f in cal.DATA_DIR.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) < 600_000
     assert np.all(cal.load("compute")[["qkv", "up", "down"]].to_numpy() > 0)
+    # Every data folder says where its files come from and under which terms.
+    for folder in {f.parent for f in files}:
+        names = {f.name for f in folder.iterdir()}
+        if folder == cal.DATA_DIR:
+            assert "MIT" in (folder / "LICENSE").read_text()  # Vidur
+        elif folder.name == "real_serving":
+            assert "MIT" in (folder / "LICENSE").read_text()  # SplitwiseSim
+            assert "Splitwise" in (folder / "README.md").read_text()
+        else:
+            assert "README.md" in names and "Free to use" in (folder / "README.md").read_text()

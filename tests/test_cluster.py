@@ -235,3 +235,38 @@ def test_capacity_search_on_clusters_scales_with_replicas():
         low=4.0, tol=0.1, executor="serial")
     c = cap.set_index("policy")["capacity"]
     assert c["two"] > 1.6 * c["one"], c
+
+
+# ------------------------------------------------------------------ cache-aware routing, end to end
+def test_prefix_affinity_raises_the_hit_rate_with_prefix_caching():
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="shared-prefix", system_prompt_len=512, num_prefix_groups=24,
+                        prompt_len=64, output_len=32, rate=40.0, num_requests=400)
+    cfg = SimConfig(workload=wl).replace(num_replicas=4, enable_prefix_caching=True,
+                                         num_blocks=400, max_num_seqs=32, seed=3)
+    hit = {r: simsched.simulate(cfg.replace(router=r)).summary()["prefix_hit_rate"]
+           for r in ("round_robin", "prefix_affinity")}
+    # Seeded: each replica caches about a quarter of the 24 groups under affinity.
+    assert hit["prefix_affinity"] > hit["round_robin"] + 0.2, hit
+    res, _ = simulate_checked(cfg.replace(router="weighted"))
+    assert res.summary()["num_finished"] == 400
+
+
+def test_session_affinity_keeps_a_sessions_turns_on_one_replica():
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="sessions", num_turns=4, rate=2.0, num_requests=30,
+                        think_time=("exponential", 1.0), lengths="uniform",
+                        prompt_range=(20, 60), output_range=(10, 40))
+    cfg = SimConfig(workload=wl).replace(num_replicas=3, router="session_affinity",
+                                         enable_prefix_caching=True)
+    res, engine = simulate_checked(cfg)
+    sessions = [getattr(getattr(r, "content", None), "session_id", None)
+                for r in engine.requests]
+    frame = res.requests.assign(session=sessions)
+    assert frame["session"].notna().all() and frame["session"].nunique() == 30
+    assert (frame.groupby("session")["replica"].nunique() == 1).all()
+    assert frame["replica"].nunique() == 3
+    jsq = simsched.simulate(cfg.replace(router="jsq")).summary()["prefix_hit_rate"]
+    assert res.summary()["prefix_hit_rate"] > jsq

@@ -55,6 +55,7 @@ BAD = [
     ("hardware", "gpu_memory_utilization", 1.5, {}, "(0.0, 1.0]"),
     ("hardware", "gpu_memory_utilization", float("nan"), {}, "number"),
     ("hardware", "cost_model", "roofline", {}, "calibrated"),
+    ("hardware", "engine_overhead", "fast", {}, "measured_2023"),
     ("hardware", "max_model_len", 0, {}, "[1, inf]"),
     ("hardware", "max_model_len", 10**6, {}, "4096"),
     ("workload", "name", "mmlu", {}, "lesson"),

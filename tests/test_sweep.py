@@ -61,7 +61,8 @@ def test_export_csv_and_parquet_round_trip(tmp_path):
     res = sweep(TINY, executor="serial", progress=False, rate=[2.0, 4.0])
     written = res.to_csv(tmp_path / "csv") + res.to_parquet(tmp_path / "pq")
     assert {p.name for p in written} == {f"{n}.{ext}" for n in
-                                         ("runs", "requests", "iterations", "preemptions")
+                                         ("runs", "requests", "iterations", "preemptions",
+                                          "replicas")
                                          for ext in ("csv", "parquet")} | {"config.json"}
     back = pd.read_parquet(tmp_path / "pq" / "requests.parquet")
     assert len(back) == len(res.requests)

@@ -76,8 +76,10 @@ def test_pyproject_declares_tomli_for_old_pythons_and_plots_progress_as_core():
 
 # ----------------------------------------------------------------------------- 2: --quick --out
 
-EXPERIMENTS = ("policy_comparison", "load_sweep", "memory_pressure", "token_budget",
-               "starvation", "trace_replay", "policy_zoo", "calibrate_a100")
+# Every study module in experiments/ (helpers start with "_" or "doc_"; check_docs is a tool).
+EXPERIMENTS = tuple(sorted(
+    p.stem for p in (Path(__file__).resolve().parent.parent / "experiments").glob("*.py")
+    if not p.stem.startswith(("_", "doc_")) and p.stem != "check_docs"))
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

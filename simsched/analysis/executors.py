@@ -37,6 +37,7 @@ class RunOutput:
     iterations: pd.DataFrame | None = None
     preemptions: pd.DataFrame | None = None
     warnings: tuple = ()
+    replicas: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def run_job(job: Job) -> RunOutput:
     notes = tuple((w.category, str(w.message)) for w in caught)
     if not job.keep_frames:
         return RunOutput(row, warnings=notes)
-    return RunOutput(row, results.requests, results.iterations, results.preemptions, notes)
+    return RunOutput(row, results.requests, results.iterations, results.preemptions, notes,
+                     replicas=results.replicas)
 
 
 def reraise_warnings(outputs: Sequence[RunOutput], limit: int = 3) -> None:

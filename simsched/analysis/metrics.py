@@ -326,9 +326,12 @@ class Results:
         return pd.DataFrame([self.summary()])
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """``requests``, ``iterations`` and ``preemptions`` by name."""
-        return {"requests": self.requests, "iterations": self.iterations,
-                "preemptions": self.preemptions}
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` by name."""
+        out = {"requests": self.requests, "iterations": self.iterations,
+               "preemptions": self.preemptions}
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
+        return out
 
     def resolved_config(self) -> dict:
         """The run's config as JSON data, with ``derived`` values (e.g. ``num_blocks``)."""
@@ -413,7 +416,7 @@ def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
 
 def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
                          replicas: list[dict]) -> pd.DataFrame:
-    """One row per replica: what it is, what it served, how busy and how full it was.
+    """One row per replica: what it is, what it served, how busy, queued and full it was.
 
     ``replicas`` holds each replica's description (``model``, ``gpu``,
     ``tensor_parallel_size``, ``num_blocks``). Throughputs and the busy fraction use the
@@ -454,6 +457,7 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
         ).astype(np.int64),
         "num_iterations": per_replica(rows=it_owner).astype(np.int64),
         "num_tokens": per_replica(weights=tokens, rows=it_owner).astype(np.int64),
+        "num_waiting_max": _group_max(iterations["num_waiting"].to_numpy(), it_owner, n),
         "busy_time": busy,
         "busy_fraction": busy / span if span > 0 else np.nan,
         "request_throughput": per_replica(finished) / span if span > 0 else np.nan,
@@ -463,6 +467,12 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["kv_usage_mean"] = used / busy / blocks
     return frame
+
+
+def _group_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    np.maximum.at(out, owner, values)
+    return out
 
 
 def _span(requests: pd.DataFrame) -> float:

@@ -161,29 +161,49 @@ class PlanResult:
     def plot(self, path=None, ax=None, dpi: int = 90):
         """Cost per million requests against p99 TTFT, one panel per rate, Pareto front drawn.
 
-        Returns the matplotlib ``Figure``; draws into ``ax`` (one Axes per rate) if given and
-        saves to ``path`` if given.
+        One colour per candidate (legend), each point labelled with its replica count. Returns
+        the matplotlib ``Figure``; draws into ``ax`` (one Axes per rate) if given and saves to
+        ``path`` if given.
         """
         from simsched.analysis.plots import _figure, _finish
 
         ok = self.table[self.table["status"] == "ok"]
         rates = sorted(ok["rate"].unique()) or [math.nan]
-        fig, axes = _figure(ax, len(rates), (4.2 * len(rates), 3.6))
+        cols = min(len(rates), 2)
+        rows_n = math.ceil(len(rates) / cols)
+        fig, axes = _figure(ax, len(rates), (5.2 * cols, 3.6 * rows_n), nrows=rows_n, ncols=cols)
+        labels = list(dict.fromkeys(self.table["label"]))
+        colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+        markers = {label: "osD^v<>"[i // 10 % 7] for i, label in enumerate(labels)}
         for ax_, rate in zip(axes, rates):
             rows = ok[ok["rate"] == rate]
             for _, row in rows.iterrows():
-                ax_.scatter(row["ttft_p99"], row["cost_per_million"], s=30)
-                ax_.annotate(f"{row['label']} x{int(row['num_replicas'])}",
-                             (row["ttft_p99"], row["cost_per_million"]), fontsize=6,
-                             xytext=(3, 3), textcoords="offset points")
+                ax_.scatter(row["ttft_p99"], row["cost_per_million"], s=28,
+                            color=colours[row["label"]], marker=markers[row["label"]],
+                            label=row["label"])
+                ax_.annotate(f"x{int(row['num_replicas'])}",
+                             (row["ttft_p99"], row["cost_per_million"]), fontsize=7,
+                             xytext=(3, 2), textcoords="offset points")
             front = rows[rows["pareto"]].sort_values("ttft_p99")
             ax_.step(front["ttft_p99"], front["cost_per_million"], where="post", color="black",
-                     linewidth=1, label="Pareto front")
-            ax_.set_title(f"{rate:g} req/s", fontsize=9)
+                     linewidth=0.8)
+            ax_.set_title(f"{rate:g} req/s (black: Pareto front; xN: replicas)", fontsize=8)
             ax_.set_xlabel("p99 TTFT (s)")
             ax_.set_ylabel("$ per million requests")
-            ax_.legend(fontsize=7)
-        return _finish(fig, path, dpi)
+            ax_.grid(alpha=0.3)
+        if ax is not None:
+            axes[0].legend(fontsize=6)
+            return _finish(fig, path, dpi, layout=False)
+        for spare in fig.axes[len(rates):]:
+            spare.axis("off")
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=colours[label], marker=markers[label], linestyle="",
+                          label=label) for label in labels]
+        fig.legend(handles=handles, loc="lower center", ncol=min(4, len(labels)), fontsize=7,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.04 * (1 + (len(labels) - 1) // 4), 1, 1))
+        return _finish(fig, path, dpi, layout=False)
 
     def __repr__(self) -> str:
         return f"PlanResult({len(self.table)} rows, {len(self.runs)} runs)"

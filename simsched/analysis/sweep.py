@@ -3,7 +3,8 @@
 ``sweep(base, rate=[1, 2, 4], policy=["fcfs", "spf"], seed=[0, 1])`` makes 12 runs and returns a
 :class:`SweepResult` whose ``runs`` frame has one row per run (its ``run_id``, the varied fields
 and the summary metrics, goodput and saturation label) and whose ``requests``, ``iterations`` and
-``preemptions`` frames concatenate every run's frame with its ``run_id`` and varied fields.
+``preemptions`` and ``replicas`` frames concatenate every run's frame with its ``run_id`` and varied
+fields.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from simsched.analysis.export import plain, resolved_config, write_frames, write
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
 
-FRAMES = ("runs", "requests", "iterations", "preemptions")
+FRAMES = ("runs", "requests", "iterations", "preemptions", "replicas")
 
 
 class SweepResult:
@@ -66,12 +67,17 @@ class SweepResult:
         fields."""
         return self._concat("preemptions")
 
+    @property
+    def replicas(self) -> pd.DataFrame:
+        """Every run's per-replica frame, concatenated, led by ``run_id`` and the varied fields."""
+        return self._concat("replicas")
+
     def frames(self) -> dict[str, pd.DataFrame]:
         """``runs`` and, if kept, the concatenated per-run frames, by name."""
         out = {"runs": self.runs}
         if self._outputs and self._outputs[0].requests is not None:
             out.update(requests=self.requests, iterations=self.iterations,
-                       preemptions=self.preemptions)
+                       preemptions=self.preemptions, replicas=self.replicas)
         return out
 
     def resolved_configs(self) -> dict:

@@ -20,9 +20,11 @@ that instant, so an arrival at the instant a batch is formed joins it (see
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,19 +161,24 @@ class Cluster:
 
     def _setup_routing(self, cl) -> None:
         n = len(self.replicas)
+        for replica in self.replicas:
+            # Pack each log as often in total as one replica's: unpacked rows cost ~40x more.
+            log = replica.iteration_rows
+            log.CHUNK = max(1024, log.CHUNK // n)
         self.replica_of = array("i", [-1]) * len(self.requests)
         self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
             if n > 1 else None
         needs = self.router.needs if self.router is not None else ()
         self.load = ReplicaLoad(self.replicas, needs,
                                 getattr(self.router, "output_tokens", None))
-        if n > 1:
+        if self.router is not None and self.router.reads_kv:
             for replica in self.replicas:
                 replica.on_kv = self.load.kv_changed
         self.view = self.load
         if n > 1 and cl.refresh_interval > 0:
             self.view = Snapshot(self.load)
             self.env.process(self._refresh(cl.refresh_interval))
+        self._choose = self.router.choose if self.router is not None else _first
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
         self.queue_cap = cl.max_num_queued_per_replica
         # The arrival process starts ``self._request``: routed requests take this path instead.
@@ -205,7 +212,8 @@ class Cluster:
     def run(self) -> None:
         """Run until every request has finished or ``config.max_sim_time`` is reached."""
         until = self.config.max_sim_time
-        self.env.run(until=None if math.isinf(until) else until)
+        with _long_lived_requests():
+            self.env.run(until=None if math.isinf(until) else until)
         for replica in self.replicas:
             replica.scheduler.close()
 
@@ -239,7 +247,7 @@ class Cluster:
         if self.bucket is not None and not self.bucket.take(env.now):
             self._shed(req, f"shed: rate limit of {self.bucket.rate:g} requests/s exceeded")
             return
-        i = self.router.choose(self.view, req) if self.router is not None else 0
+        i = self._choose(self.view, req)
         replica = self.replicas[i]
         if self.queue_cap is not None and replica.scheduler.num_waiting >= self.queue_cap:
             self._shed(req, f"shed: replica {i} already has {self.queue_cap} requests waiting")
@@ -288,3 +296,30 @@ class Cluster:
                 req.causes.append(interrupt.cause)
             self.num_events += 1
 
+
+@contextmanager
+def _long_lived_requests():
+    """Keep the cyclic garbage collector off the run's long-lived objects while it runs.
+
+    The request objects (a million in a big run) live for the whole run and form no garbage
+    cycles, yet every full collection scans them; in-flight SimPy objects, many more in a large
+    cluster, keep triggering such collections. Freezing what exists at the start and collecting
+    the young generation less often cut a 64-replica, 1 M-request run's time by a third. Both are
+    undone afterwards; nothing is done if the caller disabled or froze the collector.
+    """
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], 50_000), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
+def _first(view, req) -> int:
+    """The router of a cluster of one."""
+    return 0

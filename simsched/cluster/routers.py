@@ -60,9 +60,14 @@ class _Uniforms:
 
 
 class Router:
-    """Base class: remembers the replica count and the rng; ``needs`` is empty."""
+    """Base class: remembers the replica count and the rng.
+
+    ``needs`` names the load figures the router asks ``least`` for; ``reads_kv`` says whether it
+    reads ``kv_use`` at all (only then do replicas report their KV use every iteration).
+    """
 
     needs: tuple = ()
+    reads_kv: bool = False
 
     def __init__(self, num_replicas: int, rng: np.random.Generator) -> None:
         self.num_replicas = num_replicas
@@ -149,6 +154,7 @@ class LeastKV(Router):
     """The replica with the lowest share of KV blocks in use."""
 
     needs = ("kv_use",)
+    reads_kv = True
 
     def choose(self, view, req) -> int:
         return view.least("kv_use")
@@ -166,6 +172,7 @@ class PowerOfTwo(Router):
         if metric not in _LOADS:
             raise ValueError(f"metric must be one of {list(_LOADS)}, got {metric!r}")
         self.metric = metric
+        self.reads_kv = metric == "kv_use"
         self.draws = _Uniforms(rng)
 
     def choose(self, view, req) -> int:
@@ -274,6 +281,7 @@ class Weighted(Router):
     """
 
     SCORERS = ("prefix", "queue", "kv")
+    reads_kv = True
 
     def __init__(self, num_replicas, rng, weights: Mapping[str, float] | None = None) -> None:
         super().__init__(num_replicas, rng)

@@ -93,16 +93,18 @@ class ReplicaLoad:
         values = getattr(self, metric)
         return min(range(self.num_replicas), key=values.__getitem__)
 
-    def _output(self, req) -> int:
-        return req.num_output_tokens if self.output_tokens is None else self.output_tokens
-
     # ------------------------------------------------------------------ updates
+    # Called once or twice per request: kept flat (no helper calls) for the cluster's fast path.
     def routed(self, i: int, req) -> None:
         """``req`` was queued at replica ``i``."""
         self.outstanding[i] += 1
         self.total_outstanding += 1
-        self.tokens[i] += req.num_prompt_tokens + self._output(req)
-        self._changed(i)
+        out = req.num_output_tokens if self.output_tokens is None else self.output_tokens
+        self.tokens[i] += req.num_prompt_tokens + out
+        if self._outstanding_index is not None:
+            self._outstanding_index.update(i, self.outstanding[i])
+        if self._tokens_index is not None:
+            self._tokens_index.update(i, self.tokens[i])
 
     def first_token(self, i: int, req) -> None:
         """``req`` finished its prefill at replica ``i``."""
@@ -114,8 +116,12 @@ class ReplicaLoad:
         """``req`` finished at replica ``i``."""
         self.outstanding[i] -= 1
         self.total_outstanding -= 1
-        self.tokens[i] -= self._output(req)
-        self._changed(i)
+        self.tokens[i] -= req.num_output_tokens if self.output_tokens is None \
+            else self.output_tokens
+        if self._outstanding_index is not None:
+            self._outstanding_index.update(i, self.outstanding[i])
+        if self._tokens_index is not None:
+            self._tokens_index.update(i, self.tokens[i])
 
     def kv_changed(self, i: int, num_used: int, num_blocks: int) -> None:
         """Replica ``i`` now holds ``num_used`` of its ``num_blocks`` KV blocks."""
@@ -123,12 +129,6 @@ class ReplicaLoad:
         self.kv_use[i] = use
         if self._kv_index is not None:
             self._kv_index.update(i, use)
-
-    def _changed(self, i: int) -> None:
-        if self._outstanding_index is not None:
-            self._outstanding_index.update(i, self.outstanding[i])
-        if self._tokens_index is not None:
-            self._tokens_index.update(i, self.tokens[i])
 
 
 class Snapshot:

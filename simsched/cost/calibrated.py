@@ -1,20 +1,20 @@
-"""The A100-calibrated cost model: iteration time from measured kernels, per model, GPU and TP.
+"""The calibrated cost model: iteration time from measured kernels plus the engine's overhead.
 
-An iteration costs, per GPU (tensor-parallel ranks run in lock step):
+An iteration costs, per GPU (tensor-parallel ranks run in lock step), the GPU kernel time of
+:class:`simsched.cost.kernels.KernelTables`:
 
 * ``linear``: every layer's QKV/output projections, MLP and element-wise ops for all tokens;
   measured per-layer times interpolated piecewise-linearly in the token count for a profiled
-  (model, TP) on the A100, otherwise the roofline with A100-fitted efficiencies;
+  (model, TP) on the GPU's measured anchor (A100 or H200), otherwise the roofline with that
+  anchor's fitted efficiencies;
 * ``attention``: prefill chunks (causal time of the chunk plus chunk x cached tokens) and the
-  decodes (a function of how many sequences and how many KV bytes they read), fitted on a
-  70B-shaped profile and scaled by query width (prefill) or KV bytes (decode) for other models;
+  decodes (a function of how many sequences and how many KV bytes they read);
 * ``communication``: two all-reduces of ``tokens x hidden`` activations per layer when TP > 1;
 * ``embedding``: token embedding and the LM head (one logit row per sequence);
-* ``overhead``: vLLM's CPU-side scheduling, input preparation, sampling and output processing.
 
-On any GPU other than the A100-80GB every term is an **extrapolation**: the A100-fitted
-efficiencies are assumed to hold and times are scaled by the datasheet FLOP/s, HBM and
-interconnect bandwidths. Nothing there was measured.
+plus the ``overhead`` the engine adds around them, chosen by ``engine_overhead`` (see
+:mod:`simsched.cost.overhead`: ``measured_2023`` by default, ``eager_2023``, ``overlapped``,
+``none``). Which GPUs are measured and which extrapolated: :func:`simsched.cost.hardware.describe`.
 
 Speed: all token-count and sequence-count dependent parts are precomputed into plain Python
 lists, so :meth:`CalibratedCostModel.iteration_time` is a handful of list look-ups.
@@ -25,10 +25,12 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cost import calibration as cal
+from simsched.cost import overhead
+from simsched.cost import serving
 from simsched.cost.base import Batch
-from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
-
-MIN_TABLE = 8192
+from simsched.cost.coefcache import anchor_coefficients
+from simsched.cost.hardware import GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec
+from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
 
 
 def _extend(table: list, n: int) -> float:
@@ -39,99 +41,87 @@ def _extend(table: list, n: int) -> float:
 
 
 class CalibratedCostModel:
-    """Iteration time of ``spec`` on ``gpu`` at tensor-parallel degree ``tp``, from A100 fits.
+    """Iteration time of ``spec`` on ``gpu`` at tensor-parallel degree ``tp``.
 
     Immutable after construction (instances are cached and shared between runs).
-    ``coefficients`` defaults to :func:`simsched.cost.calibration.fit_all`.
+    ``coefficients`` defaults to the cached kernel fits (:mod:`simsched.cost.coefcache`); it
+    may also be a mapping of anchor GPU to fits, or a plain A100 dict as ``fit_all()`` returns;
+    ``engine_overhead`` names the overhead choice; ``engine_terms`` overrides the fitted
+    ``eager_2023`` terms (a dict as :func:`simsched.cost.serving.engine_terms` gives per measured
+    serving system).
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
-                 coefficients: dict | None = None, table_tokens: int | None = None) -> None:
-        if not isinstance(spec, ModelSpec):
-            raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
-        if not isinstance(gpu, GPUSpec):
-            raise ValueError(f"gpu must be a GPUSpec, got {type(gpu).__name__}")
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ValueError(f"tp must be a positive integer, got {tp!r}")
+                 coefficients: dict | None = None, table_tokens: int | None = None,
+                 engine_overhead: str = overhead.DEFAULT_ENGINE_OVERHEAD,
+                 engine_terms: dict | None = None) -> None:
+        overhead.check(engine_overhead)
+        k = KernelTables(spec, gpu, tp, model_name, coefficients, table_tokens)
         self.spec, self.gpu, self.tp, self.model_name = spec, gpu, tp, model_name
-        coef = coefficients if coefficients is not None else cal.fit_all()
-        size = max(MIN_TABLE, spec.max_context, table_tokens or 0) + 1
+        self.engine_overhead = engine_overhead
+        self.kernels = k
+        size = k.size
         n = np.arange(size, dtype=float)
-        ref = GPUS[REFERENCE_GPU]
-        layers = spec.num_layers
-
-        # ---- linear ops and embedding, by token count
-        roof_gpu = cal.predict_linear(coef["linear"], spec, tp, gpu, n)
-        profiled = model_name in cal.PROFILED_MODELS and \
-            tp in set(cal.load("compute").query("model == @model_name").tp)
-        if profiled:
-            tokens, meas, emb = cal.measured_linear(model_name, tp)
-            per_layer = np.interp(n, tokens, meas)
-            emb_t = np.interp(n, tokens, emb)
-            # Past the profiled range keep the measured level, grown like the roofline.
-            roof_ref = cal.predict_linear(coef["linear"], spec, tp, ref, n)
-            past = n > tokens[-1]
-            scale_end = meas[-1] / cal.predict_linear(coef["linear"], spec, tp, ref,
-                                                      tokens[-1:])[0]
-            per_layer = np.where(past, roof_ref * scale_end, per_layer)
-            emb_t = np.where(past, emb[-1] * n / tokens[-1], emb_t)
-            if gpu != ref:
-                # Extrapolation: the measured A100 time times the roofline's GPU/A100 ratio.
-                per_layer = per_layer * roof_gpu / roof_ref
+        if coefficients is None:
+            cpu_coef = anchor_coefficients(REFERENCE_GPU)["cpu"]
+        else:  # an anchor -> coefficients mapping, or a plain A100 coefficient dict
+            cpu_coef = coefficients.get(REFERENCE_GPU, coefficients)["cpu"]
+        cpu = cal.predict_cpu_overhead(cpu_coef, tp, n)
+        comm, lm_head = k.comm, k.lm_head
+        # The general path: t = max(GPU x slowdown + sync, floor) + serial[seqs], where the floor
+        # is floor[seqs], or floor_prefill when the batch prefills and that is larger, and the
+        # slowdown (a power cap) applies to iterations that prefill.
+        self._slowdown = gpu.prefill_slowdown
+        self._general = engine_overhead in ("overlapped", "eager_2023") or self._slowdown != 1.0
+        self._sync = self._floor_prefill = 0.0
+        floor = serial = np.zeros_like(n)
+        if engine_overhead == "measured_2023" and self._general:
+            per_seq, serial = lm_head, cpu.copy()  # CPU kept out of the power-capped GPU time
+        elif engine_overhead == "measured_2023":
+            per_seq = lm_head + cpu
+        elif engine_overhead == "none":
+            cpu = np.zeros_like(n)
+            per_seq = lm_head
+        elif engine_overhead == "overlapped":
+            per_seq, floor = lm_head, cpu.copy()
+            serial = np.full_like(n, overhead.overlapped_gap())
         else:
-            per_layer = roof_gpu
-            bw_ratio = ref.mem_bandwidth / gpu.mem_bandwidth
-            emb_t = coef["linear"]["elt_const"] + coef["linear"]["elt_per_byte"] * bw_ratio \
-                * 2.0 * n * spec.hidden_size * spec.bytes_per_param
-        per_layer[0] = 0.0
-        emb_t[0] = 0.0
-        # Measured kernels jitter by a few percent between neighbouring token counts; a running
-        # maximum keeps "more tokens never cost less" without moving any point by more than that.
-        per_layer = np.maximum.accumulate(per_layer)
-        emb_t = np.maximum.accumulate(emb_t)
-        linear = per_layer * layers
+            terms = engine_terms if engine_terms is not None else \
+                serving.engine_terms()[gpu.serving]
+            comm = comm * terms["comm_scale"]
+            big = serving.large_iteration_bytes(k, n) * terms["large_iteration_time_per_byte"]
+            self._sync = k.num_collectives * (tp - 1) * terms["sync_per_collective"]
+            self._floor_prefill = spec.num_layers * terms["floor_per_layer_prefill"]
+            floor = np.full_like(n, spec.num_layers * terms["floor_per_layer"])
+            per_seq = lm_head
+            serial = terms["serial_per_seq"] * n
+        floor[0] = serial[0] = 0.0
+        self._floor, self._serial = floor.tolist(), serial.tolist()
 
-        # ---- tensor-parallel all-reduces: after attention and after the MLP in every layer
-        link_ratio = ref.interconnect_bandwidth / gpu.interconnect_bandwidth
-        msg = n * spec.hidden_size * spec.bytes_per_param
-        comm = 2 * layers * cal.predict_all_reduce(coef["all_reduce"], tp, msg, link_ratio)
-        comm = np.maximum.accumulate(comm)
-        comm[0] = 0.0
-
-        # ---- by sequence count: LM head (A100 efficiency curve) and CPU overhead
-        eff = np.interp(np.log(np.maximum(n, 1.0)), np.log(coef["linear"]["eff_tokens"]),
-                        coef["linear"]["eff"])
-        lm_head = cal.lm_head_roofline(spec, tp, gpu, n) / eff
-        lm_head[0] = 0.0
-        cpu = cal.predict_cpu_overhead(coef["cpu"], tp, n)
-
-        # ---- attention, scaled from the reference (70B-shape, TP2) profile
-        flop_ratio = ref.peak_flops / gpu.peak_flops
-        bw_ratio = ref.mem_bandwidth / gpu.mem_bandwidth
-        qdim = spec.num_heads // tp * spec.head_dim
-        q_scale = qdim / cal.ATTN_REF_QDIM * flop_ratio * layers
-        pc = coef["prefill_attention"]
-        t0 = cal.predict_prefill_attention(pc, n, 0.0) * q_scale
-        slope = np.interp(n, pc["chunks"], pc["slope"]) * q_scale
-        t0 = np.maximum.accumulate(t0)
-        t0[0] = 0.0
-        kv_layer_bytes = 2 * max(1, spec.num_kv_heads // tp) * spec.head_dim * spec.bytes_per_param
-        dc = coef["decode_attention"]
-        # Per-sequence fixed cost does not scale with bytes; the per-byte slope does.
-        dec_a = np.interp(n, dc["batches"], dc["a"]) * layers
-        dec_s = np.interp(n, dc["batches"], dc["s"]) * kv_layer_bytes * bw_ratio * layers
-        big = n > dc["batches"][-1]
-        dec_a = np.where(big, (dc["a0"] + dc["a1"] * n) * layers, dec_a)
-        self._sat_a = dc["sat_a"] * layers
-        self._sat_s = dc["sat_s"] * kv_layer_bytes * bw_ratio * layers
-
-        self._linear, self._comm, self._emb = linear.tolist(), comm.tolist(), emb_t.tolist()
+        self._linear, self._emb = k.linear.tolist(), k.emb.tolist()
+        if engine_overhead == "eager_2023":
+            comm = comm + big  # the large-message term is collective time too
+        self._comm = comm.tolist()
         self._lm_head, self._cpu = lm_head.tolist(), cpu.tolist()
-        self._per_token = (linear + comm + emb_t).tolist()
-        self._per_seq = (lm_head + cpu).tolist()
-        self._pre_t0, self._pre_slope = t0.tolist(), slope.tolist()
-        self._dec_a, self._dec_s = dec_a.tolist(), dec_s.tolist()
+        self._per_token = (k.linear + comm + k.emb).tolist()
+        self._per_seq = per_seq.tolist()
+        self._pre_t0, self._pre_slope = k.pre_t0.tolist(), k.pre_slope.tolist()
+        self._dec_a, self._dec_s = k.dec_a.tolist(), k.dec_s.tolist()
+        self._sat_a, self._sat_s = k.sat_a, k.sat_s
         self._size = size
+
+    def describe(self) -> str:
+        """One line: model, GPU, TP, where the kernel times come from (measured, derived or
+        extrapolated) and the engine overhead (with its source for ``eager_2023``)."""
+        kern, whole = GPU_SOURCES.get(self.gpu.name, (
+            f"extrapolated from the {self.gpu.kernels} fits (user-defined GPU)",
+            f"assumed: {self.gpu.serving} terms"))
+        text = (f"{self.model_name or 'custom model'} on {self.gpu.name} x{self.tp}: "
+                f"{self.gpu.calibration}; kernels {kern}; engine overhead "
+                f"{self.engine_overhead}")
+        if self.engine_overhead == "eager_2023":
+            text += f" (whole-iteration terms {whole})"
+        return text
 
     def __repr__(self) -> str:
         return f"CalibratedCostModel({self.model_name or self.spec}, {self.gpu.name}, tp={self.tp})"
@@ -140,6 +130,11 @@ class CalibratedCostModel:
 
     def iteration_time(self, batch: Batch) -> float:
         """Seconds the iteration takes (sum of :meth:`breakdown`, without building a dict)."""
+        if self._general:
+            return self._whole_iteration(batch)
+        return self._gpu_time(batch)
+
+    def _gpu_time(self, batch: Batch) -> float:
         size = self._size
         n_dec = batch.num_decode_seqs
         new = batch.prefill_new_tokens
@@ -157,8 +152,9 @@ class CalibratedCostModel:
             tokens = seqs = n_dec
         if tokens < size:
             t += self._per_token[tokens] + self._per_seq[seqs]
-        else:
-            t += _extend(self._per_token, tokens) + _extend(self._per_seq, seqs)
+        else:  # a huge iteration; its sequences may still be within the table
+            t += _extend(self._per_token, tokens) + (
+                self._per_seq[seqs] if seqs < size else _extend(self._per_seq, seqs))
         if n_dec:
             ctx = batch.decode_context_sum
             if n_dec < size:
@@ -168,6 +164,17 @@ class CalibratedCostModel:
             floor = self._sat_a + self._sat_s * ctx
             t += d if d > floor else floor
         return t
+
+    def _whole_iteration(self, batch: Batch) -> float:
+        seqs = batch.num_seqs
+        t = self._gpu_time(batch)
+        floor = self._at(self._floor, seqs)
+        if batch.prefill_new_tokens:
+            t *= self._slowdown
+            if self._floor_prefill > floor:
+                floor = self._floor_prefill
+        t += self._sync
+        return (t if t > floor else floor) + self._at(self._serial, seqs)
 
     # ------------------------------------------------------------------ slow path
 
@@ -191,10 +198,16 @@ class CalibratedCostModel:
             n, ctx = batch.num_decode_seqs, batch.decode_context_sum
             slope = self._dec_s[n] if n < self._size else self._dec_s[-1]
             dec = max(self._at(self._dec_a, n) + slope * ctx, self._sat_a + self._sat_s * ctx)
-        return {
+        parts = {
             "linear": self._at(self._linear, tokens),
             "attention": pre + dec,
             "communication": self._at(self._comm, tokens),
             "embedding": self._at(self._emb, tokens) + self._at(self._lm_head, seqs),
             "overhead": self._at(self._cpu, seqs),
         }
+        if self._general:
+            # Whatever the engine adds beyond the kernels: the sync, the part of the floor the
+            # GPU does not cover, and the serial CPU time.
+            gpu = sum(parts.values()) - parts["overhead"]
+            parts["overhead"] = self.iteration_time(batch) - gpu
+        return parts

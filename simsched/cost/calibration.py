@@ -1,12 +1,13 @@
 """Fit the cost model's parts to the bundled A100 profiles and measure how well they fit.
 
-The measurements (``simsched/data/a100/``, reduced from the Vidur project's A100 profiles, MIT
+The measurements (``simsched/cost/data/``, reduced from the Vidur project's A100 profiles, MIT
 licence) are per-layer kernel times in milliseconds; we use their *median* columns because a few
 repetitions carry clock-ramp or contention outliers that pull the mean up, and the simulator wants
 the typical iteration. Everything here returns seconds.
 
-Fits (all done once, at first use, and cached; :func:`fit_all` is the single source of the
-shipped coefficients, so there is no separate file that could drift from the data):
+Fits (done once, at first use, and kept in the per-user coefficient cache keyed by a hash of the
+data and this code, :mod:`simsched.cost.coefcache`; :func:`fit_all` is the single source of the
+coefficients, so there is no shipped file that could drift from the data):
 
 * linear ops of an unprofiled model: a per-op roofline ``max(FLOPs / peak, bytes / bandwidth)``
   divided by an efficiency that varies with the token count (median over the profiled models),
@@ -84,11 +85,18 @@ def lm_head_roofline(spec: ModelSpec, tp: int, gpu: GPUSpec, seqs: np.ndarray) -
     return np.maximum(2.0 * n * k * m / gpu.peak_flops, nbytes / gpu.mem_bandwidth)
 
 
-def elementwise_bytes(spec: ModelSpec, tp: int, tokens: np.ndarray) -> np.ndarray:
-    """Bytes per layer moved by norms, rope, activation and residual adds (read + write)."""
+def elementwise_bytes(spec: ModelSpec, tp: int, tokens: np.ndarray,
+                      rope: bool | None = None) -> np.ndarray:
+    """Bytes per layer moved by norms, rope, activation and residual adds (read + write).
+
+    ``rope`` defaults to the model's own position encoding (``spec.rope``; ALiBi models have none);
+    ``rope=False`` counts only the ops the H200 profile measured.
+    """
     h, d = spec.hidden_size, spec.head_dim
     inter = spec.intermediate_size // tp
-    rope = 2 * (spec.num_heads // tp + max(1, spec.num_kv_heads // tp)) * d
+    if rope is None:
+        rope = spec.rope
+    rope = 2 * (spec.num_heads // tp + max(1, spec.num_kv_heads // tp)) * d if rope else 0
     act = inter * (3 if spec.gated_mlp else 2)
     per_token = 2 * (2 * h) + rope + act + 2 * (3 * h)
     return np.asarray(tokens, dtype=float) * per_token * spec.bytes_per_param
@@ -102,43 +110,59 @@ def measured_linear(model: str, tp: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return df.num_tokens.to_numpy(), per_layer, df.emb.to_numpy() * 1e-3
 
 
-def fit_linear(exclude: str | None = None) -> dict:
+def fit_linear(exclude: str | None = None, frame: pd.DataFrame | None = None,
+               gpu_name: str = REFERENCE_GPU, rope: bool = True,
+               gemm_const: float = 0.0) -> dict:
     """Efficiency curve (by token count) and element-wise coefficients, fitted on A100 data.
 
-    ``exclude`` leaves one profiled model out, for leave-one-model-out validation.
+    ``exclude`` leaves one profiled model out, for leave-one-model-out validation. ``frame``
+    (columns as ``compute.csv``), ``gpu_name``, ``rope`` (whether the frame's element-wise times
+    include rope) and ``gemm_const`` (a fixed time per GEMM, taken off before the efficiencies
+    are fitted) let the H200 fit reuse this; the defaults are the A100 fit.
     """
-    df = load("compute")
+    df = load("compute") if frame is None else frame
     df = df[df.model != exclude]
-    gpu = GPUS[REFERENCE_GPU]
+    gpu = GPUS[gpu_name]
     ratios, elt_x, elt_y = [], [], []
     for (model, tp), g in df.groupby(["model", "tp"]):
         spec = MODELS[model]
         n = g.num_tokens.to_numpy()
         gemm = g[["qkv", "out", "up", "down"]].sum(axis=1).to_numpy() * 1e-3
+        if gemm_const:
+            gemm = gemm - 4 * gemm_const
         ratios.append(pd.Series(gemm_roofline(spec, tp, gpu, n) / gemm, index=n))
-        elt_x.append(elementwise_bytes(spec, tp, n))
+        elt_x.append(elementwise_bytes(spec, tp, n, rope=None if rope else False))
         elt_y.append(g.elementwise.to_numpy() * 1e-3)
     eff = pd.concat(ratios).groupby(level=0).median()
     x, y = np.concatenate(elt_x), np.concatenate(elt_y)
     # Relative least squares: small-token kernels (microseconds) matter as much as big ones.
     design = np.c_[np.ones_like(x), x] / y[:, None]
     const, per_byte = np.linalg.lstsq(design, np.ones_like(y), rcond=None)[0]
-    return {"eff_tokens": eff.index.astype(float).tolist(), "eff": eff.tolist(),
-            "elt_const": float(max(const, 0.0)), "elt_per_byte": float(per_byte)}
+    out = {"eff_tokens": eff.index.astype(float).tolist(), "eff": eff.tolist(),
+           "elt_const": float(max(const, 0.0)), "elt_per_byte": float(per_byte),
+           "gpu": gpu_name}
+    if gemm_const:
+        out["gemm_const"] = float(gemm_const)
+    return out
 
 
 def predict_linear(coef: dict, spec: ModelSpec, tp: int, gpu: GPUSpec,
                    tokens: np.ndarray) -> np.ndarray:
     """Per-layer linear-op seconds from the roofline and the fitted efficiencies.
 
-    On a GPU other than the A100 this is an extrapolation: the A100 efficiencies are assumed to
-    carry over, scaled by the GPU's datasheet peak FLOP/s and bandwidth.
+    On a GPU other than the one ``coef`` was fitted on (``coef["gpu"]``, the A100 by default)
+    this is an extrapolation: the fitted efficiencies are assumed to carry over, scaled by the
+    GPU's datasheet peak FLOP/s and bandwidth. A fitted fixed time per GEMM (``gemm_const``,
+    H200) is a launch/latency floor and is not scaled.
     """
     n = np.maximum(np.asarray(tokens, dtype=float), 1.0)
     eff = np.interp(np.log(n), np.log(coef["eff_tokens"]), coef["eff"])
-    bw_ratio = GPUS[REFERENCE_GPU].mem_bandwidth / gpu.mem_bandwidth
+    bw_ratio = GPUS[coef.get("gpu", REFERENCE_GPU)].mem_bandwidth / gpu.mem_bandwidth
     elt = coef["elt_const"] + elementwise_bytes(spec, tp, n) * coef["elt_per_byte"] * bw_ratio
-    return gemm_roofline(spec, tp, gpu, n) / eff + elt
+    out = gemm_roofline(spec, tp, gpu, n) / eff + elt
+    if coef.get("gemm_const"):
+        out = out + 4 * coef["gemm_const"]
+    return out
 
 
 def mape(pred, meas) -> float:

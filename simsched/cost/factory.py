@@ -10,9 +10,9 @@ from simsched.cost.hardware import GPUS, model_spec
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_cost_model(spec, gpu, tp: int, model: str):
+def _cached_cost_model(spec, gpu, tp: int, model: str, engine_overhead: str):
     # Keyed by the (frozen) specs themselves, so a re-registered model never reuses a stale fit.
-    return CalibratedCostModel(spec, gpu, tp, model_name=model)
+    return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead)
 
 
 def make_cost_model(hw):
@@ -25,4 +25,5 @@ def make_cost_model(hw):
         raise ValueError(f"hardware.cost_model must be one of ['calibrated', 'linear', 'unit'], "
                          f"got {hw.cost_model!r}")
     spec = model_spec(hw)   # the config's own shape, or the catalog's
-    return _cached_cost_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model)
+    return _cached_cost_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model,
+                              hw.engine_overhead)

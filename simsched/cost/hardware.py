@@ -1,8 +1,9 @@
 """Model and GPU catalog, configuration checks, KV-cache capacity and cost-model construction.
 
 A model is described by its shape (the numbers of a Hugging Face ``config.json``), a GPU by its
-datasheet peaks. The A100-80GB is the calibration reference: times on any other GPU are an
-extrapolation from the roofline with A100-fitted efficiencies (see :mod:`simsched.calibrated`).
+datasheet peaks and by where its times come from: ``kernels`` names the measured GPU whose kernel
+fits it uses (A100-80GB or H200), ``serving`` the measured serving system whose whole-iteration engine terms it uses,
+``calibration`` says whether it was measured or is extrapolated. :func:`describe` prints the table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ TP_SIZES = (1, 2, 4, 8)
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a decoder-only (Llama-family) transformer; ``head_dim = hidden_size / num_heads``."""
+    """Shape of a decoder-only (Llama-family) transformer; ``head_dim = hidden_size / num_heads``.
+
+    ``rope``: rotary position embedding (an element-wise op per layer); False for ALiBi models
+    (BLOOM), whose position bias is fused into attention. ``tied_embeddings``: the LM head shares
+    the embedding matrix (counted once in the weights).
+    """
 
     num_layers: int
     hidden_size: int
@@ -30,6 +36,8 @@ class ModelSpec:
     gated_mlp: bool = True
     bytes_per_param: int = 2
     max_context: int = 4096
+    rope: bool = True
+    tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -82,11 +90,12 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Parameters: untied embedding and LM head plus every layer's projections and norms."""
+        """Parameters: embedding and LM head (once if tied) plus every layer's projections and norms."""
         h, d = self.hidden_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
         mlp = h * self.intermediate_size * (3 if self.gated_mlp else 2)
-        return 2 * self.vocab_size * h + self.num_layers * (attn + mlp + 2 * h) + h
+        emb = (1 if self.tied_embeddings else 2) * self.vocab_size * h
+        return emb + self.num_layers * (attn + mlp + 2 * h) + h
 
     @property
     def param_bytes(self) -> int:
@@ -115,13 +124,24 @@ def _read_hf_config(path: Path) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Datasheet peaks of one GPU: dense bf16 FLOP/s, HBM bytes/s, memory bytes, link bytes/s."""
+    """Datasheet peaks of one GPU: dense bf16 FLOP/s, HBM bytes/s, memory bytes, link bytes/s.
+
+    ``kernels``: the measured GPU whose kernel fits this one uses (``a100-80gb`` or ``h200``);
+    ``serving``: the measured serving system (``dgx-a100``, ``dgx-h100``, ``dgx-h100-pcap``) whose
+    fitted whole-iteration terms the ``eager_2023`` engine overhead uses; ``calibration``:
+    ``measured`` or ``extrapolated``; ``prefill_slowdown``: GPU time of iterations that prefill
+    is multiplied by it (a power cap binds when the GPU computes hard, not in decode).
+    """
 
     name: str
     peak_flops: float
     mem_bandwidth: float
     memory_bytes: int
     interconnect_bandwidth: float
+    kernels: str = "a100-80gb"
+    serving: str = "dgx-a100"
+    calibration: str = "extrapolated"
+    prefill_slowdown: float = 1.0
 
 
 # Shapes from each model's Hugging Face config.json.
@@ -137,6 +157,10 @@ MODELS: dict[str, ModelSpec] = {
     "mistral-7b": ModelSpec(32, 4096, 32, 8, 14336, 32000, max_context=32768),
     # phi-2: parallel attention/MLP block with a plain GELU MLP.
     "phi-2": ModelSpec(32, 2560, 32, 32, 10240, 51200, gated_mlp=False, max_context=2048),
+    # BLOOM-176B: 112 heads of 128 (no GQA), 4x GELU MLP, ALiBi (no rope), tied embeddings;
+    # trained at 2,048 tokens, ALiBi runs longer (the real-serving runs use 8,192-token prompts).
+    "bloom-176b": ModelSpec(70, 14336, 112, 112, 57344, 250880, gated_mlp=False,
+                            max_context=2048, rope=False, tied_embeddings=True),
 }
 
 # Dense (non-sparse) bf16 tensor FLOP/s, HBM bandwidth and NVLink bandwidth (total, both
@@ -144,15 +168,57 @@ MODELS: dict[str, ModelSpec] = {
 # Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), H100 and H200
 # (nvidia.com/en-us/data-center/h100/, /h200/), L40S (nvidia.com/en-us/data-center/l40s/,
 # PCIe Gen4 x16 = 64 GB/s, no NVLink). Memory is what the driver exposes (nvidia-smi MiB).
+# H100-SXM power-capped: the bundled DGX-H100 runs under a power cap take 1.30x as long in every
+# prompt phase and the same time in decode: the cap lowers the clock while the GPU computes hard
+# (prefill), not while it streams memory (decode).
+PCAP_SLOWDOWN = 1.30
 GPUS: dict[str, GPUSpec] = {
     "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40960 * 2**20, 600e9),
-    "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 81920 * 2**20, 600e9),
-    "h100-sxm": GPUSpec("h100-sxm", 989e12, 3350e9, 81559 * 2**20, 900e9),
-    "h200": GPUSpec("h200", 989e12, 4800e9, 143771 * 2**20, 900e9),
+    "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 81920 * 2**20, 600e9,
+                         calibration="measured"),
+    "h100-sxm": GPUSpec("h100-sxm", 989e12, 3350e9, 81559 * 2**20, 900e9, kernels="h200",
+                        serving="dgx-h100", calibration="measured"),
+    "h100-sxm-pcap": GPUSpec("h100-sxm-pcap", 989e12, 3350e9, 81559 * 2**20, 900e9,
+                             kernels="h200", serving="dgx-h100-pcap", calibration="measured",
+                             prefill_slowdown=PCAP_SLOWDOWN),
+    "h200": GPUSpec("h200", 989e12, 4800e9, 143771 * 2**20, 900e9, kernels="h200",
+                    serving="dgx-h100", calibration="measured"),
     "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9),
+}
+# What was measured for each GPU, and what is extrapolated from where (describe() prints it).
+GPU_SOURCES: dict[str, tuple[str, str]] = {
+    "a100-40gb": ("extrapolated: A100-80GB kernel fits scaled to 1.56 TB/s HBM",
+                  "assumed: DGX-A100 terms"),
+    "a100-80gb": ("measured: Vidur A100 kernel profiles",
+                  "measured: DGX-A100 serving runs (Llama-2-70B TP 2/4/8)"),
+    "h100-sxm": ("derived from the measured H200 (same chip; HBM bandwidth 3.35 vs 4.8 TB/s)",
+                 "measured: DGX-H100 serving runs (Llama-2-70B TP 2/4/8)"),
+    "h100-sxm-pcap": ("derived from the measured H200; prefill iterations 1.30x slower (cap)",
+                      "measured: power-capped DGX-H100 serving runs (Llama-2-70B TP 2/4/8)"),
+    "h200": ("measured: H200 operator profiles (this project, CUDA graphs)",
+             "assumed: DGX-H100 terms (same host generation); no H200 serving runs"),
+    "l40s": ("extrapolated: A100 kernel fits scaled by datasheet FLOP/s and bandwidth",
+             "assumed: DGX-A100 terms"),
 }
 
 REFERENCE_GPU = "a100-80gb"  # the GPU the Vidur profiles were measured on
+
+
+def describe() -> str:
+    """A table of the GPU catalog: datasheet peaks and, per GPU, what is measured or extrapolated.
+
+    ``kernels`` is where the kernel times come from, ``whole iteration`` where the ``eager_2023``
+    engine terms (collective sync, host launch floor, serial CPU) come from.
+    """
+    lines = [f"{'gpu':<14} {'calibration':<12} {'TFLOP/s':>8} {'HBM TB/s':>9} {'GiB':>5}  "
+             f"kernels | whole iteration"]
+    for name, g in GPUS.items():
+        kern, whole = GPU_SOURCES.get(name, ("extrapolated: A100 fits (user-defined GPU)",
+                                             "assumed: DGX-A100 terms"))
+        lines.append(f"{name:<14} {g.calibration:<12} {g.peak_flops / 1e12:>8.0f} "
+                     f"{g.mem_bandwidth / 1e12:>9.2f} {g.memory_bytes / GIB:>5.0f}  "
+                     f"{kern} | {whole}")
+    return "\n".join(lines)
 
 
 def register_model(name: str, spec: ModelSpec) -> None:

@@ -1,0 +1,53 @@
+"""Copy the H200 operator profiles and the real-serving timings into simsched/cost/data/.
+
+Run once by hand::
+
+    python -m experiments._bundle_h200_real [/work/shared/data] [h200_iteration_results.json]
+
+The package only ever reads the bundled copies. Values are rounded to 6 significant digits (the
+measurements' own run-to-run spread is far larger); the real-serving file keeps only the columns the
+simulator uses (power readings dropped) and every repetition, so its spread can be reported. The
+optional JSON is ``benchmarks/device/h200_iteration_results.json`` (whole decode steps measured on
+the same H200): its rows become ``h200/iteration.csv``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+OUT = Path(__file__).resolve().parent.parent / "simsched" / "cost" / "data"
+
+
+def main(src: str, iteration_json: str | None = None) -> None:
+    """Write h200/*.csv, real_serving/splitwise.csv and their README/LICENSE files."""
+    root = Path(src)
+    h200 = OUT / "h200"
+    h200.mkdir(parents=True, exist_ok=True)
+    for name in ("linear", "attn_prefill", "attn_decode"):
+        df = pd.read_csv(root / "h200-profiling" / f"{name}.csv")
+        df.to_csv(h200 / f"{name}.csv", index=False, float_format="%.6g")
+    shutil.copy(root / "h200-profiling" / "README.md", h200 / "README.md")
+    if iteration_json:
+        rows = json.loads(Path(iteration_json).read_text())["rows"]
+        dec = pd.DataFrame([r for r in rows if r.get("phase") == "decode" and "error" not in r])
+        dec[["batch", "context", "graph_gpu_ms", "graph_roundtrip_ms", "eager_ms"]].to_csv(
+            h200 / "iteration.csv", index=False, float_format="%.6g")
+
+    real = OUT / "real_serving"
+    real.mkdir(parents=True, exist_ok=True)
+    df = pd.read_csv(root / "real-serving" / "splitwise-perf-model.csv")
+    cols = ["model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size",
+            "prompt_time", "token_time"]
+    df[cols].to_csv(real / "splitwise.csv", index=False, float_format="%.6g")
+    shutil.copy(root / "real-serving" / "LICENSE", real / "LICENSE")
+    shutil.copy(root / "real-serving" / "README.md", real / "README.md")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data",
+         sys.argv[2] if len(sys.argv) > 2 else None)
