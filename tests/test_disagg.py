@@ -272,3 +272,15 @@ def test_experiment_quick_runs(tmp_path):
     bw = table.attrs["bandwidth"]
     # A slower link can only cost capacity.
     assert bw["capacity"].is_monotonic_increasing
+
+
+def test_invariants_catch_a_request_left_on_the_prefill_replica(monkeypatch):
+    # A broken hand-off that never frees the prefill side leaves the request on two replicas.
+    from simsched.engine.invariants import InvariantError
+    from simsched.engine.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "release_held", lambda self, req: 0)
+    cfg = _cfg(num_replicas=2).replace(cluster=ClusterConfig(num_replicas=2,
+                                                             roles=("prefill", "decode")))
+    with pytest.raises(InvariantError, match="one_replica"):
+        _frames(cfg, [(0.0, 64, 8), (0.05, 64, 8)])
