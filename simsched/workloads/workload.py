@@ -345,6 +345,18 @@ def _mix(rng: np.random.Generator, n: int, count: int, weights) -> np.ndarray:
     return rng.choice(count, size=n, p=p)
 
 
+def _classes(cfg: WorkloadConfig, rng: np.random.Generator, n: int, priority: np.ndarray,
+             tenant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` priorities and tenants: drawn from the config's mixes where it has several, else the
+    given ones (a trace's own columns, or none)."""
+    if cfg.num_priorities > 1:
+        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
+    if cfg.num_tenants > 1:
+        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
+            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
+    return priority, tenant
+
+
 def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     """The request table of workload ``cfg`` drawn with ``rng``.
 
@@ -395,11 +407,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         tenant = tenant.where(tenant.notna(), None).to_numpy(dtype=object)
     else:
         priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
-    if cfg.num_priorities > 1:
-        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
-    if cfg.num_tenants > 1:
-        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
-            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
+    priority, tenant = _classes(cfg, rng, n, priority, tenant)
     frame = pd.DataFrame({"arrival_at": np.asarray(times, dtype=float),
                           "num_prompt_tokens": np.asarray(prompt, dtype=np.int64),
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
@@ -438,12 +446,8 @@ def _sessions(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         if cfg.system_prompt_len else None
     frame = sessions.session_table(starts, turns, user, output, think, cfg.system_prompt_len,
                                    groups)
-    priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
-    if cfg.num_priorities > 1:
-        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
-    if cfg.num_tenants > 1:
-        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
-            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
+    priority, tenant = _classes(cfg, rng, n, np.zeros(n, dtype=np.int64),
+                                np.full(n, None, dtype=object))
     frame.insert(3, "priority", np.repeat(priority, turns))
     frame.insert(4, "tenant", pd.Series(np.repeat(tenant, turns), dtype=object))
     frame.attrs["load_report"] = LoadReport(source=f"workload {cfg.name!r}", format="sessions",
