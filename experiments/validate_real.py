@@ -154,7 +154,8 @@ def plots(after: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def main(argv=None) -> pd.DataFrame:
-    """Print the sim-to-real tables; write runs.csv, groups.csv and the plots."""
+    """Print the sim-to-real tables; write runs.csv, groups.csv and the plots; return the
+    per-group MAPE table (the fitted terms and the leave-one-TP-out table in ``attrs``)."""
     parser = make_parser("validate_real", __doc__, "short serving-level check")
     parser.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
     args = parser.parse_args(argv)
@@ -232,6 +233,7 @@ def main(argv=None) -> pd.DataFrame:
             shutil.copy(p, img / p.name)
     print(f"\nwrote runs.csv, groups.csv and {', '.join(p.name for p in paths)} to {out}"
           + (f" (plots also in {args.img})" if args.img else ""))
+    groups.attrs = {"terms": terms_table(), "leave_one_tp_out": report.leave_one_tp_out()}
     if np.isnan(groups.prefill_serving).any():
         print("(serving-level MAPE missing where --quick skipped every run of a group)")
     return groups
