@@ -77,6 +77,7 @@ class Block:
 
 def _blocks() -> dict[str, Block]:
     from experiments import doc_blocks as d
+    from experiments import doc_cost as k
     from experiments import doc_cluster as c
     from experiments import doc_more as m
     from experiments import doc_studies as e
@@ -105,6 +106,13 @@ def _blocks() -> dict[str, Block]:
         "prefix-caching-results": Block("docs/prefix_caching.md", m.prefix_caching_results,
                                         False),
         "readme-prefix-caching": Block("README.md", m.readme_prefix_caching, False),
+        "cost-h200": Block("docs/cost_model.md", k.cost_h200, True),
+        "cost-real-terms": Block("docs/cost_model.md", k.cost_real_terms, False),
+        "cost-real-errors": Block("docs/cost_model.md", k.cost_real_errors, False),
+        "cost-overhead-iteration": Block("docs/cost_model.md", k.cost_overhead_iteration, True),
+        "cost-overhead-effect": Block("docs/cost_model.md", k.cost_overhead_effect, False),
+        "readme-cost-gpus": Block("README.md", k.readme_cost_gpus, True),
+        "readme-cost-overhead": Block("README.md", k.readme_cost_overhead, False),
     }
 
 
