@@ -218,8 +218,8 @@ def disagg_capacity(runs) -> str:
             gain[(s, w)] = c[b] / c["colocated"]
             rows.append({"SLO (90 % of requests)": f"TTFT ≤ {ttft:g} s, TPOT ≤ {tpot * 1e3:g} ms",
                          "workload": WORKLOAD_NAME[w],
-                         "colocated": f"{_cap(c['colocated'])} ({_cap(c['colocated'] / 8)})",
-                         "best split": f"{b}: {_cap(c[b])} ({_cap(c[b] / 8)})",
+                         "colocated": f"{num(c['colocated'])} ({_cap(c['colocated'] / 8)})",
+                         "best split": f"{b}: {num(c[b])} ({_cap(c[b] / 8)})",
                          "gain": f"{gain[(s, w)]:.2f}×"})
     s0, s1 = slos
     w0, w1 = names
@@ -269,7 +269,7 @@ def disagg_capacity(runs) -> str:
         f"the 1 s TTFT bound but only {num(col['tpot_ok'] * 100)} % the "
         f"{f['bounds'][s0][1] * 1e3:g} ms one; its TPOT is {num(col['tpot_p50'] * 1e3)} ms (p50) "
         f"/ {num(col['tpot_p90'] * 1e3)} ms (p90). {sp.name}'s at that rate is "
-        f"{num(sp['tpot_p50'] * 1e3)} / {num(sp['tpot_p90'] * 1e3)} ms, at the cost of a longer "
+        f"{sp['tpot_p50'] * 1e3:.1f} / {sp['tpot_p90'] * 1e3:.1f} ms, at the cost of a longer "
         f"TTFT ({sp['ttft_p50']:.2f} / {sp['ttft_p90']:.2f} s against {col['ttft_p50']:.2f} / "
         f"{col['ttft_p90']:.2f} s: half the GPUs do all the prefills). Its mean transfer is "
         f"{sp['kv_transfer_mb_mean']:.0f} MB in {num(sp['kv_transfer_time_mean'] * 1e3)} ms, with "
@@ -299,7 +299,7 @@ def disagg_bandwidth(runs) -> str:
     claim(good["capacity"].nunique() == 1, "above the threshold the capacity does not move")
     row = lambda key, fmt: [key] + [fmt(v) for v in bw[col[key]]]  # noqa: E731
     col = {"capacity (req/s)": "capacity", "vs colocated": "vs_colocated"}
-    table = pd.DataFrame([row("capacity (req/s)", num), row("vs colocated", lambda v: f"{v:.2f}×")],
+    table = pd.DataFrame([row("capacity (req/s)", lambda v: num(v, 2)), row("vs colocated", lambda v: f"{v:.2f}×")],
                          columns=["GB/s per GPU"] + [f"{b:g}" for b in bw["link_bandwidth_gbps"]])
     fast, slow = an.loc[split], an.loc[f"{split}@1GB/s"]
     mb = fast["kv_transfer_mb_mean"]
