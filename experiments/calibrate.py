@@ -184,8 +184,8 @@ def _h200_points() -> dict:
     return pts
 
 
-def h200_section(out: Path, plot: bool = True) -> list[Path]:
-    """Print the H200 tables; write CSVs and the parity plot."""
+def h200_section(out: Path, plot: bool = True, tables: dict | None = None) -> list[Path]:
+    """Print the H200 tables; write CSVs and the parity plot (the tables also into ``tables``)."""
     errs = report.h200_errors()
     print("\nH200 operator fits, MAPE % per (model, TP) on the bundled profile "
           "(before = simsched's A100 extrapolation; fit = H200 fit on all four models; "
@@ -218,11 +218,15 @@ def h200_section(out: Path, plot: bool = True) -> list[Path]:
     errs.to_csv(out / "h200_errors.csv", index=False)
     summary.to_csv(out / "h200_summary.csv")
     steps.to_csv(out / "h200_steps.csv", index=False)
+    if tables is not None:
+        tables.update(h200_errors=errs, h200_summary=summary, h200_coefficients=coef,
+                      h200_steps=steps)
     return try_plots(lambda: [h200_plot(_h200_points(), out)]) if plot else []
 
 
-def main(argv=None) -> None:
-    """Fit, print every measured GPU's tables, write plots, CSVs and coefficients.json."""
+def main(argv=None) -> dict:
+    """Fit, print every measured GPU's tables, write plots, CSVs and coefficients.json; return
+    the H200 tables (``h200_errors``, ``h200_summary``, ``h200_coefficients``, ``h200_steps``)."""
     parser = make_parser("calibrate", __doc__, "tables only, no plots")
     parser.add_argument("--gpu", default="all", choices=["all", REFERENCE_GPU, "h200"])
     parser.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
@@ -232,11 +236,11 @@ def main(argv=None) -> None:
     print("GPU catalog: what is measured and what is extrapolated")
     print(describe() + "\n")
     with pd.option_context("display.width", 200, "display.max_rows", 200):
-        plots = []
+        plots, tables = [], {}
         if args.gpu in ("all", REFERENCE_GPU):
             plots += a100(out, plot=not args.quick)
         if args.gpu in ("all", "h200"):
-            plots += h200_section(out, plot=not args.quick)
+            plots += h200_section(out, plot=not args.quick, tables=tables)
     (out / "coefficients.json").write_text(json.dumps(kernel_coefficients(), indent=1))
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
@@ -244,6 +248,7 @@ def main(argv=None) -> None:
             shutil.copy(p, Path(args.img) / p.name)
     print(f"\nwrote {''.join(p.name + ', ' for p in plots)}coefficients.json and error tables "
           f"to {out}")
+    return tables
 
 
 if __name__ == "__main__":

@@ -154,7 +154,8 @@ def plots(after: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def main(argv=None) -> pd.DataFrame:
-    """Print the sim-to-real tables; write runs.csv, groups.csv and the plots."""
+    """Print the sim-to-real tables; write runs.csv, groups.csv and the plots; return the
+    per-group MAPE table (the fitted terms and the leave-one-TP-out table in ``attrs``)."""
     parser = make_parser("validate_real", __doc__, "short serving-level check")
     parser.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
     args = parser.parse_args(argv)
@@ -198,7 +199,8 @@ def main(argv=None) -> pd.DataFrame:
               "simulate()" + (" (runs with T <= 512 only)" if args.quick else ""))
         print(groups[cols].to_string(index=False))
         print("\nleave-one-TP-out (terms refitted without that TP's runs; MAPE % on them):")
-        print(report.leave_one_tp_out().to_string(index=False))
+        loto = report.leave_one_tp_out()
+        print(loto.to_string(index=False))
         preempted = sim[sim.num_preemptions > 0]
         print(f"\nserving-level runs with preemptions: {len(preempted)} "
               f"({int(preempted.anomaly.sum())} of them among the left-out runs)")
@@ -232,6 +234,7 @@ def main(argv=None) -> pd.DataFrame:
             shutil.copy(p, img / p.name)
     print(f"\nwrote runs.csv, groups.csv and {', '.join(p.name for p in paths)} to {out}"
           + (f" (plots also in {args.img})" if args.img else ""))
+    groups.attrs = {"terms": terms_table(), "leave_one_tp_out": loto}
     if np.isnan(groups.prefill_serving).any():
         print("(serving-level MAPE missing where --quick skipped every run of a group)")
     return groups
