@@ -28,8 +28,13 @@ class IterationLog:
         """Record one iteration (values in ``self.columns`` order)."""
         self.rows.append(row)
         if len(self.rows) >= self.CHUNK:
-            self._chunks.append(np.array(self.rows, dtype=float))
-            self.rows.clear()
+            self.pack()
+
+    def pack(self) -> None:
+        """Pack the buffered rows into a float array (the engine appends to ``rows`` itself and
+        calls this every ``CHUNK`` rows)."""
+        self._chunks.append(np.array(self.rows, dtype=float))
+        self.rows.clear()
 
     def __len__(self) -> int:
         return sum(len(c) for c in self._chunks) + len(self.rows)

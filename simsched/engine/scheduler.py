@@ -37,6 +37,7 @@ from simsched.request import PreemptionCause, Request, Status
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
                                         Status.REJECTED)
 DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
+_new_batch = object.__new__
 
 
 class Scheduler(PreemptionMixin):
@@ -105,6 +106,8 @@ class Scheduler(PreemptionMixin):
         self._grown_step = 0                      # the decode step whose new blocks were handed out
         self._requeue: list[Request] = []
         self.now = 0.0
+        self._prefill_first = cfg.style == "prefill_first"
+        self._static = cfg.style == "static"
 
     # ----------------------------------------------------------------- lazy progress
     def num_generated(self, req: Request) -> int:
@@ -158,7 +161,7 @@ class Scheduler(PreemptionMixin):
     def schedule(self, now: float) -> Batch:
         """Decide the next iteration's batch (may preempt; see ``self.preempted``)."""
         self.now = now
-        self.planned = {}
+        self.planned = planned = {}
         self.planned_tokens = 0
         self.preempted = []
         self.decode_step = 0
@@ -167,36 +170,59 @@ class Scheduler(PreemptionMixin):
             self._queue_update(now)
         if self._queue_refresh is not None:
             self._queue_refresh(self.running.values(), self)
-        if self.cfg.style == "prefill_first":
+        cfg = self.cfg
+        step1 = self.step + 1
+        if self._prefill_first:
             self._decodes_count = False
-            swap.swap_in(self)
+            if self.swapped:
+                swap.swap_in(self)
             if self._may_admit():
                 self._admit()
-            if not self.planned:
+            if not planned:
                 self._decodes_count = True
-                self._grow_decoders(self.step + 1)
+                if step1 in self.block_due:
+                    self._grow_decoders(step1)
+                else:
+                    self._grown_step = step1
         else:
             self._decodes_count = True
-            self._grow_decoders(self.step + 1)
-            self._continue_prefills()
+            if step1 in self.block_due:
+                self._grow_decoders(step1)
+            else:
+                self._grown_step = step1
+            if self.prefilling:
+                self._continue_prefills()
             # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
-            if not self.preempted or self.cfg.admit_after_preemption:
-                swap.swap_in(self)
-                if self._may_admit() and (self.cfg.style != "static" or not self.running):
+            if not self.preempted or cfg.admit_after_preemption:
+                if self.swapped:
+                    swap.swap_in(self)
+                if (not self.swapped or self.preemptive) and self.queue \
+                        and (not self._static or not self.running):
                     self._admit()
-        for req in self._requeue:
-            self.queue.push(req, now)
-        self._requeue.clear()
-        for req in self._swapped_new:
-            self.swapped[req.id] = req
-        self._swapped_new.clear()
+        if self._requeue:
+            for req in self._requeue:
+                self.queue.push(req, now)
+            self._requeue.clear()
+        if self._swapped_new:
+            for req in self._swapped_new:
+                self.swapped[req.id] = req
+            self._swapped_new.clear()
         n_dec = len(self.decoding) if self._decodes_count else 0
+        # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
+        # rest of an idle-queue iteration's scheduling.
+        batch = _new_batch(Batch)
         if n_dec:
-            self.decode_step = self.step + 1
-        batch = Batch((), (), n_dec, self.ctx_base_sum + n_dec * (self.step + 1) if n_dec else 0)
-        for req, chunk in self.planned.values():
-            batch.prefill_new_tokens.append(chunk)
-            batch.prefill_cached_tokens.append(req.num_computed)
+            self.decode_step = step1
+            batch.decode_context_sum = self.ctx_base_sum + n_dec * step1
+        else:
+            batch.decode_context_sum = 0
+        batch.num_decode_seqs = n_dec
+        if planned:
+            batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
+            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
+        else:
+            batch.prefill_new_tokens = []
+            batch.prefill_cached_tokens = []
         batch.swap_out_bytes = self.swap_out_bytes
         batch.swap_in_bytes = self.swap_in_bytes
         return batch
@@ -216,15 +242,38 @@ class Scheduler(PreemptionMixin):
         if not due:
             return
         kv = self.kv
-        for req, epoch in due:
-            if req.epoch != epoch:
-                continue                        # preempted since this was scheduled
-            if kv.num_free < 1 and not self._make_room(req, 1):
-                continue                        # req itself was the victim
-            kv.add_block(req.id)
-            nxt = s + self.block_size
-            if nxt <= req.finish_step:
-                self.block_due.setdefault(nxt, []).append((req, epoch))
+        nxt = s + self.block_size
+        keep = []
+        if not self.prefix_caching and kv.num_free >= len(due):
+            # Enough free blocks for every due decoder: grant them all without preemption checks.
+            # Survivors all fall due again at the same step, in the same order.
+            held = kv._held
+            granted = 0
+            for entry in due:
+                req = entry[0]
+                if req.epoch != entry[1]:
+                    continue                    # preempted since this was scheduled
+                held[req.id] += 1
+                granted += 1
+                if nxt <= req.finish_step:
+                    keep.append(entry)
+            kv.num_free -= granted
+        else:
+            for entry in due:
+                req = entry[0]
+                if req.epoch != entry[1]:
+                    continue                    # preempted since this was scheduled
+                if kv.num_free < 1 and not self._make_room(req, 1):
+                    continue                    # req itself was the victim
+                kv.add_block(req.id)
+                if nxt <= req.finish_step:
+                    keep.append(entry)
+        if keep:
+            later = self.block_due.get(nxt)
+            if later is None:
+                self.block_due[nxt] = keep
+            else:
+                later.extend(keep)
 
     def _continue_prefills(self) -> None:
         for req in list(self.prefilling.values()):
