@@ -111,7 +111,7 @@ class Replica:
         rows, chunk_rows = log.rows, log.CHUNK
         live = self._live
         kv = self.kv
-        queue, requeue = sched.queue, sched._requeue
+        requeue = sched._requeue
         prefix = kv.prefix_caching
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
@@ -153,7 +153,7 @@ class Replica:
             used = kv.num_used if prefix else kv.num_blocks - kv.num_free
             if self.on_kv is not None:
                 self.on_kv(self.index, used, kv.num_blocks)
-            waiting = len(queue) + len(requeue)
+            waiting = len(sched._waiting) + len(requeue)
             if prefix:
                 # Cumulative counters -> this iteration's admissions' cache hits and evictions.
                 hits = sched.num_cached_tokens - last_hits

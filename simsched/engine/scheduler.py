@@ -31,6 +31,7 @@ from simsched.engine import swap
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
+from simsched.policies.queues import HeapQueue
 from simsched.engine.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
@@ -109,6 +110,21 @@ class Scheduler(PreemptionMixin):
         self._prefill_first = cfg.style == "prefill_first"
         self._static = cfg.style == "static"
 
+    @property
+    def queue(self):
+        """The waiting queue (a queue policy's object)."""
+        return self._queue
+
+    @queue.setter
+    def queue(self, queue) -> None:
+        self._queue = queue
+        queue_type = type(queue)
+        # HeapQueue.update only notes the time (max_wait promotion reads it): set it, no call.
+        self._note_time = getattr(queue_type, "update", None) is HeapQueue.update
+        # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
+        self._waiting = queue._live if getattr(queue_type, "__len__", None) \
+            is HeapQueue.__len__ else queue
+
     # ----------------------------------------------------------------- lazy progress
     def num_generated(self, req: Request) -> int:
         """Output tokens ``req`` has emitted so far."""
@@ -125,13 +141,12 @@ class Scheduler(PreemptionMixin):
 
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
-        return bool(self.running) or bool(self.queue) or bool(self._requeue) \
-            or bool(self.swapped)
+        return bool(self.running or self._waiting or self._requeue or self.swapped)
 
     @property
     def num_waiting(self) -> int:
         """Requests in the waiting queue."""
-        return len(self.queue) + len(self._requeue)
+        return len(self._waiting) + len(self._requeue)
 
     # ----------------------------------------------------------------- arrivals
     def add(self, req: Request, now: float) -> bool:
@@ -166,7 +181,9 @@ class Scheduler(PreemptionMixin):
         self.preempted = []
         self.decode_step = 0
         self.swap_out_bytes = self.swap_in_bytes = 0.0
-        if self._queue_update is not None:
+        if self._note_time:
+            self._queue.now = now
+        elif self._queue_update is not None:
             self._queue_update(now)
         if self._queue_refresh is not None:
             self._queue_refresh(self.running.values(), self)
@@ -196,7 +213,7 @@ class Scheduler(PreemptionMixin):
             if not self.preempted or cfg.admit_after_preemption:
                 if self.swapped:
                     swap.swap_in(self)
-                if (not self.swapped or self.preemptive) and self.queue \
+                if (not self.swapped or self.preemptive) and self._waiting \
                         and (not self._static or not self.running):
                     self._admit()
         if self._requeue:
@@ -317,7 +334,8 @@ class Scheduler(PreemptionMixin):
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
-        while queue:
+        waiting = self._waiting
+        while waiting:
             full = len(self.running) >= cfg.max_num_seqs
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
                 break
