@@ -136,13 +136,18 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
     of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
-    prefix-cache columns ``num_cached_tokens`` and ``session_id``.
+    prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
+    :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
 
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
     attrs = _REQUEST_ATTRS + PREFIX_ATTRS if prefix else _REQUEST_ATTRS
-    data = _extract(requests, release, attrs)
+    if hasattr(requests, "columns"):
+        # Requests recorded into arrays as they finished (simsched.cluster.lazy): same data.
+        data = requests.columns(prefix)
+    else:
+        data = _extract(requests, release, attrs)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
@@ -422,9 +427,15 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     n = len(replicas)
     owner = requests["replica"].to_numpy()
     routed = owner >= 0
-    who = owner[routed]
-    status = requests["status"].to_numpy()[routed]
-    finished = status == Status.FINISHED.value
+    # Views, not copies, when every request was routed (a big single-replica run's memory).
+    every = bool(routed.all())
+    who = owner if every else owner[routed]
+    # Compare the status column in place: to_numpy() of a string column makes a Python string
+    # per row (about 60 bytes each).
+    finished = (requests["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
+    rejected = (requests["status"] == Status.REJECTED.value).to_numpy(dtype=bool)
+    if not every:
+        finished, rejected = finished[routed], rejected[routed]
     span = _span(requests)
 
     def per_replica(mask=None, weights=None, rows=who):
@@ -433,31 +444,39 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
             weights = None if weights is None else weights[mask]
         return np.bincount(rows, weights=weights, minlength=n)[:n]
 
-    out_tokens = requests["num_output_tokens"].to_numpy()[routed]
+    def total(values, mask, rows=who):
+        # Integer-valued sums per replica, exactly (the float sums they replace were exact too).
+        if n == 1:
+            return np.array([int(values[mask].sum()) if mask is not None else int(values.sum())],
+                            dtype=np.int64)
+        return per_replica(mask, values.astype(float), rows).astype(np.int64)
+
+    out_tokens = requests["num_output_tokens"].to_numpy()
+    out_tokens = out_tokens if every else out_tokens[routed]
     it_owner = iterations["replica"].to_numpy()
     duration = iterations["duration"].to_numpy()
-    tokens = (iterations["num_prefill_tokens"].to_numpy()
-              + iterations["num_decode_tokens"].to_numpy()).astype(float)
     blocks = np.array([r["num_blocks"] for r in replicas], dtype=float)
     busy = per_replica(weights=duration, rows=it_owner)
     used = per_replica(weights=iterations["kv_blocks_used"].to_numpy() * duration, rows=it_owner)
+    num_tokens = total(iterations["num_prefill_tokens"].to_numpy(), None, it_owner) \
+        + total(iterations["num_decode_tokens"].to_numpy(), None, it_owner)
+    preemptions = requests["num_preemptions"].to_numpy()
+    num_finished = per_replica(finished)
     frame = pd.DataFrame({
         "replica": np.arange(n),
         "model": [r["model"] for r in replicas], "gpu": [r["gpu"] for r in replicas],
         "tensor_parallel_size": [r["tensor_parallel_size"] for r in replicas],
         "num_blocks": blocks.astype(np.int64),
         "num_requests": per_replica().astype(np.int64),
-        "num_finished": per_replica(finished).astype(np.int64),
-        "num_rejected": per_replica(status == Status.REJECTED.value).astype(np.int64),
-        "num_preemptions": per_replica(
-            weights=requests["num_preemptions"].to_numpy()[routed].astype(float)
-        ).astype(np.int64),
+        "num_finished": num_finished.astype(np.int64),
+        "num_rejected": per_replica(rejected).astype(np.int64),
+        "num_preemptions": total(preemptions if every else preemptions[routed], None),
         "num_iterations": per_replica(rows=it_owner).astype(np.int64),
-        "num_tokens": per_replica(weights=tokens, rows=it_owner).astype(np.int64),
+        "num_tokens": num_tokens,
         "busy_time": busy,
         "busy_fraction": busy / span if span > 0 else np.nan,
-        "request_throughput": per_replica(finished) / span if span > 0 else np.nan,
-        "output_throughput": (per_replica(finished, out_tokens.astype(float)) / span
+        "request_throughput": num_finished / span if span > 0 else np.nan,
+        "output_throughput": (total(out_tokens, finished).astype(float) / span
                               if span > 0 else np.nan),
     })
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -466,7 +485,7 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
 
 
 def _span(requests: pd.DataFrame) -> float:
-    done = requests["status"].to_numpy() == Status.FINISHED.value
+    done = (requests["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
     if not done.any():
         return math.nan
     return float(requests["finished_at"].to_numpy()[done].max()

@@ -32,20 +32,24 @@ class SweepResult:
         self.factors = factors
         self.points = list(points) if points is not None else [{} for _ in configs]
         self._outputs = outputs
+        self._kept = not outputs or outputs[0].requests is not None
         self._frames: dict[str, pd.DataFrame] = {}
 
     def _concat(self, name: str) -> pd.DataFrame:
         if name not in self._frames:
+            if not self._kept:
+                raise ValueError(f"this sweep did not keep per-run frames "
+                                 f"(keep_frames=False); {name!r} is unavailable")
             parts = []
             for run_id, out in enumerate(self._outputs):
                 frame = getattr(out, name)
-                if frame is None:
-                    raise ValueError(f"this sweep did not keep per-run frames "
-                                     f"(keep_frames=False); {name!r} is unavailable")
                 point = self.points[run_id] if run_id < len(self.points) else {}
                 lead = {"run_id": run_id}
                 lead.update({k: v for k, v in point.items() if k not in frame.columns})
                 parts.append(_with_leading(frame, lead))
+                # The combined frame is the one copy kept: let the run's own frame go.
+                setattr(out, name, None)
+                del frame
             self._frames[name] = (pd.concat(parts, ignore_index=True) if parts
                                   else pd.DataFrame({"run_id": []}))
         return self._frames[name]
@@ -69,7 +73,7 @@ class SweepResult:
     def frames(self) -> dict[str, pd.DataFrame]:
         """``runs`` and, if kept, the concatenated per-run frames, by name."""
         out = {"runs": self.runs}
-        if self._outputs and self._outputs[0].requests is not None:
+        if self._outputs and self._kept:
             out.update(requests=self.requests, iterations=self.iterations,
                        preemptions=self.preemptions)
         return out

@@ -1,0 +1,158 @@
+"""Requests created at arrival from workload columns and recorded into arrays when done.
+
+A big run need not hold a million :class:`~simsched.request.Request` objects: :class:`LazyRequests`
+keeps the workload as columns (struct of arrays), creates each request object when the arrival
+process reaches it, and, when its process ends (finished, rejected or shed), copies what the
+request frame needs into preallocated arrays and lets the object go. Only requests in flight are
+objects. :meth:`LazyRequests.columns` then gives exactly what
+:func:`simsched.analysis.metrics.build_requests_frame` reads from a list of request objects, so
+both paths build identical frames.
+
+It serves plain requests (no prefix-cache :class:`~simsched.request.Content`, no closed-loop
+sessions, no invariant checks, which read every request object): the runner picks it only then.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from simsched.request import Request, Status
+
+_CHUNK = 4096                       # requests converted to Python values at a time
+_STATUS = tuple(Status)
+_CODE = {status: i for i, status in enumerate(_STATUS)}
+PENDING = _CODE[Status.PENDING]
+
+
+def _floats(n: int) -> array:
+    return array("d", [math.nan]) * n
+
+
+def _ints(n: int) -> array:
+    return array("q", [0]) * n
+
+
+class LazyRequests:
+    """The requests of a run as columns, sorted by arrival (ids 0..n-1), created as they arrive.
+
+    Iterating creates the request objects in id order (the arrival process does this once);
+    :meth:`record` stores a request whose process has ended. ``tenant`` is a list (or None: no
+    tenants).
+    """
+
+    def __init__(self, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                 priority: np.ndarray, tenant: list | None) -> None:
+        n = len(arrival)
+        self.arrival = np.asarray(arrival, dtype=float)
+        self.prompt = np.asarray(prompt, dtype=np.int64)
+        self.output = np.asarray(output, dtype=np.int64)
+        self.priority = np.asarray(priority, dtype=np.int64)
+        self.tenant = tenant
+        self.n = n
+        self.live: dict[int, Request] = {}        # arrived, not yet recorded
+        self.first_scheduled_at, self.first_token_at = _floats(n), _floats(n)
+        self.finished_at, self.swapped_bytes = _floats(n), array("d", [0.0]) * n
+        self.num_generated, self.num_preemptions = _ints(n), _ints(n)
+        self.num_recomputed_tokens, self.num_swaps = _ints(n), _ints(n)
+        self.status = array("b", [PENDING]) * n
+        self.num_runs = _ints(n)
+        self.reject_reason: dict[int, str] = {}
+        self._order = array("q")                  # ids in the order they were recorded
+        self._runs = array("d")                   # their runs, flat, in that order
+        self._gaps: list[tuple] = []              # (id, gap) in record order
+        self._causes: list[tuple] = []            # (id, cause row) in record order
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        live, tenant = self.live, self.tenant
+        for lo in range(0, self.n, _CHUNK):
+            hi = min(lo + _CHUNK, self.n)
+            tenants = tenant[lo:hi] if tenant is not None else [None] * (hi - lo)
+            for rid, a, p, o, pr, t in zip(range(lo, hi), self.arrival[lo:hi].tolist(),
+                                           self.prompt[lo:hi].tolist(),
+                                           self.output[lo:hi].tolist(),
+                                           self.priority[lo:hi].tolist(), tenants):
+                req = Request(rid, a, p, o, pr, t)
+                live[rid] = req
+                yield req
+
+    def record(self, req: Request) -> None:
+        """Copy what the frames need from ``req`` (its process has ended) and forget it."""
+        i = req.id
+        del self.live[i]
+        self.first_scheduled_at[i] = req.first_scheduled_at
+        self.first_token_at[i] = req.first_token_at
+        self.finished_at[i] = req.finished_at
+        self.swapped_bytes[i] = req.swapped_bytes
+        self.num_generated[i] = req.num_generated
+        self.num_preemptions[i] = req.num_preemptions
+        self.num_recomputed_tokens[i] = req.num_recomputed_tokens
+        self.num_swaps[i] = req.num_swaps
+        self.status[i] = _CODE[req.status]
+        if req.reject_reason:
+            self.reject_reason[i] = req.reject_reason
+        runs = req.runs
+        if runs:
+            self.num_runs[i] = len(runs) // 3
+            self._runs.extend(runs)
+        self._order.append(i)
+        if req.gaps:
+            self._gaps.extend((i, g) for g in req.gaps)
+        if req.causes:
+            self._causes.extend((i, (c.request_id, c.at, c.reason, c.preempted_by,
+                                     c.num_lost_tokens, c.mode)) for c in req.causes)
+
+    def columns(self, prefix: bool = False) -> dict:
+        """What the request frame needs, as ``metrics._extract`` gives it; empties this store.
+
+        Requests still in flight are recorded as they stand (call after the schedulers'
+        ``close``); requests that never arrived keep status ``pending``.
+        """
+        for req in list(self.live.values()):
+            self.record(req)
+        n = self.n
+        order = np.frombuffer(self._order, dtype=np.int64)
+        counts = np.frombuffer(self.num_runs, dtype=np.int64)
+        triples = np.frombuffer(self._runs, dtype=float).reshape(-1, 3)
+        # Runs were recorded in finishing order: put them in request order, as the objects are.
+        owner = np.repeat(order, counts[order])
+        runs = triples[np.argsort(owner, kind="stable")].ravel()
+        del owner, triples
+        self._runs = array("d")
+
+        def f(a):
+            return np.frombuffer(a, dtype=float)
+
+        def i(a):
+            return np.frombuffer(a, dtype=np.int64)
+
+        reasons = [""] * n
+        for k, reason in self.reject_reason.items():
+            reasons[k] = reason
+        out = {
+            "request_id": np.arange(n, dtype=np.int64), "arrival_at": self.arrival,
+            "first_scheduled_at": f(self.first_scheduled_at),
+            "first_token_at": f(self.first_token_at), "finished_at": f(self.finished_at),
+            "num_prompt_tokens": self.prompt, "num_output_tokens": self.output,
+            "num_generated_tokens": i(self.num_generated), "priority": self.priority,
+            "tenant": list(self.tenant) if self.tenant is not None else [None] * n,
+            "num_preemptions": i(self.num_preemptions),
+            "num_recomputed_tokens": i(self.num_recomputed_tokens),
+            "num_swaps": i(self.num_swaps), "swapped_bytes": f(self.swapped_bytes),
+            "reject_reason": reasons,
+            "status": np.array([s.value for s in _STATUS], dtype=object)[
+                np.frombuffer(self.status, dtype=np.int8)].tolist(),
+            "runs": runs, "num_runs": counts,
+            "gaps": sorted(self._gaps, key=lambda x: x[0]),
+            "causes": [c for _, c in sorted(self._causes, key=lambda x: x[0])],
+            "n": n,
+        }
+        if prefix:
+            out["num_cached_tokens"] = np.zeros(n, dtype=np.int64)
+            out["session_id"] = np.full(n, -1, dtype=np.int64)
+        return out
