@@ -67,3 +67,23 @@ def test_lazy_store_holds_only_requests_in_flight():
     assert not store.live
     cols = store.columns()
     assert cols["status"] == ["pending", "pending"]
+
+
+def test_itl_percentiles_by_bisection_equal_the_joined_computation(monkeypatch):
+    import math
+
+    from simsched.analysis import metrics
+    from simsched.analysis.metrics import ItlSamples, weighted_percentiles
+    monkeypatch.setattr(metrics, "BISECT_ABOVE", 0)
+    rng = np.random.default_rng(0)
+    qs = (0, 1, 50, 90, 95, 99, 100)
+    for trial in range(200):
+        n, m = int(rng.integers(0, 30)), int(rng.integers(0, 30))
+        # Ties across the two parts on odd trials.
+        gaps = rng.integers(0, 5, n) / 4 if trial % 2 else rng.random(n) * 10.0 ** (trial % 7 - 3)
+        counts = rng.integers(0, 4, n)
+        other = rng.integers(0, 5, m) / 4 if trial % 3 else rng.random(m)
+        joined = weighted_percentiles(np.concatenate([gaps, other]),
+                                      np.concatenate([counts, np.ones(m, dtype=np.int64)]), qs)
+        got = ItlSamples(gaps, counts, other).percentiles(qs)
+        assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(joined, got))

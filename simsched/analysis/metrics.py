@@ -28,11 +28,16 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[fl
     reaches the rank), which matches ``numpy.percentile(..., method="inverted_cdf")``.
     """
     mask = weights > 0
-    values, weights = values[mask], weights[mask]
+    if not mask.all():
+        values, weights = values[mask], weights[mask]
+    del mask
     if not len(values):
         return [math.nan for _ in qs]
     order = np.argsort(values, kind="stable")
-    values, cum = values[order], np.cumsum(weights[order])
+    values = values[order]
+    cum = weights[order]
+    del order, weights
+    np.cumsum(cum, out=cum)
     total = cum[-1]
     out = []
     for q in qs:
@@ -65,9 +70,43 @@ class ItlSamples:
 
     def percentiles(self, qs) -> list[float]:
         """Pooled percentiles of every gap."""
-        values = np.concatenate([self.step_gaps, self.other])
-        weights = np.concatenate([self.step_counts, np.ones(len(self.other), dtype=np.int64)])
-        return weighted_percentiles(values, weights, qs)
+        gaps, counts, other = self.step_gaps, self.step_counts, self.other
+        small = len(gaps) + len(other) < BISECT_ABOVE
+        if small or not (len(gaps) or len(other)) or not (
+                np.isfinite(gaps).all() and np.isfinite(other).all()
+                and not np.signbit(gaps).any() and not np.signbit(other).any()):
+            values = np.concatenate([gaps, other])
+            weights = np.concatenate([counts, np.ones(len(other), dtype=np.int64)])
+            return weighted_percentiles(values, weights, qs)
+        # A big run: the same 'lower' rule (the smallest gap whose count of gaps <= it reaches
+        # the rank) by bisection over the values' bit patterns (ordered as the values are, for
+        # finite values >= 0), so nothing the size of the samples is joined or sorted.
+        total = int(counts.sum()) + len(other)
+        if not total:
+            return [math.nan for _ in qs]
+
+        def count_at_most(bits: int) -> int:
+            v = np.int64(bits).view(np.float64)
+            return int(np.sum(counts, where=gaps <= v)) + int(np.count_nonzero(other <= v))
+
+        top = max(gaps.max() if len(gaps) else 0.0, other.max() if len(other) else 0.0)
+        lo_all, hi_all = 0, int(np.float64(top).view(np.int64))
+        out = []
+        for q in qs:
+            rank = max(1, math.ceil(q / 100 * total))
+            lo, hi = lo_all, hi_all              # smallest bits whose count reaches rank
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if count_at_most(mid) >= rank:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out.append(float(np.int64(lo).view(np.float64)))
+        return out
+
+
+# ITL samples above this many values get percentiles by bisection (no joined, sorted copy).
+BISECT_ABOVE = 1_000_000
 
 
 _REQUEST_ATTRS = (
@@ -156,10 +195,14 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     if step_offset is not None:
         # Gaps across two replicas' arrays touch a NaN placeholder; no decode run spans them.
         step_gap[np.isnan(step_gap)] = 0.0
-    flat = data.pop("runs")
-    owner = np.repeat(np.arange(n), data.pop("num_runs"))
-    prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
-    del flat
+    if "runs3" in data:
+        # Already split: (prev_token_at, a, b, owner) per run, in request order.
+        prev, a, b, owner = data.pop("runs3")
+    else:
+        flat = data.pop("runs")
+        owner = np.repeat(np.arange(n), data.pop("num_runs"))
+        prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
+        del flat
     if step_offset is not None:
         shift = step_offset[owner]
         a += shift
@@ -179,24 +222,50 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
+    counts = np.cumsum(delta, out=delta)[:n_steps]
+    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
+    # Per-run temporaries go before the frame's columns come (a big run's peak memory).
+    del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
     cols = {name: data[name] for name, _ in attrs}
     cols["status"] = data["status"]
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
+    del cols
+    causes = data.pop("causes")
+    data.clear()
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
-    df["ttft"] = df["first_token_at"] - df["arrival_at"]
-    df["e2el"] = df["finished_at"] - df["arrival_at"]
-    df["queue_time"] = df["first_scheduled_at"] - df["arrival_at"]
-    multi = df["num_output_tokens"] > 1
-    df["tpot"] = np.where(multi, (df["e2el"] - df["ttft"]) / (df["num_output_tokens"] - 1).clip(1),
-                          np.nan)
+    del itl_max
+    arrival = df["arrival_at"].to_numpy()
+    df["ttft"] = df["first_token_at"].to_numpy() - arrival
+    df["e2el"] = df["finished_at"].to_numpy() - arrival
+    df["queue_time"] = df["first_scheduled_at"].to_numpy() - arrival
+    # tpot = (e2el - ttft) / (output - 1) for multi-token outputs, else NaN, computed in place.
+    output = df["num_output_tokens"].to_numpy()
+    tpot = df["e2el"].to_numpy() - df["ttft"].to_numpy()
+    denom = output - 1
+    np.maximum(denom, 1, out=denom)
+    tpot /= denom
+    del denom
+    tpot[output <= 1] = np.nan
+    df["tpot"] = tpot
     df["itl_mean"] = df["tpot"]
-    counts = np.cumsum(delta)[:n_steps]
-    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
-    cause_df = pd.DataFrame(data["causes"], columns=["request_id", "at", "reason", "preempted_by",
+    cause_df = pd.DataFrame(causes, columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
     # A request id, or <NA> when no request caused the preemption (the cache ran out).
     cause_df["preempted_by"] = cause_df["preempted_by"].astype("Int64")
     return df, itl, cause_df
+
+
+class _Masked:
+    """Columns of ``df`` at the rows of a boolean ``mask``, taken one at a time, as arrays."""
+
+    def __init__(self, df: pd.DataFrame, mask: np.ndarray) -> None:
+        self.df, self.mask, self.n = df, mask, int(mask.sum())
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.df[name].to_numpy()[self.mask]
 
 
 class Results:
@@ -265,17 +334,17 @@ class Results:
         same requests. Rejected requests appear only in ``num_rejected``.
         """
         df = self.requests
-        finished = (df["status"] == Status.FINISHED.value).to_numpy()
-        done = df[["e2el", "tpot", "finished_at", "num_prompt_tokens",
-                   "num_output_tokens"]][finished]
+        finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
+        # Finished requests' columns, one at a time (a big run's memory): no sub-frame copies.
+        done = _Masked(df, finished)
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
                          [Status.WAITING.value, Status.RUNNING.value, Status.SWAPPED.value,
                           Status.PENDING.value]).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
-            values = (df[name] if name in ("ttft", "queue_time") else done[name]).dropna()
-            values = values.to_numpy()
+            values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
+            values = values[~np.isnan(values)]
             out[f"{name}_mean"] = float(values.mean()) if len(values) else math.nan
             for q, v in zip(PERCENTILES, _percentiles(values)):
                 out[f"{name}_p{q}"] = v
@@ -439,6 +508,8 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     span = _span(requests)
 
     def per_replica(mask=None, weights=None, rows=who):
+        if n == 1 and mask is not None and weights is None:
+            return np.array([np.count_nonzero(mask)], dtype=np.int64)   # no masked copy
         if mask is not None:
             rows = rows[mask]
             weights = None if weights is None else weights[mask]
@@ -447,8 +518,8 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     def total(values, mask, rows=who):
         # Integer-valued sums per replica, exactly (the float sums they replace were exact too).
         if n == 1:
-            return np.array([int(values[mask].sum()) if mask is not None else int(values.sum())],
-                            dtype=np.int64)
+            return np.array([int(np.sum(values, where=mask)) if mask is not None
+                             else int(values.sum())], dtype=np.int64)
         return per_replica(mask, values.astype(float), rows).astype(np.int64)
 
     out_tokens = requests["num_output_tokens"].to_numpy()
@@ -457,7 +528,16 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     duration = iterations["duration"].to_numpy()
     blocks = np.array([r["num_blocks"] for r in replicas], dtype=float)
     busy = per_replica(weights=duration, rows=it_owner)
-    used = per_replica(weights=iterations["kv_blocks_used"].to_numpy() * duration, rows=it_owner)
+    kv_used = iterations["kv_blocks_used"].to_numpy()
+    if n == 1:
+        # bincount's sum in order, a chunk of products at a time (no full-length temporary).
+        acc = np.zeros(1)
+        for lo in range(0, len(duration), 1 << 16):
+            part = kv_used[lo:lo + (1 << 16)] * duration[lo:lo + (1 << 16)]
+            acc = np.cumsum(np.concatenate([acc, part]))[-1:]
+        used = acc
+    else:
+        used = per_replica(weights=kv_used * duration, rows=it_owner)
     num_tokens = total(iterations["num_prefill_tokens"].to_numpy(), None, it_owner) \
         + total(iterations["num_decode_tokens"].to_numpy(), None, it_owner)
     preemptions = requests["num_preemptions"].to_numpy()
@@ -488,7 +568,7 @@ def _span(requests: pd.DataFrame) -> float:
     done = (requests["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
     if not done.any():
         return math.nan
-    return float(requests["finished_at"].to_numpy()[done].max()
+    return float(np.max(requests["finished_at"].to_numpy(), where=done, initial=-np.inf)
                  - requests["arrival_at"].min())
 
 

@@ -35,6 +35,11 @@ def _ints(n: int) -> array:
     return array("q", [0]) * n
 
 
+def _statuses(codes: array) -> list:
+    values = [s.value for s in _STATUS]
+    return [values[c] for c in codes]      # no object array besides the list
+
+
 class LazyRequests:
     """The requests of a run as columns, sorted by arrival (ids 0..n-1), created as they arrive.
 
@@ -58,10 +63,12 @@ class LazyRequests:
         self.num_generated, self.num_preemptions = _ints(n), _ints(n)
         self.num_recomputed_tokens, self.num_swaps = _ints(n), _ints(n)
         self.status = array("b", [PENDING]) * n
+        # Each request's first decode run by id; later runs (after a preemption) in record order.
         self.num_runs = _ints(n)
+        self.run_prev, self.run_a, self.run_b = _floats(n), _ints(n), _ints(n)
+        self._extra = array("d")                  # later runs, flat (prev_token_at, a, b)
+        self._extra_owner = array("q")            # their request ids
         self.reject_reason: dict[int, str] = {}
-        self._order = array("q")                  # ids in the order they were recorded
-        self._runs = array("d")                   # their runs, flat, in that order
         self._gaps: list[tuple] = []              # (id, gap) in record order
         self._causes: list[tuple] = []            # (id, cause row) in record order
 
@@ -98,9 +105,12 @@ class LazyRequests:
             self.reject_reason[i] = req.reject_reason
         runs = req.runs
         if runs:
-            self.num_runs[i] = len(runs) // 3
-            self._runs.extend(runs)
-        self._order.append(i)
+            k = len(runs) // 3
+            self.num_runs[i] = k
+            self.run_prev[i], self.run_a[i], self.run_b[i] = runs[0], runs[1], runs[2]
+            if k > 1:
+                self._extra.extend(runs[3:])
+                self._extra_owner.extend([i] * (k - 1))
         if req.gaps:
             self._gaps.extend((i, g) for g in req.gaps)
         if req.causes:
@@ -116,14 +126,26 @@ class LazyRequests:
         for req in list(self.live.values()):
             self.record(req)
         n = self.n
-        order = np.frombuffer(self._order, dtype=np.int64)
         counts = np.frombuffer(self.num_runs, dtype=np.int64)
-        triples = np.frombuffer(self._runs, dtype=float).reshape(-1, 3)
-        # Runs were recorded in finishing order: put them in request order, as the objects are.
-        owner = np.repeat(order, counts[order])
-        runs = triples[np.argsort(owner, kind="stable")].ravel()
-        del owner, triples
-        self._runs = array("d")
+        prev = np.frombuffer(self.run_prev, dtype=float)
+        a = np.frombuffer(self.run_a, dtype=np.int64)
+        b = np.frombuffer(self.run_b, dtype=np.int64)
+        if not self._extra:
+            owner = np.flatnonzero(counts)
+            if len(owner) < n:
+                prev, a, b = prev[owner], a[owner], b[owner]
+        else:
+            # First runs, then later ones; a stable sort by request keeps each request's runs in
+            # their order, as the request objects list them.
+            extra = np.frombuffer(self._extra, dtype=float).reshape(-1, 3)
+            first = np.flatnonzero(counts)
+            owner = np.concatenate([first, np.frombuffer(self._extra_owner, dtype=np.int64)])
+            order = np.argsort(owner, kind="stable")
+            owner = owner[order]
+            prev = np.concatenate([prev[first], extra[:, 0]])[order]
+            a = np.concatenate([a[first], extra[:, 1].astype(np.int64)])[order]
+            b = np.concatenate([b[first], extra[:, 2].astype(np.int64)])[order]
+        self.run_prev = self.run_a = self.run_b = self._extra = self._extra_owner = None
 
         def f(a):
             return np.frombuffer(a, dtype=float)
@@ -145,9 +167,8 @@ class LazyRequests:
             "num_recomputed_tokens": i(self.num_recomputed_tokens),
             "num_swaps": i(self.num_swaps), "swapped_bytes": f(self.swapped_bytes),
             "reject_reason": reasons,
-            "status": np.array([s.value for s in _STATUS], dtype=object)[
-                np.frombuffer(self.status, dtype=np.int8)].tolist(),
-            "runs": runs, "num_runs": counts,
+            "status": _statuses(self.status),
+            "runs3": (prev, a, b, owner),
             "gaps": sorted(self._gaps, key=lambda x: x[0]),
             "causes": [c for _, c in sorted(self._causes, key=lambda x: x[0])],
             "n": n,
