@@ -108,6 +108,8 @@ class Scheduler(PreemptionMixin):
         self._requeue: list[Request] = []
         self.now = 0.0
         self._prefill_first = cfg.style == "prefill_first"
+        self._num_pushed = 0                      # requests ever pushed to the queue
+        self._kv_blocked: tuple | None = None     # see _still_blocked
         self._static = cfg.style == "static"
 
     @property
@@ -121,6 +123,8 @@ class Scheduler(PreemptionMixin):
         queue_type = type(queue)
         # HeapQueue.update only notes the time (max_wait promotion reads it): set it, no call.
         self._note_time = getattr(queue_type, "update", None) is HeapQueue.update
+        # A plain HeapQueue without max_wait keeps its order between pushes and pops.
+        self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
         self._waiting = queue._live if getattr(queue_type, "__len__", None) \
             is HeapQueue.__len__ else queue
@@ -170,6 +174,7 @@ class Scheduler(PreemptionMixin):
         req.status = WAITING
         req.queued_at = now
         self.queue.push(req, now)
+        self._num_pushed += 1
         return True
 
     # ----------------------------------------------------------------- one iteration
@@ -214,11 +219,13 @@ class Scheduler(PreemptionMixin):
                 if self.swapped:
                     swap.swap_in(self)
                 if (not self.swapped or self.preemptive) and self._waiting \
-                        and (not self._static or not self.running):
+                        and (not self._static or not self.running) \
+                        and not self._still_blocked():
                     self._admit()
         if self._requeue:
             for req in self._requeue:
                 self.queue.push(req, now)
+            self._num_pushed += len(self._requeue)
             self._requeue.clear()
         if self._swapped_new:
             for req in self._swapped_new:
@@ -328,6 +335,19 @@ class Scheduler(PreemptionMixin):
             if self.meter is not None:
                 self.meter.prefill(req, -entry[1])
 
+    def _still_blocked(self) -> bool:
+        """Whether the last admission that failed for want of KV blocks would fail again now.
+
+        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
+        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
+        the watermark applies as before. An iteration then skips the admission scan: KV-bound
+        runs spend many iterations with a blocked queue head.
+        """
+        memo = self._kv_blocked
+        return (memo is not None and memo[0] == self._num_pushed and memo[1] == self.num_admitted
+                and self.kv.num_free <= memo[2] and self._budget_left() >= memo[3]
+                and memo[4] == bool(self.running) and memo[5] is self._queue)
+
     def _admit(self) -> None:
         cfg, kv, queue = self.cfg, self.kv, self.queue
         static = cfg.style == "static"
@@ -335,6 +355,8 @@ class Scheduler(PreemptionMixin):
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
         waiting = self._waiting
+        # The blocked-head memo holds for fixed-key queues without preemption or prefix reuse.
+        memo_ok = not (may_preempt or prefix or static) and self._fixed_order
         while waiting:
             full = len(self.running) >= cfg.max_num_seqs
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
@@ -365,6 +387,9 @@ class Scheduler(PreemptionMixin):
             # would only block a request that fits the cache forever.
             if full or not kv.can_allocate(need, use_watermark=bool(self.running)):
                 if not (may_preempt and self._preempt_for_admission(req, need, full)):
+                    if not full and memo_ok:
+                        self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
+                                            budget, bool(self.running), queue)
                     break
                 if prefix:
                     continue        # the victims' released blocks change the match: look again
