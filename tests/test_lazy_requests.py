@@ -87,3 +87,13 @@ def test_itl_percentiles_by_bisection_equal_the_joined_computation(monkeypatch):
                                       np.concatenate([counts, np.ones(m, dtype=np.int64)]), qs)
         got = ItlSamples(gaps, counts, other).percentiles(qs)
         assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(joined, got))
+
+
+def test_sums_in_order_equal_bincount_sums():
+    from simsched.analysis.metrics import _sum_in_order
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 70_000, 200_001):      # across the chunk size
+        x, k = rng.random(n) * 1e-3, rng.integers(0, 5000, n)
+        zeros = np.zeros(n, dtype=np.int64)
+        assert _sum_in_order(x)[0] == np.bincount(zeros, weights=x, minlength=1)[0]
+        assert _sum_in_order(x, k)[0] == np.bincount(zeros, weights=k * x, minlength=1)[0]

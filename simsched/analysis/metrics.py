@@ -167,7 +167,8 @@ def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
 
 
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
-                         step_offset: np.ndarray | None = None, prefix: bool = False
+                         step_offset: np.ndarray | None = None, prefix: bool = False,
+                         replica: np.ndarray | None = None
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
@@ -177,6 +178,7 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
     prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
     :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
+    ``replica``, if given, becomes the second column (each request's replica).
 
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
@@ -226,7 +228,11 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
     # Per-run temporaries go before the frame's columns come (a big run's peak memory).
     del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
-    cols = {name: data[name] for name, _ in attrs}
+    cols = {}
+    for name, _ in attrs:
+        cols[name] = data[name]
+        if name == "request_id" and replica is not None:
+            cols["replica"] = replica     # placed here: an insert would copy it
     cols["status"] = data["status"]
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
     del cols
@@ -238,15 +244,15 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     df["ttft"] = df["first_token_at"].to_numpy() - arrival
     df["e2el"] = df["finished_at"].to_numpy() - arrival
     df["queue_time"] = df["first_scheduled_at"].to_numpy() - arrival
-    # tpot = (e2el - ttft) / (output - 1) for multi-token outputs, else NaN, computed in place.
+    # tpot = (e2el - ttft) / (output - 1) for multi-token outputs, else NaN, a chunk at a time.
     output = df["num_output_tokens"].to_numpy()
     tpot = df["e2el"].to_numpy() - df["ttft"].to_numpy()
-    denom = output - 1
-    np.maximum(denom, 1, out=denom)
-    tpot /= denom
-    del denom
-    tpot[output <= 1] = np.nan
+    for lo in range(0, len(tpot), _CHUNK):
+        part = output[lo:lo + _CHUNK]
+        tpot[lo:lo + _CHUNK] /= np.maximum(part - 1, 1)
+        tpot[lo:lo + _CHUNK][part <= 1] = np.nan
     df["tpot"] = tpot
+    del tpot, output, arrival           # the frame holds its own copy
     df["itl_mean"] = df["tpot"]
     cause_df = pd.DataFrame(causes, columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
@@ -508,8 +514,10 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     span = _span(requests)
 
     def per_replica(mask=None, weights=None, rows=who):
-        if n == 1 and mask is not None and weights is None:
-            return np.array([np.count_nonzero(mask)], dtype=np.int64)   # no masked copy
+        if n == 1 and weights is None:
+            # Every row is replica 0's: count without bincount's copy of the rows.
+            return np.array([len(rows) if mask is None else np.count_nonzero(mask)],
+                            dtype=np.int64)
         if mask is not None:
             rows = rows[mask]
             weights = None if weights is None else weights[mask]
@@ -527,16 +535,12 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     it_owner = iterations["replica"].to_numpy()
     duration = iterations["duration"].to_numpy()
     blocks = np.array([r["num_blocks"] for r in replicas], dtype=float)
-    busy = per_replica(weights=duration, rows=it_owner)
     kv_used = iterations["kv_blocks_used"].to_numpy()
     if n == 1:
-        # bincount's sum in order, a chunk of products at a time (no full-length temporary).
-        acc = np.zeros(1)
-        for lo in range(0, len(duration), 1 << 16):
-            part = kv_used[lo:lo + (1 << 16)] * duration[lo:lo + (1 << 16)]
-            acc = np.cumsum(np.concatenate([acc, part]))[-1:]
-        used = acc
+        busy = _sum_in_order(duration)
+        used = _sum_in_order(duration, kv_used)
     else:
+        busy = per_replica(weights=duration, rows=it_owner)
         used = per_replica(weights=kv_used * duration, rows=it_owner)
     num_tokens = total(iterations["num_prefill_tokens"].to_numpy(), None, it_owner) \
         + total(iterations["num_decode_tokens"].to_numpy(), None, it_owner)
@@ -562,6 +566,19 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["kv_usage_mean"] = used / busy / blocks
     return frame
+
+
+def _sum_in_order(values: np.ndarray, factor: np.ndarray | None = None) -> np.ndarray:
+    """``[sum(factor * values)]`` added in order, as ``np.bincount`` adds its weights, a chunk
+    at a time (no full-length temporary; a pairwise sum would differ in the last bits)."""
+    acc = np.zeros(1)
+    step = 1 << 16
+    for lo in range(0, len(values), step):
+        part = values[lo:lo + step]
+        if factor is not None:
+            part = factor[lo:lo + step] * part
+        acc = np.cumsum(np.concatenate([acc, part]))[-1:]
+    return acc
 
 
 def _span(requests: pd.DataFrame) -> float:

@@ -368,8 +368,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if release:
         del engine
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
-                                               step_offset=step_offset, prefix=prefix)
-    req_df.insert(1, "replica", owner)
+                                               step_offset=step_offset, prefix=prefix,
+                                               replica=owner)
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described))
     note = rejection_note(req_df, hint=from_workload)

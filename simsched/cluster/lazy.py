@@ -162,7 +162,7 @@ class LazyRequests:
             "first_token_at": f(self.first_token_at), "finished_at": f(self.finished_at),
             "num_prompt_tokens": self.prompt, "num_output_tokens": self.output,
             "num_generated_tokens": i(self.num_generated), "priority": self.priority,
-            "tenant": list(self.tenant) if self.tenant is not None else [None] * n,
+            "tenant": self.tenant if self.tenant is not None else np.full(n, None, dtype=object),
             "num_preemptions": i(self.num_preemptions),
             "num_recomputed_tokens": i(self.num_recomputed_tokens),
             "num_swaps": i(self.num_swaps), "swapped_bytes": f(self.swapped_bytes),

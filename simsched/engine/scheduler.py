@@ -272,16 +272,17 @@ class Scheduler(PreemptionMixin):
             # Enough free blocks for every due decoder: grant them all without preemption checks.
             # Survivors all fall due again at the same step, in the same order.
             held = kv._held
-            granted = 0
+            stale = 0
+            append = keep.append
             for entry in due:
                 req = entry[0]
                 if req.epoch != entry[1]:
-                    continue                    # preempted since this was scheduled
+                    stale += 1                  # preempted since this was scheduled
+                    continue
                 held[req.id] += 1
-                granted += 1
                 if nxt <= req.finish_step:
-                    keep.append(entry)
-            kv.num_free -= granted
+                    append(entry)
+            kv.num_free -= len(due) - stale
         else:
             for entry in due:
                 req = entry[0]
