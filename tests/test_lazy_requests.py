@@ -7,6 +7,7 @@ import pytest
 from simsched import SimConfig
 from simsched.analysis import runner
 from simsched.cluster.lazy import LazyRequests
+from simsched.request import Status
 
 CASES = {
     "fcfs": dict(num_blocks=96, max_num_seqs=16, rate=30.0, num_requests=300, seed=1),
@@ -63,10 +64,12 @@ def test_lazy_store_holds_only_requests_in_flight():
                          np.zeros(2, dtype=np.int64), None)
     first = next(iter(store))
     assert list(store.live) == [0]
+    first.status, first.finished_at = Status.FINISHED, 1.5
     store.record(first)
-    assert not store.live
     cols = store.columns()
-    assert cols["status"] == ["pending", "pending"]
+    assert not store.live
+    assert cols["status"] == ["finished", "pending"]
+    assert cols["finished_at"][0] == 1.5 and np.isnan(cols["finished_at"][1])
 
 
 def test_itl_percentiles_by_bisection_equal_the_joined_computation(monkeypatch):

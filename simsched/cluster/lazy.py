@@ -22,6 +22,7 @@ import numpy as np
 from simsched.request import Request, Status
 
 _CHUNK = 4096                       # requests converted to Python values at a time
+_BATCH = 1024                       # ended requests copied into the arrays at a time
 _STATUS = tuple(Status)
 _CODE = {status: i for i, status in enumerate(_STATUS)}
 PENDING = _CODE[Status.PENDING]
@@ -71,6 +72,12 @@ class LazyRequests:
         self.reject_reason: dict[int, str] = {}
         self._gaps: list[tuple] = []              # (id, gap) in record order
         self._causes: list[tuple] = []            # (id, cause row) in record order
+        self._done: list[Request] = []            # ended, not yet copied
+        self._views = {name: np.frombuffer(getattr(self, name), dtype=dtype) for name, dtype in (
+            ("first_scheduled_at", float), ("first_token_at", float), ("finished_at", float),
+            ("swapped_bytes", float), ("num_generated", np.int64),
+            ("num_preemptions", np.int64), ("num_recomputed_tokens", np.int64),
+            ("num_swaps", np.int64), ("status", np.int8))}
 
     def __len__(self) -> int:
         return self.n
@@ -89,33 +96,50 @@ class LazyRequests:
                 yield req
 
     def record(self, req: Request) -> None:
-        """Copy what the frames need from ``req`` (its process has ended) and forget it."""
-        i = req.id
-        del self.live[i]
-        self.first_scheduled_at[i] = req.first_scheduled_at
-        self.first_token_at[i] = req.first_token_at
-        self.finished_at[i] = req.finished_at
-        self.swapped_bytes[i] = req.swapped_bytes
-        self.num_generated[i] = req.num_generated
-        self.num_preemptions[i] = req.num_preemptions
-        self.num_recomputed_tokens[i] = req.num_recomputed_tokens
-        self.num_swaps[i] = req.num_swaps
-        self.status[i] = _CODE[req.status]
-        if req.reject_reason:
-            self.reject_reason[i] = req.reject_reason
-        runs = req.runs
-        if runs:
-            k = len(runs) // 3
-            self.num_runs[i] = k
-            self.run_prev[i], self.run_a[i], self.run_b[i] = runs[0], runs[1], runs[2]
-            if k > 1:
-                self._extra.extend(runs[3:])
-                self._extra_owner.extend([i] * (k - 1))
-        if req.gaps:
-            self._gaps.extend((i, g) for g in req.gaps)
-        if req.causes:
-            self._causes.extend((i, (c.request_id, c.at, c.reason, c.preempted_by,
-                                     c.num_lost_tokens, c.mode)) for c in req.causes)
+        """Note that ``req``'s process has ended; it is copied and forgotten with the next
+        batch (copying a batch of requests field by field costs less than one at a time)."""
+        done = self._done
+        done.append(req)
+        if len(done) >= _BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Copy what the frames need from the noted requests, then drop them."""
+        done = self._done
+        if not done:
+            return
+        live = self.live
+        ids = np.fromiter([r.id for r in done], dtype=np.int64, count=len(done))
+        for r in done:
+            del live[r.id]
+        views = self._views
+        views["first_scheduled_at"][ids] = [r.first_scheduled_at for r in done]
+        views["first_token_at"][ids] = [r.first_token_at for r in done]
+        views["finished_at"][ids] = [r.finished_at for r in done]
+        views["swapped_bytes"][ids] = [r.swapped_bytes for r in done]
+        views["num_generated"][ids] = [r.num_generated for r in done]
+        views["num_preemptions"][ids] = [r.num_preemptions for r in done]
+        views["num_recomputed_tokens"][ids] = [r.num_recomputed_tokens for r in done]
+        views["num_swaps"][ids] = [r.num_swaps for r in done]
+        views["status"][ids] = [_CODE[r.status] for r in done]
+        for req in done:
+            i = req.id
+            if req.reject_reason:
+                self.reject_reason[i] = req.reject_reason
+            runs = req.runs
+            if runs:
+                k = len(runs) // 3
+                self.num_runs[i] = k
+                self.run_prev[i], self.run_a[i], self.run_b[i] = runs[0], runs[1], runs[2]
+                if k > 1:
+                    self._extra.extend(runs[3:])
+                    self._extra_owner.extend([i] * (k - 1))
+            if req.gaps:
+                self._gaps.extend((i, g) for g in req.gaps)
+            if req.causes:
+                self._causes.extend((i, (c.request_id, c.at, c.reason, c.preempted_by,
+                                         c.num_lost_tokens, c.mode)) for c in req.causes)
+        done.clear()
 
     def columns(self, prefix: bool = False) -> dict:
         """What the request frame needs, as ``metrics._extract`` gives it; empties this store.
@@ -123,8 +147,10 @@ class LazyRequests:
         Requests still in flight are recorded as they stand (call after the schedulers'
         ``close``); requests that never arrived keep status ``pending``.
         """
-        for req in list(self.live.values()):
-            self.record(req)
+        self._flush()
+        self._done.extend(self.live.values())
+        self._flush()
+        self._views = {}
         n = self.n
         counts = np.frombuffer(self.num_runs, dtype=np.int64)
         prev = np.frombuffer(self.run_prev, dtype=float)
