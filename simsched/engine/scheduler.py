@@ -181,9 +181,12 @@ class Scheduler(PreemptionMixin):
     def schedule(self, now: float) -> Batch:
         """Decide the next iteration's batch (may preempt; see ``self.preempted``)."""
         self.now = now
-        self.planned = planned = {}
+        planned = self.planned
+        if planned:
+            self.planned = planned = {}
         self.planned_tokens = 0
-        self.preempted = []
+        if self.preempted:
+            self.preempted = []
         self.decode_step = 0
         self.swap_out_bytes = self.swap_in_bytes = 0.0
         if self._note_time:
