@@ -242,7 +242,7 @@ def _columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tup
 _MALLOC_TUNED = False
 
 
-def _return_freed_buffers() -> None:
+def return_freed_buffers() -> None:
     """Have glibc give freed multi-megabyte buffers back to the OS at once (once per process).
 
     glibc raises its mmap threshold each time a large buffer is freed (up to 32 MiB); buffers
@@ -305,7 +305,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     caller), so a rejection warning may suggest the workload's ``long_prompt_policy``.
     """
     config = config or SimConfig()
-    _return_freed_buffers()
+    return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
     from_workload = requests is None if from_workload is None else from_workload

@@ -16,6 +16,7 @@ import pandas as pd
 
 from simsched.analysis.executors import Job, RunOutput, execute, reraise_warnings
 from simsched.analysis.export import plain, resolved_config, write_frames, write_json
+from simsched.analysis.runner import return_freed_buffers
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
 
@@ -165,6 +166,7 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     ``progress`` shows a progress bar (tqdm) when there is more than one run.
     """
     base_config = base_config or SimConfig()
+    return_freed_buffers()   # the per-run frames this process receives and drops, too
     if slos is not None and not isinstance(slos, (SLO, Mapping)):
         raise ValueError(f"slos must be an SLO or a mapping of name to SLO, got {slos!r}")
     configs, points = grid(base_config, factors)
