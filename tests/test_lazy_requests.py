@@ -75,9 +75,9 @@ def test_lazy_store_holds_only_requests_in_flight():
 def test_itl_percentiles_by_bisection_equal_the_joined_computation(monkeypatch):
     import math
 
-    from simsched.analysis import metrics
+    from simsched.analysis import itl
     from simsched.analysis.metrics import ItlSamples, weighted_percentiles
-    monkeypatch.setattr(metrics, "BISECT_ABOVE", 0)
+    monkeypatch.setattr(itl, "BISECT_ABOVE", 0)
     rng = np.random.default_rng(0)
     qs = (0, 1, 50, 90, 95, 99, 100)
     for trial in range(200):
