@@ -16,58 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simsched.analysis.itl import ItlSamples
 from simsched.request import Status
 
 PERCENTILES = (50, 90, 95, 99)
-
-
-def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
-    """Percentiles (0-100) of ``values`` repeated ``weights`` times, without materialising them.
-
-    Uses the 'lower' rule on the expanded sample (the smallest value whose cumulative count
-    reaches the rank), which matches ``numpy.percentile(..., method="inverted_cdf")``.
-    """
-    mask = weights > 0
-    values, weights = values[mask], weights[mask]
-    if not len(values):
-        return [math.nan for _ in qs]
-    order = np.argsort(values, kind="stable")
-    values, cum = values[order], np.cumsum(weights[order])
-    total = cum[-1]
-    out = []
-    for q in qs:
-        rank = max(1, math.ceil(q / 100 * total))
-        out.append(float(values[np.searchsorted(cum, rank)]))
-    return out
-
-
-class ItlSamples:
-    """All inter-token gaps of a run, held as (step gap, count) pairs plus irregular gaps."""
-
-    def __init__(self, step_gaps: np.ndarray, step_counts: np.ndarray, other: np.ndarray) -> None:
-        self.step_gaps = step_gaps
-        self.step_counts = step_counts
-        self.other = other
-
-    def __len__(self) -> int:
-        return int(self.step_counts.sum()) + len(self.other)
-
-    def array(self) -> np.ndarray:
-        """Every gap as one float array (order: regular gaps by step, then irregular gaps)."""
-        return np.concatenate([np.repeat(self.step_gaps, self.step_counts), self.other])
-
-    def mean(self) -> float:
-        """Mean gap."""
-        n = len(self)
-        if not n:
-            return math.nan
-        return float((self.step_gaps @ self.step_counts + self.other.sum()) / n)
-
-    def percentiles(self, qs) -> list[float]:
-        """Pooled percentiles of every gap."""
-        values = np.concatenate([self.step_gaps, self.other])
-        weights = np.concatenate([self.step_counts, np.ones(len(self.other), dtype=np.int64)])
-        return weighted_percentiles(values, weights, qs)
 
 
 _REQUEST_ATTRS = (
@@ -128,7 +80,8 @@ def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
 
 
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
-                         step_offset: np.ndarray | None = None, prefix: bool = False
+                         step_offset: np.ndarray | None = None, prefix: bool = False,
+                         replica: np.ndarray | None = None
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
@@ -136,13 +89,19 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
     of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
-    prefix-cache columns ``num_cached_tokens`` and ``session_id``.
+    prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
+    :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
+    ``replica``, if given, becomes the second column (each request's replica).
 
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
     attrs = _REQUEST_ATTRS + PREFIX_ATTRS if prefix else _REQUEST_ATTRS
-    data = _extract(requests, release, attrs)
+    if hasattr(requests, "columns"):
+        # Requests recorded into arrays as they finished (simsched.cluster.lazy): same data.
+        data = requests.columns(prefix)
+    else:
+        data = _extract(requests, release, attrs)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
@@ -151,10 +110,14 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     if step_offset is not None:
         # Gaps across two replicas' arrays touch a NaN placeholder; no decode run spans them.
         step_gap[np.isnan(step_gap)] = 0.0
-    flat = data.pop("runs")
-    owner = np.repeat(np.arange(n), data.pop("num_runs"))
-    prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
-    del flat
+    if "runs3" in data:
+        # Already split: (prev_token_at, a, b, owner) per run, in request order.
+        prev, a, b, owner = data.pop("runs3")
+    else:
+        flat = data.pop("runs")
+        owner = np.repeat(np.arange(n), data.pop("num_runs"))
+        prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
+        del flat
     if step_offset is not None:
         shift = step_offset[owner]
         a += shift
@@ -174,24 +137,54 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
-    cols = {name: data[name] for name, _ in attrs}
+    counts = np.cumsum(delta, out=delta)[:n_steps]
+    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
+    # Per-run temporaries go before the frame's columns come (a big run's peak memory).
+    del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
+    cols = {}
+    for name, _ in attrs:
+        cols[name] = data[name]
+        if name == "request_id" and replica is not None:
+            cols["replica"] = replica     # placed here: an insert would copy it
     cols["status"] = data["status"]
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
+    del cols
+    causes = data.pop("causes")
+    data.clear()
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
-    df["ttft"] = df["first_token_at"] - df["arrival_at"]
-    df["e2el"] = df["finished_at"] - df["arrival_at"]
-    df["queue_time"] = df["first_scheduled_at"] - df["arrival_at"]
-    multi = df["num_output_tokens"] > 1
-    df["tpot"] = np.where(multi, (df["e2el"] - df["ttft"]) / (df["num_output_tokens"] - 1).clip(1),
-                          np.nan)
+    del itl_max
+    arrival = df["arrival_at"].to_numpy()
+    df["ttft"] = df["first_token_at"].to_numpy() - arrival
+    df["e2el"] = df["finished_at"].to_numpy() - arrival
+    df["queue_time"] = df["first_scheduled_at"].to_numpy() - arrival
+    # tpot = (e2el - ttft) / (output - 1) for multi-token outputs, else NaN, a chunk at a time.
+    output = df["num_output_tokens"].to_numpy()
+    tpot = df["e2el"].to_numpy() - df["ttft"].to_numpy()
+    for lo in range(0, len(tpot), _CHUNK):
+        part = output[lo:lo + _CHUNK]
+        tpot[lo:lo + _CHUNK] /= np.maximum(part - 1, 1)
+        tpot[lo:lo + _CHUNK][part <= 1] = np.nan
+    df["tpot"] = tpot
+    del tpot, output, arrival           # the frame holds its own copy
     df["itl_mean"] = df["tpot"]
-    counts = np.cumsum(delta)[:n_steps]
-    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
-    cause_df = pd.DataFrame(data["causes"], columns=["request_id", "at", "reason", "preempted_by",
+    cause_df = pd.DataFrame(causes, columns=["request_id", "at", "reason", "preempted_by",
                                              "num_lost_tokens", "mode"])
     # A request id, or <NA> when no request caused the preemption (the cache ran out).
     cause_df["preempted_by"] = cause_df["preempted_by"].astype("Int64")
     return df, itl, cause_df
+
+
+class _Masked:
+    """Columns of ``df`` at the rows of a boolean ``mask``, taken one at a time, as arrays."""
+
+    def __init__(self, df: pd.DataFrame, mask: np.ndarray) -> None:
+        self.df, self.mask, self.n = df, mask, int(mask.sum())
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.df[name].to_numpy()[self.mask]
 
 
 class Results:
@@ -260,17 +253,17 @@ class Results:
         same requests. Rejected requests appear only in ``num_rejected``.
         """
         df = self.requests
-        finished = (df["status"] == Status.FINISHED.value).to_numpy()
-        done = df[["e2el", "tpot", "finished_at", "num_prompt_tokens",
-                   "num_output_tokens"]][finished]
+        finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
+        # Finished requests' columns, one at a time (a big run's memory): no sub-frame copies.
+        done = _Masked(df, finished)
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
                          [Status.WAITING.value, Status.RUNNING.value, Status.SWAPPED.value,
                           Status.PENDING.value]).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
-            values = (df[name] if name in ("ttft", "queue_time") else done[name]).dropna()
-            values = values.to_numpy()
+            values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
+            values = values[~np.isnan(values)]
             out[f"{name}_mean"] = float(values.mean()) if len(values) else math.nan
             for q, v in zip(PERCENTILES, _percentiles(values)):
                 out[f"{name}_p{q}"] = v
@@ -425,43 +418,66 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     n = len(replicas)
     owner = requests["replica"].to_numpy()
     routed = owner >= 0
-    who = owner[routed]
-    status = requests["status"].to_numpy()[routed]
-    finished = status == Status.FINISHED.value
+    # Views, not copies, when every request was routed (a big single-replica run's memory).
+    every = bool(routed.all())
+    who = owner if every else owner[routed]
+    # Compare the status column in place: to_numpy() of a string column makes a Python string
+    # per row (about 60 bytes each).
+    finished = (requests["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
+    rejected = (requests["status"] == Status.REJECTED.value).to_numpy(dtype=bool)
+    if not every:
+        finished, rejected = finished[routed], rejected[routed]
     span = _span(requests)
 
     def per_replica(mask=None, weights=None, rows=who):
+        if n == 1 and weights is None:
+            # Every row is replica 0's: count without bincount's copy of the rows.
+            return np.array([len(rows) if mask is None else np.count_nonzero(mask)],
+                            dtype=np.int64)
         if mask is not None:
             rows = rows[mask]
             weights = None if weights is None else weights[mask]
         return np.bincount(rows, weights=weights, minlength=n)[:n]
 
-    out_tokens = requests["num_output_tokens"].to_numpy()[routed]
+    def total(values, mask, rows=who):
+        # Integer-valued sums per replica, exactly (the float sums they replace were exact too).
+        if n == 1:
+            return np.array([int(np.sum(values, where=mask)) if mask is not None
+                             else int(values.sum())], dtype=np.int64)
+        return per_replica(mask, values.astype(float), rows).astype(np.int64)
+
+    out_tokens = requests["num_output_tokens"].to_numpy()
+    out_tokens = out_tokens if every else out_tokens[routed]
     it_owner = iterations["replica"].to_numpy()
     duration = iterations["duration"].to_numpy()
-    tokens = (iterations["num_prefill_tokens"].to_numpy()
-              + iterations["num_decode_tokens"].to_numpy()).astype(float)
     blocks = np.array([r["num_blocks"] for r in replicas], dtype=float)
-    busy = per_replica(weights=duration, rows=it_owner)
-    used = per_replica(weights=iterations["kv_blocks_used"].to_numpy() * duration, rows=it_owner)
+    kv_used = iterations["kv_blocks_used"].to_numpy()
+    if n == 1:
+        busy = _sum_in_order(duration)
+        used = _sum_in_order(duration, kv_used)
+    else:
+        busy = per_replica(weights=duration, rows=it_owner)
+        used = per_replica(weights=kv_used * duration, rows=it_owner)
+    num_tokens = total(iterations["num_prefill_tokens"].to_numpy(), None, it_owner) \
+        + total(iterations["num_decode_tokens"].to_numpy(), None, it_owner)
+    preemptions = requests["num_preemptions"].to_numpy()
+    num_finished = per_replica(finished)
     frame = pd.DataFrame({
         "replica": np.arange(n),
         "model": [r["model"] for r in replicas], "gpu": [r["gpu"] for r in replicas],
         "tensor_parallel_size": [r["tensor_parallel_size"] for r in replicas],
         "num_blocks": blocks.astype(np.int64),
         "num_requests": per_replica().astype(np.int64),
-        "num_finished": per_replica(finished).astype(np.int64),
-        "num_rejected": per_replica(status == Status.REJECTED.value).astype(np.int64),
-        "num_preemptions": per_replica(
-            weights=requests["num_preemptions"].to_numpy()[routed].astype(float)
-        ).astype(np.int64),
+        "num_finished": num_finished.astype(np.int64),
+        "num_rejected": per_replica(rejected).astype(np.int64),
+        "num_preemptions": total(preemptions if every else preemptions[routed], None),
         "num_iterations": per_replica(rows=it_owner).astype(np.int64),
-        "num_tokens": per_replica(weights=tokens, rows=it_owner).astype(np.int64),
+        "num_tokens": num_tokens,
         "num_waiting_max": _group_max(iterations["num_waiting"].to_numpy(), it_owner, n),
         "busy_time": busy,
         "busy_fraction": busy / span if span > 0 else np.nan,
-        "request_throughput": per_replica(finished) / span if span > 0 else np.nan,
-        "output_throughput": (per_replica(finished, out_tokens.astype(float)) / span
+        "request_throughput": num_finished / span if span > 0 else np.nan,
+        "output_throughput": (total(out_tokens, finished).astype(float) / span
                               if span > 0 else np.nan),
     })
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -473,13 +489,24 @@ def _group_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros(n, dtype=np.int64)
     np.maximum.at(out, owner, values)
     return out
+def _sum_in_order(values: np.ndarray, factor: np.ndarray | None = None) -> np.ndarray:
+    """``[sum(factor * values)]`` added in order, as ``np.bincount`` adds its weights, a chunk
+    at a time (no full-length temporary; a pairwise sum would differ in the last bits)."""
+    acc = np.zeros(1)
+    step = 1 << 16
+    for lo in range(0, len(values), step):
+        part = values[lo:lo + step]
+        if factor is not None:
+            part = factor[lo:lo + step] * part
+        acc = np.cumsum(np.concatenate([acc, part]))[-1:]
+    return acc
 
 
 def _span(requests: pd.DataFrame) -> float:
-    done = requests["status"].to_numpy() == Status.FINISHED.value
+    done = (requests["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
     if not done.any():
         return math.nan
-    return float(requests["finished_at"].to_numpy()[done].max()
+    return float(np.max(requests["finished_at"].to_numpy(), where=done, initial=-np.inf)
                  - requests["arrival_at"].min())
 
 

@@ -4,7 +4,9 @@ Lives below the executors so sweeps can run it; :mod:`simsched.api` re-exports i
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 import warnings
 from typing import Any, Iterable
 
@@ -14,6 +16,7 @@ import pandas as pd
 from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
+from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
 from simsched.analysis.metrics import (Results, build_replicas_frame, build_requests_frame,
                                        rejection_note)
@@ -191,6 +194,26 @@ def make_requests(table: Any, hash_block_size: int | None = None) -> list[Reques
     priorities must be integers within int64 (booleans are refused), arrival times finite
     numbers >= 0, tenants hashable labels.
     """
+    arrival, prompt, output, priority, tenant, contents = _columns(table, hash_block_size)
+    arrival, prompt, output, priority = (arrival.tolist(), prompt.tolist(), output.tolist(),
+                                         priority.tolist())
+    if tenant is None:
+        tenant = [None] * len(arrival)
+    if contents is None:
+        return [Request(n, a, p, o, pr, t)
+                for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority,
+                                                         tenant))]
+    return [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
+            in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
+
+
+def _columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tuple:
+    """The validated columns of a request table in arrival order: arrays of arrival, prompt,
+    output and priority, the tenants (a list, or None when there is no tenant column) and the
+    contents (a list, or None without prefix columns).
+
+    With ``lazy`` the contents are not built: None if there are no prefix columns, else False.
+    """
     df = _as_frame(table)
     if hash_block_size is None:
         hash_block_size = int(df.attrs.get("hash_block_size", 512))
@@ -204,18 +227,41 @@ def make_requests(table: Any, hash_block_size: int | None = None) -> list[Reques
         priority = _numbers(prio_frame, "priority", True, -INT64_MAX - 1)
     else:
         priority = np.zeros(len(df), dtype=np.int64)
-    tenant = _tenants(df)
+    tenant = _tenants(df) if "tenant" in df.columns else None
     order = np.argsort(arrival, kind="stable")
-    arrival, prompt, output, priority = (arrival[order].tolist(), prompt[order].tolist(),
-                                         output[order].tolist(), priority[order].tolist())
-    tenant = [tenant[i] for i in order.tolist()]
-    contents = _contents(df, order, prompt, hash_block_size)
-    if contents is None:
-        return [Request(n, a, p, o, pr, t)
-                for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority,
-                                                         tenant))]
-    return [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
-            in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
+    arrival, prompt, output, priority = arrival[order], prompt[order], output[order], \
+        priority[order]
+    if tenant is not None:
+        tenant = [tenant[i] for i in order.tolist()]
+    if lazy and any(c in df.columns for c in ("hash_ids", "prefix_group", "session_id")):
+        return arrival, prompt, output, priority, tenant, False
+    contents = _contents(df, order, prompt.tolist(), hash_block_size)
+    return arrival, prompt, output, priority, tenant, contents
+
+
+_MALLOC_TUNED = False
+
+
+def return_freed_buffers() -> None:
+    """Have glibc give freed multi-megabyte buffers back to the OS at once (once per process).
+
+    glibc raises its mmap threshold each time a large buffer is freed (up to 32 MiB); buffers
+    below it then come from the heap and, once freed, mostly stay in the process. A big run
+    frees many such buffers (the workload table, per-run temporaries) before building its
+    frames, which then peak about 90 MiB higher at a million requests. A fixed threshold (glibc's
+    initial 128 KiB) keeps large buffers mapped, and freeing one unmaps it. Elsewhere a no-op.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(ctypes.c_int(-3), ctypes.c_int(128 * 1024))   # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass                                                          # not glibc
 
 
 def workload_requests(config: SimConfig) -> pd.DataFrame:
@@ -259,6 +305,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     caller), so a rejection warning may suggest the workload's ``long_prompt_policy``.
     """
     config = config or SimConfig()
+    return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
     from_workload = requests is None if from_workload is None else from_workload
@@ -272,8 +319,17 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(_validated(frame), block), []
+    elif config.check_invariants or keep_engine:
+        reqs = make_requests(frame, block)     # the checks read every request object
     else:
-        reqs = make_requests(frame, block)
+        columns = _columns(frame, block, lazy=True)
+        if columns[-1] is None:
+            # Plain requests: created at arrival and recorded into arrays when done, so a big
+            # run holds only the requests in flight.
+            reqs = LazyRequests(*columns[:-1])
+        else:
+            reqs = make_requests(frame, block)
+        del columns
     del table, frame  # the Request objects now hold everything; keep a big run's peak memory down
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
@@ -314,8 +370,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if release:
         del engine
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
-                                               step_offset=step_offset, prefix=prefix)
-    req_df.insert(1, "replica", owner)
+                                               step_offset=step_offset, prefix=prefix,
+                                               replica=owner)
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

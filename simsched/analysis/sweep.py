@@ -17,6 +17,7 @@ import pandas as pd
 
 from simsched.analysis.executors import Job, RunOutput, execute, reraise_warnings
 from simsched.analysis.export import plain, resolved_config, write_frames, write_json
+from simsched.analysis.runner import return_freed_buffers
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
 
@@ -33,20 +34,24 @@ class SweepResult:
         self.factors = factors
         self.points = list(points) if points is not None else [{} for _ in configs]
         self._outputs = outputs
+        self._kept = not outputs or outputs[0].requests is not None
         self._frames: dict[str, pd.DataFrame] = {}
 
     def _concat(self, name: str) -> pd.DataFrame:
         if name not in self._frames:
+            if not self._kept:
+                raise ValueError(f"this sweep did not keep per-run frames "
+                                 f"(keep_frames=False); {name!r} is unavailable")
             parts = []
             for run_id, out in enumerate(self._outputs):
                 frame = getattr(out, name)
-                if frame is None:
-                    raise ValueError(f"this sweep did not keep per-run frames "
-                                     f"(keep_frames=False); {name!r} is unavailable")
                 point = self.points[run_id] if run_id < len(self.points) else {}
                 lead = {"run_id": run_id}
                 lead.update({k: v for k, v in point.items() if k not in frame.columns})
                 parts.append(_with_leading(frame, lead))
+                # The combined frame is the one copy kept: let the run's own frame go.
+                setattr(out, name, None)
+                del frame
             self._frames[name] = (pd.concat(parts, ignore_index=True) if parts
                                   else pd.DataFrame({"run_id": []}))
         return self._frames[name]
@@ -75,7 +80,7 @@ class SweepResult:
     def frames(self) -> dict[str, pd.DataFrame]:
         """``runs`` and, if kept, the concatenated per-run frames, by name."""
         out = {"runs": self.runs}
-        if self._outputs and self._outputs[0].requests is not None:
+        if self._outputs and self._kept:
             out.update(requests=self.requests, iterations=self.iterations,
                        preemptions=self.preemptions, replicas=self.replicas)
         return out
@@ -167,6 +172,7 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     ``progress`` shows a progress bar (tqdm) when there is more than one run.
     """
     base_config = base_config or SimConfig()
+    return_freed_buffers()   # the per-run frames this process receives and drops, too
     if slos is not None and not isinstance(slos, (SLO, Mapping)):
         raise ValueError(f"slos must be an SLO or a mapping of name to SLO, got {slos!r}")
     configs, points = grid(base_config, factors)

@@ -223,10 +223,22 @@ class Cluster:
     # ------------------------------------------------------------------ processes
     def _arrivals(self):
         env = self.env
+        if hasattr(self.requests, "record"):
+            # Requests created at arrival (simsched.cluster.lazy): record each when it is done.
+            for req in self.requests:
+                if req.arrival_at > env.now:
+                    yield _At(env, req.arrival_at)
+                env.process(self._recorded(req))
+            return
         for req in self.requests:
             if req.arrival_at > env.now:
                 yield _At(env, req.arrival_at)
             env.process(self._request(req))
+
+    def _recorded(self, req: Request):
+        """``req``'s life, then its record: the request object is dropped once recorded."""
+        yield from self._request(req)
+        self.requests.record(req)
 
     def _refresh(self, interval: float):
         """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""

@@ -1,6 +1,8 @@
-"""The per-iteration log a replica keeps while it runs (packed floats, one row per iteration)."""
+"""The per-iteration log a replica keeps while it runs (one growing array per column)."""
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 import pandas as pd
@@ -13,64 +15,88 @@ ITERATION_COLUMNS = ("started_at", "duration", "num_prefill_tokens", "num_decode
 PREFIX_COLUMNS = ("num_cached_tokens", "num_evicted_blocks", "kv_blocks_cached")
 
 
-class IterationLog:
-    """One row per GPU iteration, buffered as tuples and packed into a float array every
-    ``CHUNK`` rows, so a run of millions of iterations keeps 8 bytes per value."""
+def _is_count(col: str) -> bool:
+    return col.startswith("num_") or col.startswith("kv_blocks_")
 
-    CHUNK = 65536
+
+class IterationLog:
+    """One row per GPU iteration, buffered as tuples and moved every ``CHUNK`` rows into one
+    growing array per column (8 bytes per value: float64, or int64 for counts), which the
+    frame then uses without a copy."""
+
+    CHUNK = 4096
 
     def __init__(self, columns: tuple = ITERATION_COLUMNS) -> None:
         self.columns = columns
         self.rows: list[tuple] = []
-        self._chunks: list[np.ndarray] = []
+        self._arrays = [array("q" if _is_count(col) else "d") for col in columns]
 
     def append(self, row: tuple) -> None:
         """Record one iteration (values in ``self.columns`` order)."""
         self.rows.append(row)
         if len(self.rows) >= self.CHUNK:
-            self._chunks.append(np.array(self.rows, dtype=float))
-            self.rows.clear()
+            self.pack()
+
+    def pack(self) -> None:
+        """Move the buffered rows into the column arrays (the engine appends to ``rows`` itself
+        and calls this every ``CHUNK`` rows)."""
+        if not self.rows:
+            return
+        for arr, values in zip(self._arrays, zip(*self.rows)):
+            if arr.typecode == "q":
+                # Counts are ints; anything else is truncated as the float packing did.
+                try:
+                    arr.extend(values)
+                except TypeError:
+                    arr.extend(int(float(v)) for v in values)
+            else:
+                arr.extend(values)
+        self.rows.clear()
 
     def __len__(self) -> int:
-        return sum(len(c) for c in self._chunks) + len(self.rows)
+        return len(self._arrays[0]) + len(self.rows) if self._arrays else len(self.rows)
 
     def __iter__(self):
-        for chunk in self._chunks:
-            yield from chunk
+        yield from zip(*self._arrays)
         yield from self.rows
 
-    def frame(self) -> pd.DataFrame:
-        """The rows as a DataFrame (count columns are integers); empties the log.
+    def columns_arrays(self) -> dict:
+        """The columns as numpy arrays (views of this log's storage); empties the log."""
+        self.pack()
+        out = {col: np.frombuffer(arr, dtype=np.int64 if arr.typecode == "q" else float)
+               for col, arr in zip(self.columns, self._arrays)}
+        self._arrays = [array(arr.typecode) for arr in self._arrays]
+        return out
 
-        Each packed chunk is dropped as soon as it is copied, so building the frame of a run of
-        millions of iterations needs little more memory than the frame itself.
-        """
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame (count columns are integers); empties the log."""
         return pd.DataFrame(_fill([self])[1], copy=False)
 
 
 def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:
     """(each row's log index, column arrays) of ``logs`` one after another; empties them.
 
-    A column some logs lack (a replica without a prefix cache) is 0 in their rows.
+    A column some logs lack (a replica without a prefix cache) is 0 in their rows. One log's
+    columns are its own arrays (no copy).
     """
     names = max((log.columns for log in logs), key=len, default=ITERATION_COLUMNS)
+    if len(logs) == 1:
+        columns = logs[0].columns_arrays()
+        total = len(next(iter(columns.values())))
+        return np.zeros(total, dtype=np.int64), columns
     total = sum(len(log) for log in logs)
     owner = np.empty(total, dtype=np.int64)
-    columns = {col: np.zeros(total) for col in names}
+    columns = {col: np.zeros(total, dtype=np.int64 if _is_count(col) else float)
+               for col in names}
     pos = 0
     for index, log in enumerate(logs):
-        chunks = log._chunks + ([np.array(log.rows, dtype=float)] if log.rows else [])
-        log._chunks, log.rows = [], []
-        start = pos
-        while chunks:
-            chunk = chunks.pop(0)
-            for j, col in enumerate(log.columns):
-                columns[col][pos:pos + len(chunk)] = chunk[:, j]
-            pos += len(chunk)
-        owner[start:pos] = index
-    for col in names:
-        if col.startswith("num_") or col.startswith("kv_blocks_"):
-            columns[col] = columns[col].astype(np.int64)
+        own = log.columns_arrays()
+        n = len(next(iter(own.values())))
+        for col, values in own.items():
+            columns[col][pos:pos + n] = values
+        del own
+        owner[pos:pos + n] = index
+        pos += n
     return owner, columns
 
 

@@ -18,6 +18,7 @@ fires: the process to interrupt and the first-token and done events.
 
 from __future__ import annotations
 
+import heapq
 import math
 import numbers
 
@@ -131,12 +132,19 @@ class Replica:
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
         log = self.iteration_rows
+        rows, chunk_rows = log.rows, log.CHUNK
         live = self._live
         kv = self.kv
+        requeue = sched._requeue
         prefix = kv.prefix_caching
+        schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
+        push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
+        swap_rate = self.swap_bytes_per_second
         hits = evictions = cached = last_hits = last_evictions = 0
+        ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
+        ulp_floor = 0.0
         while True:
-            if not sched.has_work():
+            if not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
                 self._idle = env.event()
@@ -144,14 +152,17 @@ class Replica:
                 self._idle = None
                 yield _Late(env, 0.0)   # let every arrival of this instant join the batch
                 continue
-            batch = sched.schedule(env.now)
-            num_preempted = len(sched.preempted)
-            if not batch.num_seqs:
+            started = env._now
+            batch = schedule(started)
+            preempted = sched.preempted
+            num_preempted = len(preempted)
+            new = batch.prefill_new_tokens
+            if not new and not batch.num_decode_seqs:
                 # Everything runnable was just preempted back to the queue: plan again now, and
                 # charge any swap transfer of the abandoned plan to the iteration that runs.
                 self._interrupt_victims()
                 carried = (batch.swap_out_bytes, batch.swap_in_bytes)
-                batch = sched.schedule(env.now)
+                batch = schedule(started)
                 batch.swap_out_bytes += carried[0]
                 batch.swap_in_bytes += carried[1]
                 num_preempted += len(sched.preempted)
@@ -163,16 +174,18 @@ class Replica:
                     self._idle = None
                     yield _Late(env, 0.0)
                     continue
+                new = batch.prefill_new_tokens
                 if not batch.num_seqs:
                     raise SimulationError(
                         f"no progress at t={env.now:.6f}: {len(sched.running)} running, "
                         f"{sched.num_waiting} waiting, {self.kv.num_free} free KV blocks")
-            self._interrupt_victims()
-            started = env.now
-            used = kv.num_used
+                preempted = sched.preempted
+            if preempted:
+                self._interrupt_victims()
+            used = kv.num_used if prefix else kv.num_blocks - kv.num_free
             if self.on_kv is not None:
                 self.on_kv(self.index, used, kv.num_blocks)
-            waiting = sched.num_waiting
+            waiting = len(sched._waiting) + len(requeue)
             if prefix:
                 # Cumulative counters -> this iteration's admissions' cache hits and evictions.
                 hits = sched.num_cached_tokens - last_hits
@@ -181,22 +194,38 @@ class Replica:
                 cached = kv.num_evictable
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
-            # enough that now + duration still resolves it (arrivals near 1e17 s do not).
+            # enough that now + duration still resolves it (arrivals near 1e17 s do not). The
+            # clock's spacing changes only at powers of two: recompute it when one is crossed.
             if duration.__class__ is not float:
                 duration = self._seconds(duration, batch)
-            if not (duration >= math.ulp(started) * MIN_ULPS and started + duration < math.inf):
+            if started >= ulp_below:
+                ulp_floor = math.ulp(started) * MIN_ULPS
+                exp = math.frexp(started)[1]
+                ulp_below = (0.0 if started <= 0 else math.ldexp(1.0, exp) if exp < 1024
+                             else math.inf)
+            if not (duration >= ulp_floor and started + duration < math.inf):
                 self._bad_duration(duration, batch)
-            swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / self.swap_bytes_per_second
+            swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
             duration += swap_time
-            yield _Late(env, duration)
-            firsts, finished = sched.commit(env.now)
+            # _Late(env, duration), inlined: one per iteration.
+            late = late_new(_Late)
+            late.env = env
+            late.callbacks = []
+            late._value = None
+            late._ok = True
+            push(env._queue, (started + duration, LATE, next(eid), late))
+            yield late
+            firsts, finished = commit(env._now)
             if prefix:
-                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                            batch.num_seqs, waiting, used, num_preempted, swap_time, hits,
-                            evictions, cached))
+                rows.append((started, duration, sum(new), batch.num_decode_seqs,
+                             len(new) + batch.num_decode_seqs, waiting, used, num_preempted,
+                             swap_time, hits, evictions, cached))
             else:
-                log.append((started, duration, batch.num_prefill_tokens, batch.num_decode_seqs,
-                            batch.num_seqs, waiting, used, num_preempted, swap_time))
+                rows.append((started, duration, sum(new), batch.num_decode_seqs,
+                             len(new) + batch.num_decode_seqs, waiting, used, num_preempted,
+                             swap_time))
+            if len(rows) >= chunk_rows:
+                log.pack()
             for req in firsts:
                 live[req.id][1].succeed()
             for req in finished:

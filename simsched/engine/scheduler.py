@@ -31,12 +31,14 @@ from simsched.engine import swap
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
+from simsched.policies.queues import HeapQueue
 from simsched.engine.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
                                         Status.REJECTED)
 DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
+_new_batch = object.__new__
 
 
 class Scheduler(PreemptionMixin):
@@ -112,6 +114,27 @@ class Scheduler(PreemptionMixin):
         self.held: dict[int, Request] = {}
         self.incoming: dict[int, Request] = {}
         self.ready: list[Request] = []
+        self._prefill_first = cfg.style == "prefill_first"
+        self._num_pushed = 0                      # requests ever pushed to the queue
+        self._kv_blocked: tuple | None = None     # see _still_blocked
+        self._static = cfg.style == "static"
+
+    @property
+    def queue(self):
+        """The waiting queue (a queue policy's object)."""
+        return self._queue
+
+    @queue.setter
+    def queue(self, queue) -> None:
+        self._queue = queue
+        queue_type = type(queue)
+        # HeapQueue.update only notes the time (max_wait promotion reads it): set it, no call.
+        self._note_time = getattr(queue_type, "update", None) is HeapQueue.update
+        # A plain HeapQueue without max_wait keeps its order between pushes and pops.
+        self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
+        # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
+        self._waiting = queue._live if getattr(queue_type, "__len__", None) \
+            is HeapQueue.__len__ else queue
 
     # ----------------------------------------------------------------- lazy progress
     def num_generated(self, req: Request) -> int:
@@ -129,13 +152,13 @@ class Scheduler(PreemptionMixin):
 
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
-        return bool(self.running) or bool(self.queue) or bool(self._requeue) \
-            or bool(self.swapped) or bool(self.ready)
+        return bool(self.running or self._waiting or self._requeue or self.swapped
+                    or self.ready)
 
     @property
     def num_waiting(self) -> int:
         """Requests in the waiting queue."""
-        return len(self.queue) + len(self._requeue)
+        return len(self._waiting) + len(self._requeue)
 
     # ----------------------------------------------------------------- arrivals
     def add(self, req: Request, now: float) -> bool:
@@ -159,53 +182,84 @@ class Scheduler(PreemptionMixin):
         req.status = WAITING
         req.queued_at = now
         self.queue.push(req, now)
+        self._num_pushed += 1
         return True
 
     # ----------------------------------------------------------------- one iteration
     def schedule(self, now: float) -> Batch:
         """Decide the next iteration's batch (may preempt; see ``self.preempted``)."""
         self.now = now
-        self.planned = {}
+        planned = self.planned
+        if planned:
+            self.planned = planned = {}
         self.planned_tokens = 0
-        self.preempted = []
+        if self.preempted:
+            self.preempted = []
         self.decode_step = 0
         self.swap_out_bytes = self.swap_in_bytes = 0.0
-        if self._queue_update is not None:
+        if self._note_time:
+            self._queue.now = now
+        elif self._queue_update is not None:
             self._queue_update(now)
         if self._queue_refresh is not None:
             self._queue_refresh(self.running.values(), self)
         if self.ready:
             self._insert_ready()
-        if self.cfg.style == "prefill_first":
+        cfg = self.cfg
+        step1 = self.step + 1
+        if self._prefill_first:
             self._decodes_count = False
-            swap.swap_in(self)
+            if self.swapped:
+                swap.swap_in(self)
             if self._may_admit():
                 self._admit()
-            if not self.planned:
+            if not planned:
                 self._decodes_count = True
-                self._grow_decoders(self.step + 1)
+                if step1 in self.block_due:
+                    self._grow_decoders(step1)
+                else:
+                    self._grown_step = step1
         else:
             self._decodes_count = True
-            self._grow_decoders(self.step + 1)
-            self._continue_prefills()
+            if step1 in self.block_due:
+                self._grow_decoders(step1)
+            else:
+                self._grown_step = step1
+            if self.prefilling:
+                self._continue_prefills()
             # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
-            if not self.preempted or self.cfg.admit_after_preemption:
-                swap.swap_in(self)
-                if self._may_admit() and (self.cfg.style != "static" or not self.running):
+            if not self.preempted or cfg.admit_after_preemption:
+                if self.swapped:
+                    swap.swap_in(self)
+                if (not self.swapped or self.preemptive) and self._waiting \
+                        and (not self._static or not self.running) \
+                        and not self._still_blocked():
                     self._admit()
-        for req in self._requeue:
-            self.queue.push(req, now)
-        self._requeue.clear()
-        for req in self._swapped_new:
-            self.swapped[req.id] = req
-        self._swapped_new.clear()
+        if self._requeue:
+            for req in self._requeue:
+                self.queue.push(req, now)
+            self._num_pushed += len(self._requeue)
+            self._requeue.clear()
+        if self._swapped_new:
+            for req in self._swapped_new:
+                self.swapped[req.id] = req
+            self._swapped_new.clear()
         n_dec = len(self.decoding) if self._decodes_count else 0
+        # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
+        # rest of an idle-queue iteration's scheduling.
+        batch = _new_batch(Batch)
         if n_dec:
-            self.decode_step = self.step + 1
-        batch = Batch((), (), n_dec, self.ctx_base_sum + n_dec * (self.step + 1) if n_dec else 0)
-        for req, chunk in self.planned.values():
-            batch.prefill_new_tokens.append(chunk)
-            batch.prefill_cached_tokens.append(req.num_computed)
+            self.decode_step = step1
+            batch.decode_context_sum = self.ctx_base_sum + n_dec * step1
+        else:
+            batch.decode_context_sum = 0
+        batch.num_decode_seqs = n_dec
+        if planned:
+            batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
+            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
+        else:
+            batch.prefill_new_tokens = []
+            batch.prefill_cached_tokens = []
         batch.swap_out_bytes = self.swap_out_bytes
         batch.swap_in_bytes = self.swap_in_bytes
         return batch
@@ -225,15 +279,39 @@ class Scheduler(PreemptionMixin):
         if not due:
             return
         kv = self.kv
-        for req, epoch in due:
-            if req.epoch != epoch:
-                continue                        # preempted since this was scheduled
-            if kv.num_free < 1 and not self._make_room(req, 1):
-                continue                        # req itself was the victim
-            kv.add_block(req.id)
-            nxt = s + self.block_size
-            if nxt <= req.finish_step:
-                self.block_due.setdefault(nxt, []).append((req, epoch))
+        nxt = s + self.block_size
+        keep = []
+        if not self.prefix_caching and kv.num_free >= len(due):
+            # Enough free blocks for every due decoder: grant them all without preemption checks.
+            # Survivors all fall due again at the same step, in the same order.
+            held = kv._held
+            stale = 0
+            append = keep.append
+            for entry in due:
+                req = entry[0]
+                if req.epoch != entry[1]:
+                    stale += 1                  # preempted since this was scheduled
+                    continue
+                held[req.id] += 1
+                if nxt <= req.finish_step:
+                    append(entry)
+            kv.num_free -= len(due) - stale
+        else:
+            for entry in due:
+                req = entry[0]
+                if req.epoch != entry[1]:
+                    continue                    # preempted since this was scheduled
+                if kv.num_free < 1 and not self._make_room(req, 1):
+                    continue                    # req itself was the victim
+                kv.add_block(req.id)
+                if nxt <= req.finish_step:
+                    keep.append(entry)
+        if keep:
+            later = self.block_due.get(nxt)
+            if later is None:
+                self.block_due[nxt] = keep
+            else:
+                later.extend(keep)
 
     def _continue_prefills(self) -> None:
         for req in list(self.prefilling.values()):
@@ -271,13 +349,29 @@ class Scheduler(PreemptionMixin):
             if self.meter is not None:
                 self.meter.prefill(req, -entry[1])
 
+    def _still_blocked(self) -> bool:
+        """Whether the last admission that failed for want of KV blocks would fail again now.
+
+        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
+        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
+        the watermark applies as before. An iteration then skips the admission scan: KV-bound
+        runs spend many iterations with a blocked queue head.
+        """
+        memo = self._kv_blocked
+        return (memo is not None and memo[0] == self._num_pushed and memo[1] == self.num_admitted
+                and self.kv.num_free <= memo[2] and self._budget_left() >= memo[3]
+                and memo[4] == bool(self.running) and memo[5] is self._queue)
+
     def _admit(self) -> None:
         cfg, kv, queue = self.cfg, self.kv, self.queue
         static = cfg.style == "static"
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
-        while queue:
+        waiting = self._waiting
+        # The blocked-head memo holds for fixed-key queues without preemption or prefix reuse.
+        memo_ok = not (may_preempt or prefix or static) and self._fixed_order
+        while waiting:
             full = len(self.running) >= cfg.max_num_seqs
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
                 break
@@ -307,6 +401,9 @@ class Scheduler(PreemptionMixin):
             # would only block a request that fits the cache forever.
             if full or not kv.can_allocate(need, use_watermark=bool(self.running)):
                 if not (may_preempt and self._preempt_for_admission(req, need, full)):
+                    if not full and memo_ok:
+                        self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
+                                            budget, bool(self.running), queue)
                     break
                 if prefix:
                     continue        # the victims' released blocks change the match: look again
