@@ -271,22 +271,8 @@ class Cluster:
         waits = (env.event(), env.event())      # first token, done
         if not replica.add(req, (env.active_process, *waits)):
             return
-        load = self.load
-        load.routed(i, req)
-        stage = 0
-        while stage < 2:
-            try:
-                yield waits[stage]
-                if stage:
-                    load.finished(i, req)
-                else:
-                    load.first_token(i, req)
-                stage += 1
-            except simpy.Interrupt as interrupt:
-                if not req.causes:
-                    req.causes = []
-                req.causes.append(interrupt.cause)
-            self.num_events += 1
+        self.load.routed(i, req)
+        yield from self._wait_tokens(req, waits, self.load, i)
 
     def _request(self, req: Request):
         """A request's life: queue (or be rejected), wait for first token, then completion."""
@@ -295,10 +281,20 @@ class Cluster:
         waits = (env.event(), env.event())      # first token, done
         if not self.replicas[0].add(req, (env.active_process, *waits)):
             return
+        yield from self._wait_tokens(req, waits)
+
+    def _wait_tokens(self, req: Request, waits: tuple, load=None, i: int = 0):
+        """Wait for ``req``'s first token, then its completion (``waits``), keeping the cause of
+        every preemption interrupt; ``load`` (replica ``i``'s counters) hears of both events."""
         stage = 0
         while stage < 2:
             try:
                 yield waits[stage]
+                if load is not None:
+                    if stage:
+                        load.finished(i, req)
+                    else:
+                        load.first_token(i, req)
                 stage += 1
             except simpy.Interrupt as interrupt:
                 # Recompute preemption: the scheduler already sent us back to the queue;
