@@ -138,6 +138,15 @@ def _variants(policies) -> list[tuple[str, dict]]:
     return out
 
 
+def run_probes(keys: list, jobs: list, cache: dict, desc: str, **execute_options) -> None:
+    """Run ``jobs`` (one per key) on an executor and store each summary row in ``cache[key]``;
+    a warning a worker raised is raised again here."""
+    outputs = execute(jobs, desc=desc, **execute_options)
+    reraise_warnings(outputs)
+    for key, out in zip(keys, outputs):
+        cache[key] = out.row
+
+
 def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapping[str, float]",
                     policies: Iterable | Mapping | None = None, seeds: Iterable[int] = (0,),
                     low: float = 0.5, high: float | None = None, tol: float = 0.05,
@@ -188,11 +197,8 @@ def capacity_search(base_config: SimConfig | None, slo_target: "SLOTarget | Mapp
                       key=str)
         jobs = [Job(base_config.replace(**changes_of[label], **{rate_field: rate, "seed": seed}),
                     target.slo, keep_frames=False) for label, rate, seed in keys]
-        outputs = execute(jobs, executor=executor, max_workers=max_workers, progress=progress,
-                          ray_address=ray_address, desc="capacity")
-        reraise_warnings(outputs)
-        for key, out in zip(keys, outputs):
-            cache[key] = out.row
+        run_probes(keys, jobs, cache, executor=executor, max_workers=max_workers,
+                   progress=progress, ray_address=ray_address, desc="capacity")
         for t in live:
             rows = pd.DataFrame([cache[(t.label, t.probe, s)] for s in t.seeds])
             t.update(target.holds(rows))

@@ -24,8 +24,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from simsched.analysis.capacity import SLOTarget
-from simsched.analysis.executors import Job, execute, reraise_warnings
+from simsched.analysis.capacity import SLOTarget, run_probes
+from simsched.analysis.executors import Job
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig, field_names
 from simsched.workloads.workload import WorkloadConfig
@@ -297,11 +297,8 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
         by_label = {c.label: c for c in cands}
         jobs = [Job(by_label[label].config(base, n, rate, seed), target.slo, keep_frames=False)
                 for label, rate, n, seed in keys]
-        outputs = execute(jobs, executor=executor, max_workers=max_workers, progress=progress,
-                          ray_address=ray_address, desc="plan")
-        reraise_warnings(outputs)
-        for key, out in zip(keys, outputs):
-            cache[key] = out.row
+        run_probes(keys, jobs, cache, executor=executor, max_workers=max_workers,
+                   progress=progress, ray_address=ray_address, desc="plan")
         for s in live:
             rows = pd.DataFrame([cache[(s.candidate.label, s.rate, s.probe, seed)]
                                  for seed in seeds])
