@@ -30,6 +30,9 @@ class Returns:
 
 
 OK3 = [(0.0, 3, 3), (0.5, 2, 2)]
+# One turn of a closed-loop session (session_id and think_time make the table closed-loop).
+SESSION = {"arrival_at": 0.0, "num_prompt_tokens": 3, "num_output_tokens": 2, "session_id": 1,
+           "think_time": 0.5}
 REQ = r"requests\[0\]"
 INT64 = "an integer >= 1 within int64"
 COST = r"cost model Returns returned {} .*for Batch\(prefill_new_tokens=\[3\].* at t=0\.0"
@@ -136,6 +139,14 @@ CASES = [
     ("cost np.int64", OK3, Returns(np.int64(1)), {}, None, exact_e2el([3.0, 2.5])),
     ("cost Fraction", OK3, Returns(Fraction(1, 2)), {}, None, exact_e2el([1.5, 1.0])),
     ("cost without iteration_time", OK3, object(), {}, ValueError, "iteration_time"),
+    # ---------------------------------------------------------------- closed-loop session tables
+    ("session priority 2**64", [SESSION | {"priority": 2**64}], None, {},
+     ValueError, rf"{REQ}\.priority must be an integer within int64"),
+    ("session priority True", [SESSION | {"priority": True}], None, {},
+     ValueError, rf"{REQ}\.priority must be an integer within int64, got True"),
+    ("session tenant list", [SESSION | {"tenant": ["a"]}], None, {},
+     ValueError, rf"{REQ}\.tenant must be a hashable label"),
+    ("session plain", [SESSION | {"priority": 3, "tenant": "t"}], None, {}, None, finished),
 ]
 
 

@@ -125,12 +125,27 @@ def _tenants(df: pd.DataFrame) -> list:
     return tenant
 
 
+def _priorities(df: pd.DataFrame) -> np.ndarray:
+    """The priority column as int64 (missing: 0), each value checked as an integer in int64."""
+    if "priority" not in df.columns:
+        return np.zeros(len(df), dtype=np.int64)
+    prio = df["priority"]
+    prio_frame = pd.DataFrame({"priority": prio.where(prio.notna(), 0)
+                               if prio.dtype == object else prio.fillna(0)})
+    return _numbers(prio_frame, "priority", True, -INT64_MAX - 1)
+
+
 def _validated(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with its length and time columns checked as :func:`make_requests` checks them."""
+    """``df`` with its length, time, priority and tenant columns checked as
+    :func:`make_requests` checks them (a closed-loop session table)."""
     out = df.copy()
     out["arrival_at"] = _numbers(df, "arrival_at", False, 0)
     out["num_prompt_tokens"] = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
     out["num_output_tokens"] = _numbers(df, "num_output_tokens", True, 1).astype(np.int64)
+    if "priority" in df.columns:
+        out["priority"] = _priorities(df)
+    if "tenant" in df.columns:
+        out["tenant"] = pd.Series(_tenants(df), index=df.index, dtype=object)
     return out
 
 
@@ -220,13 +235,7 @@ def _columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tup
     arrival = _numbers(df, "arrival_at", False, 0)
     prompt = _numbers(df, "num_prompt_tokens", True, 1)
     output = _numbers(df, "num_output_tokens", True, 1)
-    if "priority" in df.columns:
-        prio = df["priority"]
-        prio_frame = pd.DataFrame({"priority": prio.where(prio.notna(), 0)
-                                   if prio.dtype == object else prio.fillna(0)})
-        priority = _numbers(prio_frame, "priority", True, -INT64_MAX - 1)
-    else:
-        priority = np.zeros(len(df), dtype=np.int64)
+    priority = _priorities(df)
     tenant = _tenants(df) if "tenant" in df.columns else None
     order = np.argsort(arrival, kind="stable")
     arrival, prompt, output, priority = arrival[order], prompt[order], output[order], \
