@@ -100,3 +100,17 @@ def test_sums_in_order_equal_bincount_sums():
         zeros = np.zeros(n, dtype=np.int64)
         assert _sum_in_order(x)[0] == np.bincount(zeros, weights=x, minlength=1)[0]
         assert _sum_in_order(x, k)[0] == np.bincount(zeros, weights=k * x, minlength=1)[0]
+
+
+def test_text_columns_are_stored_the_same_whatever_is_installed():
+    """status and reject_reason hold Python strings (pandas 3's str dtype, python storage, or
+    object before it): the frame does not depend on pyarrow, whose pool keeps a big run's memory."""
+    lazy, eager = _both(CASES["replicas_shed"])
+    for res in (lazy, eager):
+        for name in ("status", "reject_reason"):
+            dtype = res.requests[name].dtype
+            if isinstance(pd.Series(["a"]).dtype, pd.StringDtype):
+                assert isinstance(dtype, pd.StringDtype) and dtype.storage == "python", name
+            else:
+                assert dtype == object, name
+    assert (lazy.requests["reject_reason"].str.startswith("shed")).any()

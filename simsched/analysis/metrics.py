@@ -36,6 +36,17 @@ PREFIX_ATTRS = (("num_cached_tokens", "num_cached_tokens"), ("session_id", "sess
 
 _OBJECT_ATTRS = ("tenant", "reject_reason")
 _CHUNK = 65536
+# pandas >= 3 infers a str dtype for text, stored by pyarrow when it is installed. The frames store
+# theirs as Python strings whatever is installed: the same frame either way, and no pyarrow pool
+# that keeps a million-row conversion's freed memory (a big run's peak).
+_STR = (pd.StringDtype("python", na_value=np.nan)
+        if isinstance(pd.Series(["a"]).dtype, pd.StringDtype) else None)
+_TEXT_COLUMNS = ("reject_reason", "status")
+
+
+def _text(values: list):
+    """A text column: Python-stored ``str`` under pandas 3, the plain list (object) before."""
+    return values if _STR is None else pd.array(values, dtype=_STR)
 
 
 def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
@@ -143,10 +154,10 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
     cols = {}
     for name, _ in attrs:
-        cols[name] = data[name]
+        cols[name] = _text(data[name]) if name in _TEXT_COLUMNS else data[name]
         if name == "request_id" and replica is not None:
             cols["replica"] = replica     # placed here: an insert would copy it
-    cols["status"] = data["status"]
+    cols["status"] = _text(data["status"])
     df = pd.DataFrame(cols, copy=False)   # fresh arrays of ours: no consolidation copy
     del cols
     causes = data.pop("causes")
