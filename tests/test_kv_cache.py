@@ -62,3 +62,30 @@ def test_random_operations_keep_exact_counts(block_size, num_blocks, ops):
     for rid in list(tokens):
         kv.free(rid)
     assert kv.num_free == num_blocks and not kv.holders()
+
+
+def test_group_growth_counts_each_member_exactly():
+    """A group grows in one call; every member's count catches up when read, freed or moved."""
+    kv = KVCacheManager(num_blocks=20, block_size=4)
+    for rid in (1, 2, 3):
+        kv.allocate(rid, 4)                     # one block each
+    kv.join_group(1, 2)
+    kv.join_group(2, 2)
+    kv.join_group(3, 5)
+    kv.grow_group(2, 2)
+    assert kv.num_free == 15 and kv.num_held(1) == 2 and kv.num_held(2) == 2
+    assert kv.num_held(3) == 1
+    kv.grow_group(5, 1)
+    kv.grow_group(2, 2)
+    assert kv.holders() == {1: 3, 2: 3, 3: 2} and kv.num_free == 12
+    kv.leave_group(2)                           # counted now; later growth passes it by
+    kv.grow_group(2, 1)
+    assert kv.num_held(2) == 3 and kv.num_held(1) == 4
+    kv.join_group(2, 3)                         # a member joins with what it holds
+    kv.grow_group(3, 1)
+    assert kv.num_held(2) == 4
+    assert kv.free(1) == 4 and kv.free(2) == 4 and kv.free(3) == 2
+    assert kv.num_free == 20 and not kv.holders()
+    with pytest.raises(KVCacheError, match="group 2 needs 3 blocks"):
+        kv.num_free = 2
+        kv.grow_group(2, 3)

@@ -16,9 +16,14 @@ class KVCacheError(RuntimeError):
 
 
 class KVCacheManager:
-    """Counts free and held KV blocks; admission keeps a watermark of free blocks back."""
+    """Counts free and held KV blocks; admission keeps a watermark of free blocks back.
 
-    __slots__ = ("num_blocks", "block_size", "num_free", "watermark_blocks", "_held")
+    Decoders grow in *groups* (:meth:`join_group`): :meth:`grow_group` gives every member of a
+    group one more block in O(1), and each member's count catches up when it is read or freed.
+    """
+
+    __slots__ = ("num_blocks", "block_size", "num_free", "watermark_blocks", "_held",
+                 "_grants", "_members")
     prefix_caching = False
     num_evictable = 0           # cached blocks nobody holds (always 0 here)
     num_evicted_blocks = 0      # cumulative evictions (always 0 here)
@@ -35,6 +40,8 @@ class KVCacheManager:
         self.num_free = num_blocks
         self.watermark_blocks = int(watermark * num_blocks)
         self._held: dict[int, int] = {}
+        self._grants: list[int] = []                   # blocks granted per group member so far
+        self._members: dict[int, tuple] = {}           # req id -> (group, grants when counted)
 
     @property
     def num_used(self) -> int:
@@ -47,11 +54,37 @@ class KVCacheManager:
 
     def num_held(self, req_id: int) -> int:
         """Blocks held by request ``req_id`` (0 if none)."""
-        return self._held.get(req_id, 0)
+        member = self._members.get(req_id)
+        if member is None:
+            return self._held.get(req_id, 0)
+        return self._held[req_id] + self._grants[member[0]] - member[1]
 
     def num_new_blocks(self, req_id: int, num_tokens: int) -> int:
         """Extra blocks ``req_id`` needs to hold ``num_tokens`` tokens in total."""
-        return max(0, self.blocks_for(num_tokens) - self._held.get(req_id, 0))
+        return max(0, self.blocks_for(num_tokens) - self.num_held(req_id))
+
+    def join_group(self, req_id: int, group: int) -> None:
+        """Make ``req_id`` (which holds blocks) a member of growth group ``group`` (an int >= 0)."""
+        grants = self._grants
+        if group >= len(grants):
+            grants.extend([0] * (group + 1 - len(grants)))
+        self._members[req_id] = (group, grants[group])
+
+    def leave_group(self, req_id: int) -> None:
+        """Take ``req_id`` out of its growth group, its count brought up to date (if a member)."""
+        member = self._members.pop(req_id, None)
+        if member is not None:
+            self._held[req_id] += self._grants[member[0]] - member[1]
+
+    def grow_group(self, group: int, num_members: int) -> None:
+        """Give each of the ``num_members`` members of ``group`` one more block, in O(1).
+
+        The caller passes the group's size (it keeps the members); the blocks must be free.
+        """
+        if num_members > self.num_free:
+            raise KVCacheError(f"group {group} needs {num_members} blocks, {self.num_free} free")
+        self._grants[group] += 1
+        self.num_free -= num_members
 
     def can_allocate(self, num_new_blocks: int, use_watermark: bool = False) -> bool:
         """Whether ``num_new_blocks`` more blocks are free (beyond the watermark if asked)."""
@@ -84,6 +117,7 @@ class KVCacheManager:
 
         ``num_tokens`` (the tokens whose KV the request computed) matters only to a prefix cache.
         """
+        self.leave_group(req_id)
         n = self._held.pop(req_id, 0)
         self.num_free += n
         return n
@@ -94,5 +128,9 @@ class KVCacheManager:
 
     def holders(self) -> dict[int, int]:
         """A copy of request id -> blocks held."""
-        return dict(self._held)
+        held = dict(self._held)
+        grants = self._grants
+        for req_id, (group, counted) in self._members.items():
+            held[req_id] += grants[group] - counted
+        return held
 

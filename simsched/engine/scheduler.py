@@ -8,9 +8,11 @@ finished requests.
 Decodes are advanced lazily. Every running decoder computes one token in every *decode step*
 (the config guarantees the token budget covers ``max_num_seqs`` decodes), so one counter,
 ``step``, advances them all; a decoder's progress is its count at the start of its decode run
-plus the steps since. The steps at which a decoder needs a new KV block or emits its last token
-are known in advance and kept in calendar dicts, so an iteration costs O(events) rather than
-O(batch), and never O(waiting queue). A queue policy with a per-iteration ``refresh`` hook would
+plus the steps since. The step at which a decoder emits its last token is known in advance and
+kept in a calendar dict. A decoder needs a new KV block every ``block_size`` steps, at steps of
+one residue modulo ``block_size``: decoders are grouped by that residue, and when the cache has
+the blocks a whole group grows in O(1) (:meth:`KVCacheManager.grow_group`). An iteration costs
+O(events) rather than O(batch), and never O(waiting queue). A queue policy with a per-iteration ``refresh`` hook would
 add O(running) per iteration (none has one: MLFQ ranks lazily).
 
 Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
@@ -95,7 +97,12 @@ class Scheduler(PreemptionMixin):
         self.step = 0                             # decode steps completed
         self.step_end_at = array("d", [math.nan])   # 8 bytes per decode step
         self.ctx_base_sum = 0                     # sum of decoders' ctx_base
-        self.block_due: dict[int, list] = {}
+        # Decoders by the residue (mod block_size) of the steps at which they take a new block,
+        # in the order they started decoding; ``_late``: those that started after their first
+        # block's step had been grown (after an iteration without decodes).
+        self.growing: list[dict[int, Request]] = [{} for _ in range(self.block_size)]
+        self._late: list[Request] = []
+        self._group_kv = not self.prefix_caching    # the cache grows whole groups at once
         self.finish_due: dict[int, list] = {}
         self.num_admitted = 0
         # this iteration's decision
@@ -215,16 +222,12 @@ class Scheduler(PreemptionMixin):
                 self._admit()
             if not planned:
                 self._decodes_count = True
-                if step1 in self.block_due:
+                if step1 != self._grown_step or self._late:
                     self._grow_decoders(step1)
-                else:
-                    self._grown_step = step1
         else:
             self._decodes_count = True
-            if step1 in self.block_due:
+            if step1 != self._grown_step or self._late:
                 self._grow_decoders(step1)
-            else:
-                self._grown_step = step1
             if self.prefilling:
                 self._continue_prefills()
             # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
@@ -273,45 +276,29 @@ class Scheduler(PreemptionMixin):
         return self.cfg.max_num_batched_tokens - used
 
     def _grow_decoders(self, s: int) -> None:
-        """Give every decoder whose next token starts a new block that block (step ``s``)."""
-        self._grown_step = s
-        due = self.block_due.pop(s, None)
-        if not due:
-            return
-        kv = self.kv
-        nxt = s + self.block_size
-        keep = []
-        if not self.prefix_caching and kv.num_free >= len(due):
-            # Enough free blocks for every due decoder: grant them all without preemption checks.
-            # Survivors all fall due again at the same step, in the same order.
-            held = kv._held
-            stale = 0
-            append = keep.append
-            for entry in due:
-                req = entry[0]
-                if req.epoch != entry[1]:
-                    stale += 1                  # preempted since this was scheduled
-                    continue
-                held[req.id] += 1
-                if nxt <= req.finish_step:
-                    append(entry)
-            kv.num_free -= len(due) - stale
-        else:
-            for entry in due:
-                req = entry[0]
-                if req.epoch != entry[1]:
-                    continue                    # preempted since this was scheduled
-                if kv.num_free < 1 and not self._make_room(req, 1):
-                    continue                    # req itself was the victim
-                kv.add_block(req.id)
-                if nxt <= req.finish_step:
-                    keep.append(entry)
-        if keep:
-            later = self.block_due.get(nxt)
-            if later is None:
-                self.block_due[nxt] = keep
-            else:
-                later.extend(keep)
+        """Give every decoder whose token at step ``s`` starts a new block that block."""
+        if s != self._grown_step:
+            self._grown_step = s
+            group = s % self.block_size
+            members = self.growing[group]
+            if members:
+                if self._group_kv and self.kv.num_free >= len(members):
+                    self.kv.grow_group(group, len(members))   # no preemption needed: O(1)
+                else:
+                    self._grow_each(list(members.values()))
+        if self._late:
+            late, self._late = self._late, []
+            self._grow_each(late)
+
+    def _grow_each(self, decoders: list) -> None:
+        """One block each, in order, preempting (victim policy) when the cache has none free."""
+        kv, decoding = self.kv, self.decoding
+        for req in decoders:
+            if req.id not in decoding:
+                continue                        # preempted by an earlier one's need
+            if kv.num_free < 1 and not self._make_room(req, 1):
+                continue                        # req itself was the victim
+            kv.add_block(req.id)
 
     def _continue_prefills(self) -> None:
         for req in list(self.prefilling.values()):
@@ -450,6 +437,9 @@ class Scheduler(PreemptionMixin):
             req.last_token_at = self.step_end_at[last_step]
         req.num_generated += max(0, last_step - req.run_start_step + 1)
         del self.decoding[req.id]
+        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None \
+                and self._group_kv:
+            self.kv.leave_group(req.id)
         self.ctx_base_sum -= req.ctx_base
         req.run_start_step = -1
         if self.meter is not None:
@@ -563,7 +553,12 @@ class Scheduler(PreemptionMixin):
             self.kv.add_block(req.id)
             first_block += self.block_size
         if first_block <= req.finish_step:
-            self.block_due.setdefault(first_block, []).append((req, req.epoch))
+            group = first_block % self.block_size
+            self.growing[group][req.id] = req
+            if self._group_kv:
+                self.kv.join_group(req.id, group)
+            if first_block == self._grown_step:
+                self._late.append(req)          # this step's blocks were handed out already
 
     def _finish(self, req: Request, now: float, finished: list) -> None:
         req.status = FINISHED
