@@ -140,11 +140,13 @@ class Replica:
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
         swap_rate = self.swap_bytes_per_second
+        swapping = sched.swapping            # only swap preemption moves KV over the host link
+        inf = math.inf
         hits = evictions = cached = last_hits = last_evictions = 0
         ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
         ulp_floor = 0.0
         while True:
-            if not has_work():
+            if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
                 self._idle = env.event()
@@ -203,18 +205,29 @@ class Replica:
                 exp = math.frexp(started)[1]
                 ulp_below = (0.0 if started <= 0 else math.ldexp(1.0, exp) if exp < 1024
                              else math.inf)
-            if not (duration >= ulp_floor and started + duration < math.inf):
+            if not (duration >= ulp_floor and started + duration < inf):
                 self._bad_duration(duration, batch)
-            swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
-            duration += swap_time
-            # _Late(env, duration), inlined: one per iteration.
-            late = late_new(_Late)
-            late.env = env
-            late.callbacks = []
-            late._value = None
-            late._ok = True
-            push(env._queue, (started + duration, LATE, next(eid), late))
-            yield late
+            if swapping:
+                swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
+                duration += swap_time
+            else:
+                swap_time = 0.0
+            end = started + duration
+            queue = env._queue
+            if queue and queue[0][0] <= end:
+                # Another event comes first, or at the same instant (it goes before a batch's
+                # end): wait on the clock. _Late(env, duration), inlined: one per iteration.
+                late = late_new(_Late)
+                late.env = env
+                late.callbacks = []
+                late._value = None
+                late._ok = True
+                push(queue, (end, LATE, next(eid), late))
+                yield late
+            else:
+                # Nothing else can happen before this iteration ends: move the clock there
+                # ourselves, as SimPy would on processing our timeout (no event to make).
+                env._now = end
             firsts, finished = commit(env._now)
             if prefix:
                 rows.append((started, duration, sum(new), batch.num_decode_seqs,

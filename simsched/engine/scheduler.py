@@ -460,7 +460,10 @@ class Scheduler(PreemptionMixin):
                     if req.epoch == epoch and req.run_start_step >= 0:
                         self._close_run(req, s)
                         self._finish(req, now, finished)
-        for req, chunk in self.planned.values():
+        planned = self.planned
+        if not planned:
+            return firsts, finished
+        for req, chunk in planned.values():
             req.num_computed += chunk
             if req.num_computed < req.prefill_target:
                 continue
