@@ -148,6 +148,7 @@ class Cluster:
         self.num_events = 0             # request-process wake-ups, for the events benchmark
         self.num_shed = 0
         self.replica_of: array | None = None
+        self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
         cl = config.cluster
         self.disagg = None
         if cl.disaggregated:
@@ -181,8 +182,6 @@ class Cluster:
         self._choose = self.router.choose if self.router is not None else _first
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
         self.queue_cap = cl.max_num_queued_per_replica
-        # The arrival process starts ``self._request``: routed requests take this path instead.
-        self._request = self._routed_request
 
     def _setup_disagg(self, cl) -> None:
         self.replica_of = array("i", [-1]) * len(self.requests)
@@ -195,8 +194,10 @@ class Cluster:
             self.env.process(self._refresh(cl.refresh_interval))
         self._request = self._disagg_request
 
-    def _disagg_request(self, req: Request):
-        return disagg_request(self, req)
+    def _disagg_request(self, req: Request, record=None):
+        yield from disagg_request(self, req)
+        if record is not None:
+            record(req)
 
     # A cluster of one answers for its replica, as the single engine did.
     @property
@@ -222,23 +223,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ processes
     def _arrivals(self):
-        env = self.env
-        if hasattr(self.requests, "record"):
-            # Requests created at arrival (simsched.cluster.lazy): record each when it is done.
-            for req in self.requests:
-                if req.arrival_at > env.now:
-                    yield _At(env, req.arrival_at)
-                env.process(self._recorded(req))
-            return
+        env, request = self.env, self._request
+        # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
+        record = getattr(self.requests, "record", None)
         for req in self.requests:
             if req.arrival_at > env.now:
                 yield _At(env, req.arrival_at)
-            env.process(self._request(req))
-
-    def _recorded(self, req: Request):
-        """``req``'s life, then its record: the request object is dropped once recorded."""
-        yield from self._request(req)
-        self.requests.record(req)
+            env.process(request(req, record))
 
     def _refresh(self, interval: float):
         """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""
@@ -252,41 +243,40 @@ class Cluster:
         req.reject_reason = reason
         self.num_shed += 1
 
-    def _routed_request(self, req: Request):
-        """A request's life behind the router: admission control, routing, then as below."""
-        env = self.env
-        self.num_arrived += 1
-        if self.bucket is not None and not self.bucket.take(env.now):
+    def _route(self, req: Request) -> int:
+        """Admission control, then the router's choice: ``req``'s replica, or -1 if shed."""
+        if self.bucket is not None and not self.bucket.take(self.env.now):
             self._shed(req, f"shed: rate limit of {self.bucket.rate:g} requests/s exceeded")
-            return
+            return -1
         i = self._choose(self.view, req)
-        replica = self.replicas[i]
-        if self.queue_cap is not None and replica.scheduler.num_waiting >= self.queue_cap:
+        if self.queue_cap is not None \
+                and self.replicas[i].scheduler.num_waiting >= self.queue_cap:
             self._shed(req, f"shed: replica {i} already has {self.queue_cap} requests waiting")
-            return
+            return -1
         owners = self.replica_of
         if req.id >= len(owners):        # a session turn created after the run started
             owners.extend([-1] * (req.id + 1 - len(owners)))
         owners[req.id] = i
-        waits = (env.event(), env.event())      # first token, done
-        if not replica.add(req, (env.active_process, *waits)):
-            return
-        self.load.routed(i, req)
-        yield from self._wait_tokens(req, waits, self.load, i)
+        return i
 
-    def _request(self, req: Request):
-        """A request's life: queue (or be rejected), wait for first token, then completion."""
-        env = self.env
+    def _request(self, req: Request, record=None):
+        """A request's life: routing (with several replicas or admission control), queueing (or
+        rejection), its first token, then completion; ``record(req)``, if given, at the end.
+
+        One generator for the whole life: a request's process is resumed two or three times,
+        and every generator it delegates to would be resumed as often.
+        """
+        env, load = self.env, self.load
         self.num_arrived += 1
-        waits = (env.event(), env.event())      # first token, done
-        if not self.replicas[0].add(req, (env.active_process, *waits)):
-            return
-        yield from self._wait_tokens(req, waits)
-
-    def _wait_tokens(self, req: Request, waits: tuple, load=None, i: int = 0):
-        """Wait for ``req``'s first token, then its completion (``waits``), keeping the cause of
-        every preemption interrupt; ``load`` (replica ``i``'s counters) hears of both events."""
-        stage = 0
+        i = 0 if load is None else self._route(req)
+        waits = None
+        if i >= 0:
+            waits = (env.event(), env.event())      # first token, done
+            if not self.replicas[i].add(req, (env.active_process, *waits)):
+                waits = None
+            elif load is not None:
+                load.routed(i, req)
+        stage = 0 if waits is not None else 2
         while stage < 2:
             try:
                 yield waits[stage]
@@ -303,6 +293,8 @@ class Cluster:
                     req.causes = []
                 req.causes.append(interrupt.cause)
             self.num_events += 1
+        if record is not None:
+            record(req)
 
 
 @contextmanager

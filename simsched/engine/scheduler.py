@@ -61,6 +61,11 @@ class Scheduler(PreemptionMixin):
         self.kv = kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
+        # The longest prompt + output ever servable: within max_model_len, and its peak KV (the
+        # last token's is never written) fits the cache, admitted once the engine is empty.
+        self._max_total = kv.num_blocks * kv.block_size + 1
+        if max_model_len is not None:
+            self._max_total = min(self._max_total, max_model_len)
         self.prefix_caching = kv.prefix_caching
         self.num_cached_tokens = 0                # prompt tokens served from the prefix cache
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
@@ -142,6 +147,9 @@ class Scheduler(PreemptionMixin):
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
         self._waiting = queue._live if getattr(queue_type, "__len__", None) \
             is HeapQueue.__len__ else queue
+        # HeapQueue.pop() is peek() then forgetting the entry: having peeked, forget it only.
+        self._forget = queue._live if getattr(queue_type, "pop", None) is HeapQueue.pop \
+            and getattr(queue_type, "peek", None) is HeapQueue.peek else None
 
     # ----------------------------------------------------------------- lazy progress
     def num_generated(self, req: Request) -> int:
@@ -171,26 +179,22 @@ class Scheduler(PreemptionMixin):
     def add(self, req: Request, now: float) -> bool:
         """Queue an arriving request, or reject it (returns False) if it can never be served."""
         total = req.num_prompt_tokens + req.num_output_tokens
-        kv = self.kv
-        reason = ""
-        if self.max_model_len is not None and total > self.max_model_len:
-            reason = (f"prompt + output = {total} tokens exceeds max_model_len "
-                      f"{self.max_model_len}")
-        else:
-            peak = total - 1  # the last token's KV is never written
-            # Anything that fits the cache is admitted once the engine is empty (no watermark).
-            if kv.blocks_for(peak) > kv.num_blocks:
-                reason = (f"needs {kv.blocks_for(peak)} KV blocks, the cache has "
-                          f"{kv.num_blocks}")
-        if reason:
+        if total > self._max_total:
             req.status = REJECTED
-            req.reject_reason = reason
+            req.reject_reason = self._too_long(total)
             return False
         req.status = WAITING
         req.queued_at = now
         self.queue.push(req, now)
         self._num_pushed += 1
         return True
+
+    def _too_long(self, total: int) -> str:
+        if self.max_model_len is not None and total > self.max_model_len:
+            return (f"prompt + output = {total} tokens exceeds max_model_len "
+                    f"{self.max_model_len}")
+        need = self.kv.blocks_for(total - 1)
+        return f"needs {need} KV blocks, the cache has {self.kv.num_blocks}"
 
     # ----------------------------------------------------------------- one iteration
     def schedule(self, now: float) -> Batch:
@@ -355,7 +359,7 @@ class Scheduler(PreemptionMixin):
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
-        waiting = self._waiting
+        waiting, forget = self._waiting, self._forget
         # The blocked-head memo holds for fixed-key queues without preemption or prefix reuse.
         memo_ok = not (may_preempt or prefix or static) and self._fixed_order
         while waiting:
@@ -383,10 +387,10 @@ class Scheduler(PreemptionMixin):
                 need = kv.blocks_for(cached + (remaining if static else chunk)) - hit \
                     + evictable + reserved
             else:
-                need = kv.blocks_for(remaining if static else chunk) + reserved
+                need = -(-(remaining if static else chunk) // self.block_size) + reserved
             # The watermark keeps headroom for running requests to grow; with none running it
             # would only block a request that fits the cache forever.
-            if full or not kv.can_allocate(need, use_watermark=bool(self.running)):
+            if full or kv.num_free - need < (kv.watermark_blocks if self.running else 0):
                 if not (may_preempt and self._preempt_for_admission(req, need, full)):
                     if not full and memo_ok:
                         self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
@@ -394,7 +398,10 @@ class Scheduler(PreemptionMixin):
                     break
                 if prefix:
                     continue        # the victims' released blocks change the match: look again
-            queue.pop()
+            if forget is None:
+                queue.pop()
+            else:
+                del forget[req.id]
             req.status = RUNNING
             req.admitted_seq = self.num_admitted
             self.num_admitted += 1
