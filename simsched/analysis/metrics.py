@@ -142,9 +142,14 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     np.add.at(delta, a[long] + 1, 1)
     np.add.at(delta, b[long] + 1, -1)
     if long.any():
-        bounds = np.empty(2 * int(long.sum()), dtype=np.int64)
-        bounds[0::2], bounds[1::2] = a[long] + 1, b[long] + 1
-        np.maximum.at(itl_max, owner[long], np.maximum.reduceat(step_gap, bounds)[0::2])
+        # reduceat also reduces the stretch between one run's end and the next run's start:
+        # in order of start those stretches never overlap (several replicas' runs interleave).
+        order = np.argsort(a[long], kind="stable")
+        bounds = np.empty(2 * len(order), dtype=np.int64)
+        bounds[0::2], bounds[1::2] = a[long][order] + 1, b[long][order] + 1
+        np.maximum.at(itl_max, owner[long][order],
+                      np.maximum.reduceat(step_gap, bounds)[0::2])
+        del order, bounds
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
