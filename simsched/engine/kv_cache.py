@@ -93,12 +93,16 @@ class KVCacheManager:
 
     def allocate(self, req_id: int, num_tokens: int) -> int:
         """Grow ``req_id``'s holding to cover ``num_tokens`` tokens; return the blocks added."""
-        extra = self.num_new_blocks(req_id, num_tokens)
+        held = self._held.get(req_id, 0)
+        if req_id in self._members:
+            held = self.num_held(req_id)
+        extra = -(-num_tokens // self.block_size) - held
+        if extra <= 0:
+            return 0
         if extra > self.num_free:
             raise KVCacheError(f"request {req_id} needs {extra} blocks, {self.num_free} free")
-        if extra:
-            self._held[req_id] = self._held.get(req_id, 0) + extra
-            self.num_free -= extra
+        self._held[req_id] = self._held.get(req_id, 0) + extra
+        self.num_free -= extra
         return extra
 
     def append_slot(self, req_id: int, num_tokens: int) -> int:

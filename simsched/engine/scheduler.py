@@ -366,7 +366,8 @@ class Scheduler(PreemptionMixin):
             full = len(self.running) >= cfg.max_num_seqs
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
                 break
-            budget = self._budget_left()
+            budget = cfg.max_num_batched_tokens - self.planned_tokens \
+                - (len(self.decoding) if self._decodes_count else 0)      # _budget_left()
             if budget <= 0 and not static:
                 break
             req = queue.peek()

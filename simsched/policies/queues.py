@@ -71,21 +71,19 @@ class HeapQueue:
         """Set the time at which waiting times are judged (called once per iteration)."""
         self.now = now
 
-    def _clean(self) -> None:
-        live = self._live
-        heap, fifo = self._heap, self._fifo
-        while heap and live.get(heap[0][2].id) != heap[0][1]:
-            heapq.heappop(heap)
-        while fifo and live.get(fifo[0][2].id) != fifo[0][1]:
-            fifo.popleft()
-
-    def _promoted(self) -> bool:
-        return bool(self._fifo) and self.now - self._fifo[0][0] > self.max_wait
-
     def peek(self) -> Request:
         """The request to serve next (the queue must not be empty)."""
-        self._clean()
-        return self._fifo[0][2] if self._promoted() else self._heap[0][2]
+        heap, live = self._heap, self._live
+        # Entries of popped requests stay in the heap and the fifo until they reach the top.
+        while live.get(heap[0][2].id) != heap[0][1]:
+            heapq.heappop(heap)
+        fifo = self._fifo
+        if fifo:
+            while fifo and live.get(fifo[0][2].id) != fifo[0][1]:
+                fifo.popleft()
+            if fifo and self.now - fifo[0][0] > self.max_wait:
+                return fifo[0][2]
+        return heap[0][2]
 
     def pop(self) -> Request:
         """Remove and return the request to serve next."""
