@@ -203,6 +203,8 @@ def test_min_index_matches_a_scan(values, updates):
         values[i] = v
         index.update(i, v)
         assert index.argmin() == min(range(len(values)), key=values.__getitem__)
+    # Updates that stop early (same winner above) leave the tree as a fresh build makes it.
+    assert index._tree == MinIndex(values)._tree
 
 
 def test_replica_load_tracks_routing_first_token_and_finish():

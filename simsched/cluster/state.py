@@ -45,13 +45,16 @@ class MinIndex:
         self._tree = tree
 
     def update(self, i: int, value) -> None:
-        """Set value ``i`` and replay its path to the root."""
+        """Set value ``i`` and replay its path to the root, as far as a winner changes."""
         values, tree = self.values, self._tree
         values[i] = value
         node = (i + self._size) >> 1
         while node:
             a, b = tree[2 * node], tree[2 * node + 1]
-            tree[node] = a if values[a] <= values[b] else b
+            winner = a if values[a] <= values[b] else b
+            if winner == tree[node] and winner != i:
+                break       # same winner, its value unchanged: nothing above changes either
+            tree[node] = winner
             node >>= 1
 
     def argmin(self) -> int:
