@@ -142,14 +142,18 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     np.add.at(delta, a[long] + 1, 1)
     np.add.at(delta, b[long] + 1, -1)
     if long.any():
-        # reduceat also reduces the stretch between one run's end and the next run's start:
-        # in order of start those stretches never overlap (several replicas' runs interleave).
-        order = np.argsort(a[long], kind="stable")
-        bounds = np.empty(2 * len(order), dtype=np.int64)
-        bounds[0::2], bounds[1::2] = a[long][order] + 1, b[long][order] + 1
-        np.maximum.at(itl_max, owner[long][order],
-                      np.maximum.reduceat(step_gap, bounds)[0::2])
-        del order, bounds
+        runs = long                     # a mask; an index array when the order must change
+        if step_offset is not None:
+            # reduceat also reduces the stretch from one run's end to the next run's start;
+            # in order of start these never overlap, but replicas' runs interleave: sort them.
+            runs = np.flatnonzero(long)
+            runs = runs[np.argsort(a[runs], kind="stable")]
+        bounds = np.empty(2 * int(long.sum()), dtype=np.int64)
+        bounds[0::2] = a[runs]
+        bounds[1::2] = b[runs]
+        bounds += 1
+        np.maximum.at(itl_max, owner[runs], np.maximum.reduceat(step_gap, bounds)[0::2])
+        del runs, bounds
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
