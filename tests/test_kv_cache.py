@@ -86,6 +86,7 @@ def test_group_growth_counts_each_member_exactly():
     assert kv.num_held(2) == 4
     assert kv.free(1) == 4 and kv.free(2) == 4 and kv.free(3) == 2
     assert kv.num_free == 20 and not kv.holders()
-    with pytest.raises(KVCacheError, match="group 2 needs 3 blocks"):
-        kv.num_free = 2
-        kv.grow_group(2, 3)
+    kv.allocate(4, 4 * 18)                      # 18 of the 20 blocks
+    kv.join_group(4, 0)
+    assert not kv.grow_group(0, 3) and kv.num_free == 2     # refused: nothing granted
+    assert kv.grow_group(0, 2) and kv.num_held(4) == 19 and kv.num_free == 0

@@ -145,6 +145,28 @@ def test_lazy_decode_blocks_are_registered_when_the_request_stops():
     assert kv.match(b)[0] == 3 * B
 
 
+def test_group_growth_registers_the_same_blocks_and_never_evicts():
+    """Blocks a decoder's group was granted count when it stops, as one-by-one blocks do; a
+    group is refused where its blocks would have to come from evicting cached ones."""
+    kv = PrefixCache(20, B)
+    a = req(0, [(1, 2 * B)], output=30)
+    admit(kv, a)
+    kv.join_group(0, 3)
+    assert kv.grow_group(3, 1) and kv.grow_group(3, 1)   # decoding: two blocks, unregistered
+    assert kv.num_held(0) == 4 and kv.num_free == 16
+    nxt = Content.from_segments([(2, 10)], (0, 1), parent=a.content, num_parent_output=30)
+    b = Request(1, 0.0, nxt.num_tokens, 5, content=nxt)
+    assert kv.match(b)[0] == 2 * B
+    kv.free(0, 2 * B + 29)                         # finished: 61 tokens of KV, 3 full blocks
+    assert kv.match(b)[0] == 3 * B and kv.num_evictable == 3 and kv.num_free == 20
+    c = req(2, [(7, 17 * B)])
+    admit(kv, c)                                    # 17 blocks: 3 free ones are cached
+    kv.join_group(2, 0)
+    assert not kv.grow_group(0, 1) and kv.num_evictable == 3   # would evict: refused
+    kv.add_block(2)                                 # one by one, the cached tail goes
+    assert kv.num_evictable == 2 and kv.num_held(2) == 18
+
+
 def test_a_chunk_planned_but_never_computed_is_not_left_cached():
     kv = PrefixCache(20, B)
     a = req(0, [(1, 6 * B)])

@@ -76,15 +76,25 @@ class KVCacheManager:
         if member is not None:
             self._held[req_id] += self._grants[member[0]] - member[1]
 
-    def grow_group(self, group: int, num_members: int) -> None:
+    def _settle(self, req_id: int) -> None:
+        """Bring a group member's count in ``_held`` up to date (it stays a member)."""
+        member = self._members.get(req_id)
+        if member is not None:
+            group = member[0]
+            self._held[req_id] += self._grants[group] - member[1]
+            self._members[req_id] = (group, self._grants[group])
+
+    def grow_group(self, group: int, num_members: int) -> bool:
         """Give each of the ``num_members`` members of ``group`` one more block, in O(1).
 
-        The caller passes the group's size (it keeps the members); the blocks must be free.
+        The caller passes the group's size (it keeps the members). False, and nothing done, if
+        fewer blocks than that are free without evicting cached ones: grow them one by one.
         """
-        if num_members > self.num_free:
-            raise KVCacheError(f"group {group} needs {num_members} blocks, {self.num_free} free")
+        if num_members > self.num_free - self.num_evictable:
+            return False
         self._grants[group] += 1
         self.num_free -= num_members
+        return True
 
     def can_allocate(self, num_new_blocks: int, use_watermark: bool = False) -> bool:
         """Whether ``num_new_blocks`` more blocks are free (beyond the watermark if asked)."""
@@ -93,9 +103,9 @@ class KVCacheManager:
 
     def allocate(self, req_id: int, num_tokens: int) -> int:
         """Grow ``req_id``'s holding to cover ``num_tokens`` tokens; return the blocks added."""
-        held = self._held.get(req_id, 0)
         if req_id in self._members:
-            held = self.num_held(req_id)
+            self._settle(req_id)
+        held = self._held.get(req_id, 0)
         extra = -(-num_tokens // self.block_size) - held
         if extra <= 0:
             return 0

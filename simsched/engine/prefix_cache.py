@@ -203,6 +203,8 @@ class PrefixCache(KVCacheManager):
         Returns the blocks added. Registering may find some of them cached already (computed
         concurrently by another request): those are returned to the free pool.
         """
+        if req_id in self._members:
+            self._settle(req_id)
         held = self._held.get(req_id, 0)
         extra = -(-num_tokens // self.block_size) - held
         if extra > 0:
@@ -244,6 +246,7 @@ class PrefixCache(KVCacheManager):
         blocks registered for a chunk that was planned but never computed (a request preempted
         in the iteration that scheduled it) are dropped from the cache when nobody else uses them.
         """
+        self.leave_group(req_id)
         held = self._held.pop(req_id, 0)
         holding = self._holding.pop(req_id, None)
         if holding is None:

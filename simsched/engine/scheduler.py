@@ -107,7 +107,6 @@ class Scheduler(PreemptionMixin):
         # block's step had been grown (after an iteration without decodes).
         self.growing: list[dict[int, Request]] = [{} for _ in range(self.block_size)]
         self._late: list[Request] = []
-        self._group_kv = not self.prefix_caching    # the cache grows whole groups at once
         self.finish_due: dict[int, list] = {}
         self.num_admitted = 0
         # this iteration's decision
@@ -285,11 +284,9 @@ class Scheduler(PreemptionMixin):
             self._grown_step = s
             group = s % self.block_size
             members = self.growing[group]
-            if members:
-                if self._group_kv and self.kv.num_free >= len(members):
-                    self.kv.grow_group(group, len(members))   # no preemption needed: O(1)
-                else:
-                    self._grow_each(list(members.values()))
+            # Enough blocks free (without eviction) for the whole group: one O(1) grant.
+            if members and not self.kv.grow_group(group, len(members)):
+                self._grow_each(list(members.values()))
         if self._late:
             late, self._late = self._late, []
             self._grow_each(late)
@@ -445,8 +442,7 @@ class Scheduler(PreemptionMixin):
             req.last_token_at = self.step_end_at[last_step]
         req.num_generated += max(0, last_step - req.run_start_step + 1)
         del self.decoding[req.id]
-        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None \
-                and self._group_kv:
+        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None:
             self.kv.leave_group(req.id)
         self.ctx_base_sum -= req.ctx_base
         req.run_start_step = -1
@@ -566,8 +562,7 @@ class Scheduler(PreemptionMixin):
         if first_block <= req.finish_step:
             group = first_block % self.block_size
             self.growing[group][req.id] = req
-            if self._group_kv:
-                self.kv.join_group(req.id, group)
+            self.kv.join_group(req.id, group)
             if first_block == self._grown_step:
                 self._late.append(req)          # this step's blocks were handed out already
 
