@@ -269,17 +269,17 @@ class Cluster:
         env, load = self.env, self.load
         self.num_arrived += 1
         i = 0 if load is None else self._route(req)
-        waits = None
+        stage = 2
         if i >= 0:
-            waits = (env.event(), env.event())      # first token, done
-            if not self.replicas[i].add(req, (env.active_process, *waits)):
-                waits = None
-            elif load is not None:
-                load.routed(i, req)
-        stage = 0 if waits is not None else 2
+            # The replica's handles on us: this process, then the first-token and done events.
+            handles = (env.active_process, env.event(), env.event())
+            if self.replicas[i].add(req, handles):
+                stage = 0
+                if load is not None:
+                    load.routed(i, req)
         while stage < 2:
             try:
-                yield waits[stage]
+                yield handles[stage + 1]
                 if load is not None:
                     if stage:
                         load.finished(i, req)
