@@ -135,6 +135,7 @@ class Replica:
         rows, chunk_rows = log.rows, log.CHUNK
         live = self._live
         kv = self.kv
+        num_blocks = kv.num_blocks
         requeue = sched._requeue
         prefix = kv.prefix_caching
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
@@ -157,7 +158,7 @@ class Replica:
             started = env._now
             batch = schedule(started)
             preempted = sched.preempted
-            num_preempted = len(preempted)
+            num_preempted = len(preempted) if preempted else 0
             new = batch.prefill_new_tokens
             if not new and not batch.num_decode_seqs:
                 # Everything runnable was just preempted back to the queue: plan again now, and
@@ -184,7 +185,7 @@ class Replica:
                 preempted = sched.preempted
             if preempted:
                 self._interrupt_victims()
-            used = kv.num_used if prefix else kv.num_blocks - kv.num_free
+            used = kv.num_used if prefix else num_blocks - kv.num_free
             if self.on_kv is not None:
                 self.on_kv(self.index, used, kv.num_blocks)
             waiting = len(sched._waiting) + len(requeue)

@@ -71,8 +71,6 @@ class Scheduler(PreemptionMixin):
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
         if hasattr(self.queue, "bind"):
             self.queue.bind(self)
-        self._queue_update = getattr(self.queue, "update", None)
-        self._queue_refresh = getattr(self.queue, "refresh", None)
         self.preemptive = bool(getattr(self.queue, "preemptive", False))
         # With fixed ranks a failed admission preemption fails again until the running set
         # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan.
@@ -139,8 +137,14 @@ class Scheduler(PreemptionMixin):
     def queue(self, queue) -> None:
         self._queue = queue
         queue_type = type(queue)
-        # HeapQueue.update only notes the time (max_wait promotion reads it): set it, no call.
-        self._note_time = getattr(queue_type, "update", None) is HeapQueue.update
+        # HeapQueue.update only notes the time, which only max_wait promotion reads: set it
+        # (no call) when there is a max_wait, else skip it.
+        heap_update = getattr(queue_type, "update", None) is HeapQueue.update
+        self._note_time = heap_update and queue.max_wait is not None
+        self._queue_update = None if heap_update else getattr(queue, "update", None)
+        self._queue_refresh = getattr(queue, "refresh", None)
+        self._queue_hooks = bool(self._note_time or self._queue_update is not None
+                                 or self._queue_refresh is not None)
         # A plain HeapQueue without max_wait keeps its order between pushes and pops.
         self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
@@ -206,13 +210,15 @@ class Scheduler(PreemptionMixin):
         if self.preempted:
             self.preempted = []
         self.decode_step = 0
-        self.swap_out_bytes = self.swap_in_bytes = 0.0
-        if self._note_time:
-            self._queue.now = now
-        elif self._queue_update is not None:
-            self._queue_update(now)
-        if self._queue_refresh is not None:
-            self._queue_refresh(self.running.values(), self)
+        if self.swapping:
+            self.swap_out_bytes = self.swap_in_bytes = 0.0
+        if self._queue_hooks:
+            if self._note_time:
+                self._queue.now = now
+            elif self._queue_update is not None:
+                self._queue_update(now)
+            if self._queue_refresh is not None:
+                self._queue_refresh(self.running.values(), self)
         if self.ready:
             self._insert_ready()
         cfg = self.cfg
