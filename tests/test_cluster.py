@@ -253,6 +253,34 @@ def test_prefix_affinity_raises_the_hit_rate_with_prefix_caching():
     assert res.summary()["num_finished"] == 400
 
 
+def test_prefix_index_follows_the_caches_and_routes_as_a_full_scan(monkeypatch):
+    """prefix_affinity scores only the replicas the index names; under eviction pressure the
+    index still equals the caches' segment keys, and the routing equals scoring every replica."""
+    from simsched.analysis import runner
+    from simsched.cluster import state
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="shared-prefix", system_prompt_len=256, num_prefix_groups=40,
+                        prompt_len=96, output_len=24, rate=60.0, num_requests=500)
+    cfg = SimConfig(workload=wl).replace(num_replicas=6, enable_prefix_caching=True,
+                                         num_blocks=160, max_num_seqs=16, seed=5,
+                                         router="prefix_affinity")
+    indexed, engine = runner.run(cfg, keep_engine=True)
+    index = engine.load.prefix_holders
+    assert index is not None and index.holders()
+    expect: dict = {}
+    for i, replica in enumerate(engine.replicas):
+        assert replica.kv.num_evicted_blocks > 0        # the caches did evict
+        for key in replica.kv.nodes():
+            expect.setdefault(key, set()).add(i)
+    assert index.holders() == expect
+    monkeypatch.setattr(state.PrefixHolders, "attach", classmethod(lambda cls, replicas: None))
+    scanned, engine = runner.run(cfg, keep_engine=True)
+    assert engine.load.prefix_holders is None
+    pd.testing.assert_frame_equal(indexed.requests, scanned.requests)
+    assert indexed.summary()["prefix_hit_rate"] > 0.3
+
+
 def test_session_affinity_keeps_a_sessions_turns_on_one_replica():
     from simsched.workloads.workload import WorkloadConfig
 

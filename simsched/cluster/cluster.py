@@ -34,7 +34,7 @@ from simpy.core import NORMAL
 
 from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
-from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
+from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.cluster.sessions import run_sessions
@@ -172,6 +172,8 @@ class Cluster:
         needs = self.router.needs if self.router is not None else ()
         self.load = ReplicaLoad(self.replicas, needs,
                                 getattr(self.router, "output_tokens", None))
+        if getattr(self.router, "uses_prefix_index", False):
+            self.load.prefix_holders = PrefixHolders.attach(self.replicas)
         if self.router is not None and self.router.reads_kv:
             for replica in self.replicas:
                 replica.on_kv = self.load.kv_changed

@@ -12,8 +12,10 @@ the figures it asks ``least`` for, which the exact view then keeps ordered.
 Cost per request: O(1) for ``round_robin``, ``random``, ``power_of_two`` and
 ``session_affinity`` (after a session's first turn), O(1) for ``jsq``, ``least_tokens`` and
 ``least_kv`` (the exact view keeps their minima in an O(log replicas) tree; a snapshot computes
-each minimum once per refresh); ``prefix_affinity`` and ``weighted`` score every replica, O(replicas
-+ matched prompt blocks), as llm-d's scheduler scores every pod.
+each minimum once per refresh); ``prefix_affinity`` scores only the replicas caching blocks of
+the prompt's first segment (a :class:`~simsched.cluster.state.PrefixHolders` index fed by the
+caches' events), O(prompt segments x such replicas); ``weighted`` scores every replica, O(replicas
+x prompt segments), as llm-d's scheduler scores every pod.
 """
 
 from __future__ import annotations
@@ -63,11 +65,14 @@ class Router:
     """Base class: remembers the replica count and the rng.
 
     ``needs`` names the load figures the router asks ``least`` for; ``reads_kv`` says whether it
-    reads ``kv_use`` at all (only then do replicas report their KV use every iteration).
+    reads ``kv_use`` at all (only then do replicas report their KV use every iteration);
+    ``uses_prefix_index``, whether the view should keep ``prefix_holders`` (which replicas cache
+    a prompt's first blocks).
     """
 
     needs: tuple = ()
     reads_kv: bool = False
+    uses_prefix_index: bool = False
 
     def __init__(self, num_replicas: int, rng: np.random.Generator) -> None:
         self.num_replicas = num_replicas
@@ -218,6 +223,7 @@ class PrefixAffinity(Router):
     """
 
     needs = ("outstanding",)
+    uses_prefix_index = True
 
     def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
                  load_slack: float = 4.0) -> None:
@@ -230,11 +236,15 @@ class PrefixAffinity(Router):
     def choose(self, view, req) -> int:
         if getattr(req, "content", None) is None:
             return view.least("outstanding")
+        index = getattr(view, "prefix_holders", None)
+        replicas = view.replicas
+        # Only replicas caching the prompt's first blocks can hit: the index names them.
+        candidates = range(len(replicas)) if index is None else index.candidates(req)
         best, best_tokens = -1, 0
-        for i, replica in enumerate(view.replicas):
+        for i in candidates:
             if not _under_cap(view, i, self.max_load_ratio, self.load_slack):
                 continue
-            cached = _cached_tokens(replica, req)
+            cached = _cached_tokens(replicas[i], req)
             if cached > best_tokens:
                 best, best_tokens = i, cached
         return best if best >= 0 else view.least("outstanding")

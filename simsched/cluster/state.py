@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from simsched.engine.prefix_cache import segment_runs
+
 METRICS = ("outstanding", "tokens", "kv_use")
 
 
@@ -80,6 +82,7 @@ class ReplicaLoad:
         self.kv_use = [0.0] * n
         self.total_outstanding = 0
         self.output_tokens = output_tokens
+        self.prefix_holders: PrefixHolders | None = None    # set by a cache-aware cluster
         unknown = set(ordered) - set(METRICS)
         if unknown:
             raise ValueError(f"unknown load figure(s) {sorted(unknown)}; known: {METRICS}")
@@ -143,6 +146,7 @@ class Snapshot:
     def __init__(self, load: ReplicaLoad) -> None:
         self._load = load
         self.replicas = load.replicas
+        self.prefix_holders = load.prefix_holders      # live, as the caches are
         self.num_replicas = load.num_replicas
         self.taken_at = 0.0
         self.refresh(0.0)
@@ -164,6 +168,56 @@ class Snapshot:
             values = getattr(self, metric)
             i = self._least[metric] = min(range(self.num_replicas), key=values.__getitem__)
         return i
+
+
+class PrefixHolders:
+    """Which replicas cache any block of a segment key, kept from the caches' node events.
+
+    A replica can serve a prefix of a prompt only if it caches blocks of the prompt's first block
+    run, so a cache-aware router need only score those replicas (fewest index first): with
+    affinity a prefix lives on a few replicas, and routing costs O(prompt segments x holders),
+    not O(replicas). Built only when every replica has a prefix cache of one block size.
+    """
+
+    def __init__(self, replicas) -> None:
+        self.block_size = replicas[0].kv.block_size
+        self._holders: dict[int, set[int]] = {}
+        for i, replica in enumerate(replicas):
+            replica.kv.on_node = self._listener(i)
+
+    @classmethod
+    def attach(cls, replicas) -> "PrefixHolders | None":
+        """An index over ``replicas``' caches, or None where one cannot be kept."""
+        kvs = [replica.kv for replica in replicas]
+        if not all(kv.prefix_caching for kv in kvs) \
+                or len({kv.block_size for kv in kvs}) != 1:
+            return None
+        return cls(replicas)
+
+    def _listener(self, i: int):
+        holders = self._holders
+
+        def on_node(key: int, cached: bool) -> None:
+            if cached:
+                holders.setdefault(key, set()).add(i)
+            else:
+                replicas = holders[key]
+                replicas.discard(i)
+                if not replicas:
+                    del holders[key]
+        return on_node
+
+    def candidates(self, req) -> list[int]:
+        """The replicas that may hold a cached prefix of ``req``'s prompt, in index order."""
+        runs = segment_runs(req.content, self.block_size)
+        if runs is None:
+            return []
+        holders = self._holders.get(runs[1][0])
+        return sorted(holders) if holders else []
+
+    def holders(self) -> dict[int, set[int]]:
+        """A copy of segment key -> replicas caching blocks of it."""
+        return {key: set(replicas) for key, replicas in self._holders.items()}
 
 
 class TokenBucket:

@@ -116,7 +116,7 @@ class PrefixCache(KVCacheManager):
     block counts once).
     """
 
-    __slots__ = ("_nodes", "_lru", "_holding", "num_evictable", "num_evicted_blocks")
+    __slots__ = ("_nodes", "_lru", "_holding", "num_evictable", "num_evicted_blocks", "on_node")
     prefix_caching = True
 
     def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0) -> None:
@@ -126,6 +126,9 @@ class PrefixCache(KVCacheManager):
         self._holding: dict[int, _Holding] = {}
         self.num_evictable = 0
         self.num_evicted_blocks = 0
+        # on_node(key, cached): a segment key gained its first cached block (True) or lost its
+        # last (False); a cluster's prefix index listens (KV events, as gateways receive them).
+        self.on_node = None
 
     @property
     def num_empty(self) -> int:
@@ -285,6 +288,8 @@ class PrefixCache(KVCacheManager):
             node = nodes.get(key)
             if node is None:
                 node = nodes[key] = _Node(key)
+                if self.on_node is not None:
+                    self.on_node(key, True)
             cached, top_ref = node.num_cached, node.max_reach
             top = new_r if new_r < cached else cached
             if private and top > old_r:
@@ -365,6 +370,8 @@ class PrefixCache(KVCacheManager):
                 released += r - m
             if not node.num_cached:
                 del nodes[node.key]
+                if self.on_node is not None:
+                    self.on_node(node.key, False)
         return released, uncached
 
     def _evict(self, k: int) -> None:
@@ -385,6 +392,8 @@ class PrefixCache(KVCacheManager):
             evicted += t
             if not node.num_cached:
                 del nodes[node.key]
+                if self.on_node is not None:
+                    self.on_node(node.key, False)
         self.num_evictable -= evicted
         self.num_evicted_blocks += evicted
 
