@@ -142,6 +142,7 @@ class Replica:
         push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
         swap_rate = self.swap_bytes_per_second
         swapping = sched.swapping            # only swap preemption moves KV over the host link
+        on_iteration = self.on_iteration
         inf = math.inf
         hits = evictions = cached = last_hits = last_evictions = 0
         ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
@@ -185,29 +186,25 @@ class Replica:
                 preempted = sched.preempted
             if preempted:
                 self._interrupt_victims()
-            used = kv.num_used if prefix else num_blocks - kv.num_free
-            if self.on_kv is not None:
-                self.on_kv(self.index, used, kv.num_blocks)
-            waiting = len(sched._waiting) + len(requeue)
             if prefix:
+                used = kv.num_used
                 # Cumulative counters -> this iteration's admissions' cache hits and evictions.
                 hits = sched.num_cached_tokens - last_hits
                 evictions = kv.num_evicted_blocks - last_evictions
                 last_hits, last_evictions = sched.num_cached_tokens, kv.num_evicted_blocks
                 cached = kv.num_evictable
+            else:
+                used = num_blocks - kv.num_free
+            if self.on_kv is not None:
+                self.on_kv(self.index, used, num_blocks)
+            waiting = len(sched._waiting) + len(requeue)
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
             # enough that now + duration still resolves it (arrivals near 1e17 s do not). The
             # clock's spacing changes only at powers of two: recompute it when one is crossed.
-            if duration.__class__ is not float:
-                duration = self._seconds(duration, batch)
-            if started >= ulp_below:
-                ulp_floor = math.ulp(started) * MIN_ULPS
-                exp = math.frexp(started)[1]
-                ulp_below = (0.0 if started <= 0 else math.ldexp(1.0, exp) if exp < 1024
-                             else math.inf)
-            if not (duration >= ulp_floor and started + duration < inf):
-                self._bad_duration(duration, batch)
+            if duration.__class__ is not float or started >= ulp_below \
+                    or not (duration >= ulp_floor and started + duration < inf):
+                duration, ulp_floor, ulp_below = self._checked(duration, batch, started)
             if swapping:
                 swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
                 duration += swap_time
@@ -240,19 +237,34 @@ class Replica:
                              swap_time))
             if len(rows) >= chunk_rows:
                 log.pack()
-            for req in firsts:
-                live[req.id][1].succeed()
-            for req in finished:
-                live.pop(req.id)[2].succeed()
+            if firsts:
+                for req in firsts:
+                    live[req.id][1].succeed()
+            if finished:
+                for req in finished:
+                    live.pop(req.id)[2].succeed()
             if self.kv_waiters:
                 self.notify_memory()
-            if self.on_iteration is not None:
-                self.on_iteration(self, batch)
+            if on_iteration is not None:
+                on_iteration(self, batch)
 
     def _cost_name(self) -> str:
         cost = self.cost_model
         own_repr = type(cost).__repr__ is not object.__repr__
         return repr(cost) if own_repr else type(cost).__qualname__
+
+    def _checked(self, duration, batch, started: float) -> tuple[float, float, float]:
+        """``duration`` as usable seconds (or an error), with the clock's resolution at
+        ``started``: the least duration it resolves, and the power of two below which that holds.
+        """
+        if duration.__class__ is not float:
+            duration = self._seconds(duration, batch)
+        ulp_floor = math.ulp(started) * MIN_ULPS
+        exp = math.frexp(started)[1]
+        ulp_below = 0.0 if started <= 0 else math.ldexp(1.0, exp) if exp < 1024 else math.inf
+        if not (duration >= ulp_floor and started + duration < math.inf):
+            self._bad_duration(duration, batch)
+        return duration, ulp_floor, ulp_below
 
     def _seconds(self, value, batch) -> float:
         """A cost model's non-``float`` return value as seconds (ints and numpy reals pass)."""
