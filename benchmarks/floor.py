@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections import deque
 
 import numpy as np

@@ -1,6 +1,5 @@
 """Queue and victim policies: orderings on hand-built queues, MLFQ, fair share, full runs."""
 
-import math
 
 import numpy as np
 import pytest

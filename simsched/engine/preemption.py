@@ -93,3 +93,17 @@ class PreemptionMixin:
         victim.num_recomputed_tokens += cached
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
+
+    def _stop(self, victim: Request) -> None:
+        """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
+        cached = self.num_cached(victim) if self.prefix_caching else 0
+        if victim.run_start_step >= 0:
+            self._close_run(victim, self.step)
+        else:
+            self.prefilling.pop(victim.id, None)
+            self._unplan(victim)
+        del self.running[victim.id]
+        self.running_version += 1
+        self.kv.free(victim.id, cached)
+        victim.epoch += 1
+        victim.finish_step = -1

@@ -5,15 +5,11 @@ start of an iteration, which returns the :class:`~simsched.cost.base.Batch` to r
 :meth:`Scheduler.commit` at its end, which advances progress and reports first tokens and
 finished requests.
 
-Decodes are advanced lazily. Every running decoder computes one token in every *decode step*
-(the config guarantees the token budget covers ``max_num_seqs`` decodes), so one counter,
-``step``, advances them all; a decoder's progress is its count at the start of its decode run
-plus the steps since. The step at which a decoder emits its last token is known in advance and
-kept in a calendar dict. A decoder needs a new KV block every ``block_size`` steps, at steps of
-one residue modulo ``block_size``: decoders are grouped by that residue, and when the cache has
-the blocks a whole group grows in O(1) (:meth:`KVCacheManager.grow_group`). An iteration costs
-O(events) rather than O(batch), and never O(waiting queue). A queue policy with a per-iteration ``refresh`` hook would
-add O(running) per iteration (none has one: MLFQ ranks lazily).
+Decodes are advanced lazily (:mod:`simsched.engine.decode`): one step counter for all decoders,
+their last steps in a calendar dict and their KV growth one O(1) grant per group, so an
+iteration costs O(events) rather than O(batch), and never O(waiting queue). A queue policy with a
+per-iteration ``refresh`` hook would add O(running) per iteration (none has one: MLFQ ranks
+lazily).
 
 Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
 ``preemption_mode="swap"``, swaps the victim's KV to CPU memory (:mod:`simsched.swap`).
@@ -34,6 +30,8 @@ from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.queues import HeapQueue
+from simsched.engine.decode import DecodeMixin
+from simsched.engine.handoff import HandoffMixin
 from simsched.engine.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
@@ -43,7 +41,7 @@ DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
 _new_batch = object.__new__
 
 
-class Scheduler(PreemptionMixin):
+class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
     """Stall-free continuous batching (Sarathi-Serve style) with a paged KV cache.
 
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
@@ -153,20 +151,6 @@ class Scheduler(PreemptionMixin):
         # HeapQueue.pop() is peek() then forgetting the entry: having peeked, forget it only.
         self._forget = queue._live if getattr(queue_type, "pop", None) is HeapQueue.pop \
             and getattr(queue_type, "peek", None) is HeapQueue.peek else None
-
-    # ----------------------------------------------------------------- lazy progress
-    def num_generated(self, req: Request) -> int:
-        """Output tokens ``req`` has emitted so far."""
-        s0 = req.run_start_step
-        if s0 < 0 or self.step < s0:
-            return req.num_generated
-        return req.num_generated + self.step - s0 + 1
-
-    def num_cached(self, req: Request) -> int:
-        """Tokens of ``req`` whose KV is in the cache."""
-        if req.run_start_step >= 0:
-            return req.ctx_base + self.step + 1
-        return req.num_computed
 
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
@@ -283,29 +267,6 @@ class Scheduler(PreemptionMixin):
     def _budget_left(self) -> int:
         used = self.planned_tokens + (len(self.decoding) if self._decodes_count else 0)
         return self.cfg.max_num_batched_tokens - used
-
-    def _grow_decoders(self, s: int) -> None:
-        """Give every decoder whose token at step ``s`` starts a new block that block."""
-        if s != self._grown_step:
-            self._grown_step = s
-            group = s % self.block_size
-            members = self.growing[group]
-            # Enough blocks free (without eviction) for the whole group: one O(1) grant.
-            if members and not self.kv.grow_group(group, len(members)):
-                self._grow_each(list(members.values()))
-        if self._late:
-            late, self._late = self._late, []
-            self._grow_each(late)
-
-    def _grow_each(self, decoders: list) -> None:
-        """One block each, in order, preempting (victim policy) when the cache has none free."""
-        kv, decoding = self.kv, self.decoding
-        for req in decoders:
-            if req.id not in decoding:
-                continue                        # preempted by an earlier one's need
-            if kv.num_free < 1 and not self._make_room(req, 1):
-                continue                        # req itself was the victim
-            kv.add_block(req.id)
 
     def _continue_prefills(self) -> None:
         for req in list(self.prefilling.values()):
@@ -427,34 +388,6 @@ class Scheduler(PreemptionMixin):
                 kv.allocate(req.id, done + chunk)
                 self._plan(req, chunk)
 
-    def _stop(self, victim: Request) -> None:
-        """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
-        cached = self.num_cached(victim) if self.prefix_caching else 0
-        if victim.run_start_step >= 0:
-            self._close_run(victim, self.step)
-        else:
-            self.prefilling.pop(victim.id, None)
-            self._unplan(victim)
-        del self.running[victim.id]
-        self.running_version += 1
-        self.kv.free(victim.id, cached)
-        victim.epoch += 1
-        victim.finish_step = -1
-
-    def _close_run(self, req: Request, last_step: int) -> None:
-        """End ``req``'s decode run after step ``last_step``."""
-        if last_step >= req.run_start_step:
-            req.runs += (req.last_token_at, req.run_start_step, last_step)
-            req.last_token_at = self.step_end_at[last_step]
-        req.num_generated += max(0, last_step - req.run_start_step + 1)
-        del self.decoding[req.id]
-        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None:
-            self.kv.leave_group(req.id)
-        self.ctx_base_sum -= req.ctx_base
-        req.run_start_step = -1
-        if self.meter is not None:
-            self.meter.stop_decoding(req, last_step)
-
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
         """Apply the iteration that just ended at ``now``: (first-token requests, finished)."""
@@ -498,80 +431,6 @@ class Scheduler(PreemptionMixin):
         self.planned = {}
         return firsts, finished
 
-    # ----------------------------------------------------------------- disaggregation
-    def _hand_off(self, req: Request) -> None:
-        """Stop ``req`` after its prefill: it leaves the batch but its KV blocks stay held."""
-        self.handoff.discard(req.id)
-        del self.running[req.id]
-        self.running_version += 1
-        self.held[req.id] = req
-
-    def release_held(self, req: Request) -> int:
-        """Free a handed-off request's KV blocks (its transfer ended); return how many."""
-        del self.held[req.id]
-        return self.kv.free(req.id, req.num_computed if self.prefix_caching else 0)
-
-    def reserve(self, req: Request) -> int | None:
-        """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
-
-        With a prefix cache the cached part of the prefix is reused (only the rest is sent).
-        None: not enough free blocks now (beyond the watermark while requests run).
-        """
-        kv = self.kv
-        num_tokens = req.num_computed
-        if self.prefix_caching:
-            cached, hit, evictable = kv.match(req)
-            need = kv.blocks_for(num_tokens) - hit + evictable
-        else:
-            cached = hit = 0
-            need = kv.blocks_for(num_tokens)
-        if not kv.can_allocate(need, use_watermark=bool(self.running)):
-            return None
-        if self.prefix_caching:
-            kv.acquire(req, hit)
-        kv.allocate(req.id, num_tokens)
-        self.incoming[req.id] = req
-        return cached
-
-    def arrive(self, req: Request) -> None:
-        """``req``'s KV has arrived: it joins the decoders at the next iteration."""
-        self.ready.append(req)
-
-    def _insert_ready(self) -> None:
-        ready, running = self.ready, self.running
-        while ready and len(running) < self.cfg.max_num_seqs:
-            req = ready.pop(0)
-            del self.incoming[req.id]
-            req.admitted_seq = self.num_admitted
-            self.num_admitted += 1
-            running[req.id] = req
-            self.running_version += 1
-            self._start_run(req)
-
-    def _start_run(self, req: Request, resumed: bool = False) -> None:
-        """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
-        s1 = self.step + 1
-        cached = req.num_computed
-        req.run_start_step = s1
-        req.ctx_base = cached - s1
-        self.ctx_base_sum += req.ctx_base
-        req.finish_step = s1 + req.num_output_tokens - req.num_generated - 1
-        self.decoding[req.id] = req
-        self.finish_due.setdefault(req.finish_step, []).append((req, req.epoch))
-        if self.meter is not None:
-            self.meter.start_decoding(req, self.step)
-        first_block = s1 + (-cached) % self.block_size
-        if resumed and first_block == self._grown_step:
-            # This step's new blocks were already handed out: take ours now (swap_in checked).
-            self.kv.add_block(req.id)
-            first_block += self.block_size
-        if first_block <= req.finish_step:
-            group = first_block % self.block_size
-            self.growing[group][req.id] = req
-            self.kv.join_group(req.id, group)
-            if first_block == self._grown_step:
-                self._late.append(req)          # this step's blocks were handed out already
-
     def _finish(self, req: Request, now: float, finished: list) -> None:
         req.status = FINISHED
         req.finished_at = now
@@ -590,9 +449,3 @@ class Scheduler(PreemptionMixin):
         req.sort_key = None
         req.prefill_target = req.num_computed = req.ctx_base = req.finish_step = 0
         finished.append(req)
-
-    def close(self) -> None:
-        """Freeze lazy progress of requests still running when the run stops."""
-        for req in list(self.decoding.values()):
-            self._close_run(req, self.step)
-            req.num_computed = req.num_prompt_tokens + req.num_generated - 1

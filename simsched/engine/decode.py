@@ -1,0 +1,100 @@
+"""Lazy decoding, as methods the scheduler inherits: one step counter for every decoder.
+
+Every running decoder computes one token in every *decode step* (the config guarantees the token
+budget covers ``max_num_seqs`` decodes), so the scheduler's ``step`` counter advances them all; a
+decoder's progress is its count at the start of its decode run plus the steps since. Its last
+step is known in advance (the scheduler's ``finish_due`` calendar). A decoder needs a new KV
+block every ``block_size`` steps, at steps of one residue modulo ``block_size``: decoders are
+grouped by that residue (``growing``), and when the cache has the blocks a whole group grows in
+O(1) (:meth:`~simsched.engine.kv_cache.KVCacheManager.grow_group`); otherwise its members take
+one block each, in the order they started decoding, preempting (victim policy) when none is
+free.
+"""
+
+from __future__ import annotations
+
+from simsched.request import Request
+
+
+class DecodeMixin:
+    """Decode runs and their KV growth for :class:`~simsched.engine.scheduler.Scheduler`."""
+
+    def num_generated(self, req: Request) -> int:
+        """Output tokens ``req`` has emitted so far."""
+        s0 = req.run_start_step
+        if s0 < 0 or self.step < s0:
+            return req.num_generated
+        return req.num_generated + self.step - s0 + 1
+
+    def num_cached(self, req: Request) -> int:
+        """Tokens of ``req`` whose KV is in the cache."""
+        if req.run_start_step >= 0:
+            return req.ctx_base + self.step + 1
+        return req.num_computed
+
+    def _grow_decoders(self, s: int) -> None:
+        """Give every decoder whose token at step ``s`` starts a new block that block."""
+        if s != self._grown_step:
+            self._grown_step = s
+            group = s % self.block_size
+            members = self.growing[group]
+            # Enough blocks free (without eviction) for the whole group: one O(1) grant.
+            if members and not self.kv.grow_group(group, len(members)):
+                self._grow_each(list(members.values()))
+        if self._late:
+            late, self._late = self._late, []
+            self._grow_each(late)
+
+    def _grow_each(self, decoders: list) -> None:
+        """One block each, in order, preempting (victim policy) when the cache has none free."""
+        kv, decoding = self.kv, self.decoding
+        for req in decoders:
+            if req.id not in decoding:
+                continue                        # preempted by an earlier one's need
+            if kv.num_free < 1 and not self._make_room(req, 1):
+                continue                        # req itself was the victim
+            kv.add_block(req.id)
+
+    def _start_run(self, req: Request, resumed: bool = False) -> None:
+        """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
+        s1 = self.step + 1
+        cached = req.num_computed
+        req.run_start_step = s1
+        req.ctx_base = cached - s1
+        self.ctx_base_sum += req.ctx_base
+        req.finish_step = s1 + req.num_output_tokens - req.num_generated - 1
+        self.decoding[req.id] = req
+        self.finish_due.setdefault(req.finish_step, []).append((req, req.epoch))
+        if self.meter is not None:
+            self.meter.start_decoding(req, self.step)
+        first_block = s1 + (-cached) % self.block_size
+        if resumed and first_block == self._grown_step:
+            # This step's new blocks were already handed out: take ours now (swap_in checked).
+            self.kv.add_block(req.id)
+            first_block += self.block_size
+        if first_block <= req.finish_step:
+            group = first_block % self.block_size
+            self.growing[group][req.id] = req
+            self.kv.join_group(req.id, group)
+            if first_block == self._grown_step:
+                self._late.append(req)          # this step's blocks were handed out already
+
+    def _close_run(self, req: Request, last_step: int) -> None:
+        """End ``req``'s decode run after step ``last_step``."""
+        if last_step >= req.run_start_step:
+            req.runs += (req.last_token_at, req.run_start_step, last_step)
+            req.last_token_at = self.step_end_at[last_step]
+        req.num_generated += max(0, last_step - req.run_start_step + 1)
+        del self.decoding[req.id]
+        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None:
+            self.kv.leave_group(req.id)
+        self.ctx_base_sum -= req.ctx_base
+        req.run_start_step = -1
+        if self.meter is not None:
+            self.meter.stop_decoding(req, last_step)
+
+    def close(self) -> None:
+        """Freeze lazy progress of requests still running when the run stops."""
+        for req in list(self.decoding.values()):
+            self._close_run(req, self.step)
+            req.num_computed = req.num_prompt_tokens + req.num_generated - 1

@@ -1,0 +1,65 @@
+"""Disaggregated prefill/decode on one replica, as methods the scheduler inherits.
+
+A prefill replica hands a request off after its prefill (:meth:`HandoffMixin._hand_off`): it
+leaves the batch but its KV blocks stay held until the transfer ends (``release_held``). A decode
+replica reserves blocks for the incoming KV (``reserve``), and once it has arrived (``arrive``)
+the request joins the decoders at the next iteration. The transfers themselves are SimPy
+processes of :mod:`simsched.cluster.disagg`.
+"""
+
+from __future__ import annotations
+
+from simsched.request import Request
+
+
+class HandoffMixin:
+    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`."""
+
+    def _hand_off(self, req: Request) -> None:
+        """Stop ``req`` after its prefill: it leaves the batch but its KV blocks stay held."""
+        self.handoff.discard(req.id)
+        del self.running[req.id]
+        self.running_version += 1
+        self.held[req.id] = req
+
+    def release_held(self, req: Request) -> int:
+        """Free a handed-off request's KV blocks (its transfer ended); return how many."""
+        del self.held[req.id]
+        return self.kv.free(req.id, req.num_computed if self.prefix_caching else 0)
+
+    def reserve(self, req: Request) -> int | None:
+        """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
+
+        With a prefix cache the cached part of the prefix is reused (only the rest is sent).
+        None: not enough free blocks now (beyond the watermark while requests run).
+        """
+        kv = self.kv
+        num_tokens = req.num_computed
+        if self.prefix_caching:
+            cached, hit, evictable = kv.match(req)
+            need = kv.blocks_for(num_tokens) - hit + evictable
+        else:
+            cached = hit = 0
+            need = kv.blocks_for(num_tokens)
+        if not kv.can_allocate(need, use_watermark=bool(self.running)):
+            return None
+        if self.prefix_caching:
+            kv.acquire(req, hit)
+        kv.allocate(req.id, num_tokens)
+        self.incoming[req.id] = req
+        return cached
+
+    def arrive(self, req: Request) -> None:
+        """``req``'s KV has arrived: it joins the decoders at the next iteration."""
+        self.ready.append(req)
+
+    def _insert_ready(self) -> None:
+        ready, running = self.ready, self.running
+        while ready and len(running) < self.cfg.max_num_seqs:
+            req = ready.pop(0)
+            del self.incoming[req.id]
+            req.admitted_seq = self.num_admitted
+            self.num_admitted += 1
+            running[req.id] = req
+            self.running_version += 1
+            self._start_run(req)
