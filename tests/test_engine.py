@@ -115,11 +115,11 @@ def test_releasing_requests_while_building_frames_changes_nothing():
 
 
 def test_frames_do_not_depend_on_the_extraction_chunk_size(monkeypatch):
-    import simsched.analysis.metrics as metrics
+    import simsched.analysis.frames as frames
 
     cfg = pressured_config(policy="spf", preemption=True, check_invariants=False)
     whole = simsched.simulate(cfg)
-    monkeypatch.setattr(metrics, "_CHUNK", 7)        # many chunks, a ragged last one
+    monkeypatch.setattr(frames, "_CHUNK", 7)        # many chunks, a ragged last one
     chunked = simsched.simulate(cfg)
     pd.testing.assert_frame_equal(whole.requests, chunked.requests)
     pd.testing.assert_frame_equal(whole.preemptions, chunked.preemptions)

@@ -18,8 +18,8 @@ from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
-from simsched.analysis.metrics import (Results, build_replicas_frame, build_requests_frame,
-                                       rejection_note)
+from simsched.analysis.frames import build_requests_frame
+from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.engine.log import concat_frames
 from simsched.request import Content, Request
 from simsched.workloads.traces import (apply_long_prompt_policy, check_hash_ids,

@@ -5,7 +5,7 @@ keeps the workload as columns (struct of arrays), creates each request object wh
 process reaches it, and, when its process ends (finished, rejected or shed), copies what the
 request frame needs into preallocated arrays and lets the object go. Only requests in flight are
 objects. :meth:`LazyRequests.columns` then gives exactly what
-:func:`simsched.analysis.metrics.build_requests_frame` reads from a list of request objects, so
+:func:`simsched.analysis.frames.build_requests_frame` reads from a list of request objects, so
 both paths build identical frames.
 
 It serves plain requests (no prefix-cache :class:`~simsched.request.Content`, no closed-loop
@@ -142,7 +142,7 @@ class LazyRequests:
         done.clear()
 
     def columns(self, prefix: bool = False) -> dict:
-        """What the request frame needs, as ``metrics._extract`` gives it; empties this store.
+        """What the request frame needs, as ``frames._extract`` gives it; empties this store.
 
         Requests still in flight are recorded as they stand (call after the schedulers'
         ``close``); requests that never arrived keep status ``pending``.
