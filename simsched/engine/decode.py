@@ -43,7 +43,8 @@ class DecodeMixin:
                 self._grow_each(list(members.values()))
         if self._late:
             late, self._late = self._late, []
-            self._grow_each(late)
+            # Only runs that still go on (a run stopped and restarted since has its own blocks).
+            self._grow_each([req for req, epoch in late if req.epoch == epoch])
 
     def _grow_each(self, decoders: list) -> None:
         """One block each, in order, preempting (victim policy) when the cache has none free."""
@@ -77,7 +78,7 @@ class DecodeMixin:
             self.growing[group][req.id] = req
             self.kv.join_group(req.id, group)
             if first_block == self._grown_step:
-                self._late.append(req)          # this step's blocks were handed out already
+                self._late.append((req, req.epoch))  # this step's blocks went out already
 
     def _close_run(self, req: Request, last_step: int) -> None:
         """End ``req``'s decode run after step ``last_step``."""

@@ -102,7 +102,7 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
         # in the order they started decoding; ``_late``: those that started after their first
         # block's step had been grown (after an iteration without decodes).
         self.growing: list[dict[int, Request]] = [{} for _ in range(self.block_size)]
-        self._late: list[Request] = []
+        self._late: list[tuple[Request, int]] = []
         self.finish_due: dict[int, list] = {}
         self.num_admitted = 0
         # this iteration's decision
