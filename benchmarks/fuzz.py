@@ -4,9 +4,13 @@ Each case draws a scheduler configuration (queue and victim policies as register
 style, preemption, budgets, chunking), a KV cache down to the smallest that fits one request,
 and a small adversarial workload (bursts, identical and zero-gap arrivals, one-token outputs,
 prompts at the budget or a block boundary, impossible requests), then runs it with
-:func:`simsched.api.simulate_checked`. Usage::
+:func:`simsched.api.simulate_checked`. With ``--cluster P`` a share P of the cases also become
+clusters (2-5 replicas, any registered router, fresh or stale load, a queue cap that sheds,
+sometimes prefill/decode roles) and most of those share prompt prefixes with prefix caching on;
+the cluster draws come from their own stream, so a case index means the same base case with or
+without it. Usage::
 
-    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0
+    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3]
 
 Prints the number of configurations run, the failures (with the case index to reproduce with
 ``--only``) and the wall time.
@@ -21,7 +25,9 @@ import time
 import traceback
 
 import numpy as np
+import pandas as pd
 
+from simsched.cluster.routers import ROUTERS
 from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
                              SchedulerConfig, SimConfig)
 from simsched.api import simulate_checked
@@ -109,6 +115,29 @@ def random_case(rng: np.random.Generator) -> tuple[SimConfig, list[tuple]]:
     return cfg, requests
 
 
+def cluster_variant(rng: np.random.Generator, cfg: SimConfig,
+                    requests: list[tuple]) -> tuple[SimConfig, pd.DataFrame]:
+    """The case as a cluster, its requests as a table (with shared prefixes, mostly)."""
+    changes = {"cluster.num_replicas": int(rng.integers(2, 6)),
+               "cluster.router": _choice(rng, sorted(ROUTERS))}
+    if rng.random() < 0.3:
+        changes["cluster.refresh_interval"] = float(_choice(rng, (0.05, 0.5, 2.0)))
+    if rng.random() < 0.2:
+        changes["cluster.max_num_queued_per_replica"] = int(rng.integers(1, 6))
+    if rng.random() < 0.15:
+        changes["cluster.num_prefill_replicas"] = 1
+        changes["cluster.num_decode_replicas"] = changes["cluster.num_replicas"] - 1
+    prefix = rng.random() < 0.7
+    if prefix:
+        changes["cache.enable_prefix_caching"] = True
+    table = pd.DataFrame(requests, columns=["arrival_at", "num_prompt_tokens",
+                                            "num_output_tokens", "priority"])
+    if prefix:
+        table["prefix_group"] = rng.integers(0, 4, size=len(table))
+        table["prefix_len"] = [int(rng.integers(1, p + 1)) for p in table["num_prompt_tokens"]]
+    return cfg.replace(**changes), table
+
+
 def livelock_guard(cfg: SimConfig, requests: list[tuple]) -> float:
     """A simulated-time limit no terminating run reaches: several iterations per token."""
     tokens = sum(p + o for _, p, o, _ in requests)
@@ -116,16 +145,17 @@ def livelock_guard(cfg: SimConfig, requests: list[tuple]) -> float:
     return max(t for t, *_ in requests) + (10 * tokens + 500) * shortest
 
 
-def check_case(cfg: SimConfig, requests: list[tuple]) -> None:
+def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None = None) -> None:
     """Run one case with every invariant on; also check that comfortably fitting requests ran.
 
     A run without a time limit gets :func:`livelock_guard` as its limit, so a livelock is
-    reported as unfinished requests instead of hanging the campaign.
+    reported as unfinished requests instead of hanging the campaign. ``table``, if given, is
+    what runs (the requests with prefix columns).
     """
     unlimited = math.isinf(cfg.max_sim_time)
     if unlimited:
         cfg = cfg.replace(max_sim_time=livelock_guard(cfg, requests))
-    results, engine = simulate_checked(cfg, requests)
+    results, engine = simulate_checked(cfg, requests if table is None else table)
     if unlimited:
         if results.summary()["num_unfinished"]:
             raise AssertionError(f"livelock: {results.summary()['num_unfinished']} requests "
@@ -139,7 +169,7 @@ def check_case(cfg: SimConfig, requests: list[tuple]) -> None:
     for row in df.itertuples(index=False):
         total = row.num_prompt_tokens + row.num_output_tokens
         fits = (total <= limit and kv.blocks_for(total) <= kv.num_blocks - kv.watermark_blocks)
-        if fits and row.status == "rejected":
+        if fits and row.status == "rejected" and not row.reject_reason.startswith("shed"):
             raise AssertionError(f"request {row.request_id} ({row.num_prompt_tokens}+"
                                  f"{row.num_output_tokens}) fits but was rejected: "
                                  f"{row.reject_reason}")
@@ -151,16 +181,21 @@ def check_case(cfg: SimConfig, requests: list[tuple]) -> None:
         raise AssertionError(f"summary counts do not add up: {summary}")
 
 
-def run_one(args: tuple[int, int]) -> tuple[int, str]:
-    """Run case ``index`` of seed ``seed``; return (index, error text or '')."""
-    seed, index = args
+def run_one(args: tuple) -> tuple[int, str]:
+    """Run case ``index`` of seed ``seed`` (a cluster with probability ``cluster``); return
+    (index, error text or '')."""
+    seed, index, cluster = args
     rng = np.random.default_rng([seed, index])
+    table = None
     try:
         cfg, requests = random_case(rng)
+        more = np.random.default_rng([seed, index, 1])
+        if more.random() < cluster:
+            cfg, table = cluster_variant(more, cfg, requests)
     except Exception:  # a generator bug, not a simulator bug, but report it all the same
         return index, "case generation failed:\n" + traceback.format_exc()
     try:
-        check_case(cfg, requests)
+        check_case(cfg, requests, table)
     except Exception as exc:  # every failure is collected and reported
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return index, f"{detail}\n  config: {cfg.flat()}\n  requests: {requests}"
@@ -175,9 +210,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", type=int, default=None, help="run only this case index")
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
+    parser.add_argument("--cluster", type=float, default=0.0,
+                        help="share of cases also run as clusters with shared prefixes (0)")
     args = parser.parse_args(argv)
     indices = [args.only] if args.only is not None else range(args.n)
-    tasks = [(args.seed, i) for i in indices]
+    tasks = [(args.seed, i, args.cluster) for i in indices]
     started = time.perf_counter()
     failures = []
     if args.workers > 1 and len(tasks) > 1:

@@ -83,3 +83,16 @@ def test_every_request_finishes_or_is_rejected(case):
     assert len(it) >= (done["num_output_tokens"].max() if len(done) else 0)
     assert (it["num_seqs"] <= cfg.scheduler.max_num_seqs).all()
     assert (it["kv_blocks_used"] <= engine.kv.num_blocks).all()
+
+
+def test_fuzz_cluster_slice():
+    """A slice of the fuzz campaign's cluster cases (routers, stale load, shedding, prefill/
+    decode roles, shared prefixes with prefix caching), every invariant on, none failing."""
+    import warnings
+
+    from benchmarks.fuzz import run_one
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        errors = [run_one((7, index, 1.0)) for index in range(60)]
+    assert [e for e in errors if e[1]] == []
