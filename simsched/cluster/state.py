@@ -174,7 +174,7 @@ class PrefixHolders:
     """Which replicas cache any block of a segment key, kept from the caches' node events.
 
     A replica can serve a prefix of a prompt only if it caches blocks of the prompt's first block
-    run, so a cache-aware router need only score those replicas (fewest index first): with
+    run, so a cache-aware router need only score those replicas (lowest index first): with
     affinity a prefix lives on a few replicas, and routing costs O(prompt segments x holders),
     not O(replicas). Built only when every replica has a prefix cache of one block size.
     """

@@ -33,7 +33,8 @@ class DecodeMixin:
         return req.num_computed
 
     def _grow_decoders(self, s: int) -> None:
-        """Give every decoder whose token at step ``s`` starts a new block that block."""
+        """Give every decoder whose token at step ``s`` starts a new block that block (each
+        group once per step; decoders that joined after their group's turn, when they come)."""
         if s != self._grown_step:
             self._grown_step = s
             group = s % self.block_size

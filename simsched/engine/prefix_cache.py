@@ -369,14 +369,12 @@ class PrefixCache(KVCacheManager):
                 lru[run] = None
                 released += r - m
             if not node.num_cached:
-                del nodes[node.key]
-                if self.on_node is not None:
-                    self.on_node(node.key, False)
+                self._drop(node)
         return released, uncached
 
     def _evict(self, k: int) -> None:
         """Evict ``k`` cached blocks nobody holds, least recently released first."""
-        lru, nodes = self._lru, self._nodes
+        lru = self._lru
         evicted = 0
         while evicted < k:
             run = next(iter(lru))
@@ -391,11 +389,15 @@ class PrefixCache(KVCacheManager):
             node.num_cached -= t
             evicted += t
             if not node.num_cached:
-                del nodes[node.key]
-                if self.on_node is not None:
-                    self.on_node(node.key, False)
+                self._drop(node)
         self.num_evictable -= evicted
         self.num_evicted_blocks += evicted
+
+    def _drop(self, node: _Node) -> None:
+        """Forget ``node``, whose last cached block is gone (and tell a listening index)."""
+        del self._nodes[node.key]
+        if self.on_node is not None:
+            self.on_node(node.key, False)
 
     # ------------------------------------------------------------------ inspection
     def nodes(self) -> dict:

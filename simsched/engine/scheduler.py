@@ -215,12 +215,10 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
                 self._admit()
             if not planned:
                 self._decodes_count = True
-                if step1 != self._grown_step or self._late:
-                    self._grow_decoders(step1)
+                self._grow_decoders(step1)
         else:
             self._decodes_count = True
-            if step1 != self._grown_step or self._late:
-                self._grow_decoders(step1)
+            self._grow_decoders(step1)
             if self.prefilling:
                 self._continue_prefills()
             # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
