@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL
+from simpy.core import NORMAL, URGENT
 
 from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
@@ -86,20 +86,45 @@ def router_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
 
 
-class _At(simpy.Event):
-    """An event processed at absolute time ``when`` (a timeout's ``now + delay`` can miss it).
+class _Arrivals(simpy.Event):
+    """Starts each request's process at its arrival time: one event, rescheduled at each new
+    arrival time (absolute, so the clock lands on ``arrival_at`` itself: ``0.2 + d`` is never
+    exactly 0.9 for any float ``d``, so a timeout's ``now + delay`` can miss an arrival).
 
-    ``0.2 + d`` is never exactly 0.9 for any float ``d``, so an arrival at 0.9 cannot be reached
-    by a delay; this pushes the event onto SimPy's queue as ``Environment.schedule`` does, with
-    the absolute time instead of ``now + delay``.
+    Processing it starts the processes of the requests arriving at that instant, in id order, as
+    their processes' first steps: what an arrival process creating each with ``env.process``
+    would do at that instant, without an arrival process to resume and an ``Initialize`` event
+    per request (a third of the SimPy work of a request's life).
     """
 
-    def __init__(self, env: simpy.Environment, when: float) -> None:
+    def __init__(self, env: simpy.Environment, requests, start) -> None:
         self.env = env
-        self.callbacks = []
         self._value = None
         self._ok = True
-        heapq.heappush(env._queue, (when, NORMAL, next(env._eid), self))
+        self._requests = iter(requests)
+        self._next = next(self._requests, None)
+        self._start = start
+        # First processed where an arrival process's start would be: URGENT, now.
+        self.callbacks = [self._arrive]
+        env.schedule(self, URGENT)
+
+    def _arrive(self, _event) -> None:
+        env, start, requests = self.env, self._start, self._requests
+        now, req = env._now, self._next
+        while req is not None and req.arrival_at <= now:
+            start(req)
+            req = next(requests, None)
+        self._next = req
+        if req is not None:
+            self.callbacks = [self._arrive]
+            heapq.heappush(env._queue, (req.arrival_at, NORMAL, next(env._eid), self))
+
+
+class _Started:
+    """What a process's first step is resumed with (an ``Initialize`` event's value)."""
+
+    _ok = True
+    _value = None
 
 
 class _Views:
@@ -156,7 +181,7 @@ class Cluster:
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
-        self.env.process(self._arrivals())
+        _Arrivals(self.env, self.requests, self._start_request())
         if sessions:
             self.env.process(run_sessions(self, sessions))
 
@@ -224,14 +249,22 @@ class Cluster:
         check_invariants(self, replica, batch)
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self):
-        env, request = self.env, self._request
+    def _start_request(self):
+        """The function that starts an arriving request's process (see :class:`_Arrivals`)."""
+        env, request, new = self.env, self._request, simpy.Process.__new__
         # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
         record = getattr(self.requests, "record", None)
-        for req in self.requests:
-            if req.arrival_at > env.now:
-                yield _At(env, req.arrival_at)
-            env.process(request(req, record))
+        started = _Started()
+
+        def start(req: Request) -> None:
+            # simpy.Process(env, generator) without scheduling its Initialize event: the
+            # process takes its first step now, as Initialize would have it do next.
+            process = new(simpy.Process)
+            process.env = env
+            process.callbacks = []
+            process._generator = request(req, record)
+            process._resume(started)
+        return start
 
     def _refresh(self, interval: float):
         """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""
@@ -274,10 +307,13 @@ class Cluster:
         stage = 2
         if i >= 0:
             # The replica's handles on us: this process, then the first-token and done events.
-            handles = (env.active_process, env.event(), env.event())
+            # Only a router's load tracking waits for the first token: without one there is no
+            # first-token event to fire, and the process sleeps until completion.
+            handles = (env.active_process, None if load is None else env.event(), env.event())
             if self.replicas[i].add(req, handles):
-                stage = 0
+                stage = 1
                 if load is not None:
+                    stage = 0
                     load.routed(i, req)
         while stage < 2:
             try:

@@ -96,8 +96,9 @@ class Replica:
     def add(self, req: Request, handles: tuple) -> bool:
         """Queue ``req`` here (False if it can never be served: it is then marked rejected).
 
-        ``handles`` is ``(process, first_token_event, done_event)``; the replica keeps them only
-        while the request is in flight here.
+        ``handles`` is ``(process, first_token_event, done_event)`` (the first-token event may be
+        None: nobody waits for it); the replica keeps them only while the request is in flight
+        here.
         """
         if not self.scheduler.add(req, self.env.now):
             return False
@@ -239,7 +240,9 @@ class Replica:
                 log.pack()
             if firsts:
                 for req in firsts:
-                    live[req.id][1].succeed()
+                    first = live[req.id][1]
+                    if first is not None:          # someone waits for it
+                        first.succeed()
             if finished:
                 for req in finished:
                     live.pop(req.id)[2].succeed()
