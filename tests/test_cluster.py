@@ -18,6 +18,7 @@ from simsched.api import simulate_checked
 from simsched.cluster.cluster import Cluster, replica_rng
 from simsched.cost.factory import make_cost_model
 from simsched.engine.invariants import InvariantError, check_results
+from simsched.request import Status
 from tests.golden.make_golden import CASES, frame_hash, run_case
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())
@@ -213,6 +214,29 @@ def test_cluster_plain_constructor_serves_every_replica_with_the_given_model():
     engine.run()
     assert [r.kv.num_blocks for r in engine.replicas] == [50, 50]
     assert list(engine.replica_of) == [0, 1, 0]
+
+
+def test_load_tokens_follow_first_tokens_reported_by_the_replicas():
+    """The replicas report first tokens to the load view (no process wakes for them): mid-run,
+    each replica's outstanding tokens are its in-flight requests' prompts (before their first
+    token) plus their outputs; after the run every counter is back to zero."""
+    cfg = SimConfig().replace(num_replicas=3, router="least_tokens", rate=60.0, num_requests=200,
+                              cost_model="linear", max_sim_time=2.0)
+    reqs = simsched.make_requests([(0.02 * k, 40 + 7 * (k % 5), 3 + k % 9) for k in range(200)])
+    engine = Cluster(cfg, reqs, simsched.UnitCostModel(0.01), num_blocks=200)
+    engine.run()
+    load = engine.load
+    expect = [0, 0, 0]
+    for req in reqs:
+        i = engine.replica_of[req.id]
+        if i >= 0 and req.status in (Status.WAITING, Status.RUNNING):
+            first = req.first_token_at == req.first_token_at
+            expect[i] += req.num_output_tokens + (0 if first else req.num_prompt_tokens)
+    assert sum(expect) > 0 and load.tokens == expect
+    finished = engine.__class__(cfg.replace(max_sim_time=float("inf")), simsched.make_requests(
+        [(0.02 * k, 40, 5) for k in range(50)]), simsched.UnitCostModel(0.01), num_blocks=200)
+    finished.run()
+    assert finished.load.tokens == [0, 0, 0] and finished.load.outstanding == [0, 0, 0]
 
 
 # ------------------------------------------------------------------ sweeps and capacity

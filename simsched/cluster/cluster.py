@@ -1,15 +1,17 @@
-"""The SimPy side of a run: one clock, the arrival process, one process per request, replicas.
+"""The SimPy side of a run: one clock, arrivals, one process per request, replicas.
 
-The arrival process starts each request's process at its arrival time; the request process hands
-the request to a replica and then waits for its first token and completion, receiving preemption
-interrupts from the replica's GPU loop (:mod:`simsched.engine.replica`) in between.
+Each request's process starts at its arrival time (:class:`_Arrivals`), hands the request to a
+replica and then sleeps until its completion, receiving preemption interrupts from the replica's
+GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes nobody: the replica
+tells the router's load tracking directly.
 
 With several replicas (or admission control) the request process first passes the router's
 admission control (a token bucket, then the chosen replica's queue cap; a shed request is
 rejected with a ``shed: ...`` reason), asks the router (:mod:`simsched.cluster.routers`) for a
-replica, and keeps the per-replica load (:mod:`simsched.cluster.state`) up to date on routing,
-first token and completion. A cluster of one replica without admission control runs exactly the
-single-engine code path, so its results are bit-identical to a single engine's.
+replica, and keeps the per-replica load (:mod:`simsched.cluster.state`) up to date on routing
+and completion (the replica reports first tokens). A cluster of one replica without admission
+control runs exactly the single-engine code path, so its results are bit-identical to a single
+engine's.
 
 Arrival times are kept exactly as given: each arrival is scheduled at its absolute time (the
 clock lands on ``arrival_at`` itself, never one ulp off), so requests given the same time are
@@ -188,9 +190,11 @@ class Cluster:
     def _setup_routing(self, cl) -> None:
         n = len(self.replicas)
         for replica in self.replicas:
-            # Pack each log as often in total as one replica's: unpacked rows cost ~40x more.
+            # Keep as many rows unpacked in all as one replica does: unpacked rows cost ~40x
+            # more memory, and a large cluster's buffers of row tuples (64 x 1024 of them)
+            # pushed its per-request state out of the CPU caches.
             log = replica.iteration_rows
-            log.CHUNK = max(1024, log.CHUNK // n)
+            log.CHUNK = max(64, log.CHUNK // n)
         self.replica_of = array("i", [-1]) * len(self.requests)
         self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
             if n > 1 else None
@@ -202,6 +206,8 @@ class Cluster:
         if self.router is not None and self.router.reads_kv:
             for replica in self.replicas:
                 replica.on_kv = self.load.kv_changed
+        for replica in self.replicas:
+            replica.on_first_token = self.load.first_token
         self.view = self.load
         if n > 1 and cl.refresh_interval > 0:
             self.view = Snapshot(self.load)
@@ -296,41 +302,35 @@ class Cluster:
 
     def _request(self, req: Request, record=None):
         """A request's life: routing (with several replicas or admission control), queueing (or
-        rejection), its first token, then completion; ``record(req)``, if given, at the end.
+        rejection), then waiting for completion; ``record(req)``, if given, at the end.
 
-        One generator for the whole life: a request's process is resumed two or three times,
-        and every generator it delegates to would be resumed as often.
+        One generator for the whole life, woken once at completion and once per recompute
+        preemption. Its first token needs no wake-up: the replica tells the router's load
+        tracking itself (:attr:`Replica.on_first_token`).
         """
         env, load = self.env, self.load
         self.num_arrived += 1
         i = 0 if load is None else self._route(req)
-        stage = 2
         if i >= 0:
-            # The replica's handles on us: this process, then the first-token and done events.
-            # Only a router's load tracking waits for the first token: without one there is no
-            # first-token event to fire, and the process sleeps until completion.
-            handles = (env.active_process, None if load is None else env.event(), env.event())
-            if self.replicas[i].add(req, handles):
-                stage = 1
+            # The replica's handles on us: this process, no first-token event, the done event.
+            done = env.event()
+            if self.replicas[i].add(req, (env.active_process, None, done)):
                 if load is not None:
-                    stage = 0
                     load.routed(i, req)
-        while stage < 2:
-            try:
-                yield handles[stage + 1]
+                while True:
+                    try:
+                        yield done
+                        break
+                    except simpy.Interrupt as interrupt:
+                        # Recompute preemption: the scheduler already sent us back to the
+                        # queue; keep the cause and wait again for our tokens.
+                        if not req.causes:
+                            req.causes = []
+                        req.causes.append(interrupt.cause)
+                        self.num_events += 1
+                self.num_events += 1
                 if load is not None:
-                    if stage:
-                        load.finished(i, req)
-                    else:
-                        load.first_token(i, req)
-                stage += 1
-            except simpy.Interrupt as interrupt:
-                # Recompute preemption: the scheduler already sent us back to the queue;
-                # keep the cause and wait again for re-admission to produce our tokens.
-                if not req.causes:
-                    req.causes = []
-                req.causes.append(interrupt.cause)
-            self.num_events += 1
+                    load.finished(i, req)
         if record is not None:
             record(req)
 

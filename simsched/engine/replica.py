@@ -67,7 +67,8 @@ class Replica:
     ``on_iteration(replica, batch)``, if given, runs after every committed iteration (the
     invariant checker uses it). ``on_kv(index, num_used, num_blocks)``, if set, hears the KV
     blocks in use once per iteration (after scheduling) and when the replica falls idle: a
-    router's view of KV use.
+    router's view of KV use. ``on_first_token(index, request)``, if set, hears each first token
+    as its iteration commits (a router's load tracking: the prompt is done).
     """
 
     def __init__(self, env: simpy.Environment, config, cost_model, num_blocks: int,
@@ -88,6 +89,7 @@ class Replica:
                                            if self.kv.prefix_caching else ITERATION_COLUMNS)
         self.on_iteration = on_iteration
         self.on_kv = None
+        self.on_first_token = None
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
@@ -135,6 +137,7 @@ class Replica:
         log = self.iteration_rows
         rows, chunk_rows = log.rows, log.CHUNK
         live = self._live
+        index = self.index
         kv = self.kv
         num_blocks = kv.num_blocks
         requeue = sched._requeue
@@ -239,10 +242,13 @@ class Replica:
             if len(rows) >= chunk_rows:
                 log.pack()
             if firsts:
+                on_first_token = self.on_first_token
                 for req in firsts:
                     first = live[req.id][1]
-                    if first is not None:          # someone waits for it
+                    if first is not None:          # a process waits for it
                         first.succeed()
+                    if on_first_token is not None:
+                        on_first_token(index, req)
             if finished:
                 for req in finished:
                     live.pop(req.id)[2].succeed()
