@@ -122,6 +122,9 @@ class _Arrivals(simpy.Event):
             heapq.heappush(env._queue, (req.arrival_at, NORMAL, next(env._eid), self))
 
 
+_new_event = simpy.Event.__new__
+
+
 class _Started:
     """What a process's first step is resumed with (an ``Initialize`` event's value)."""
 
@@ -312,9 +315,12 @@ class Cluster:
         self.num_arrived += 1
         i = 0 if load is None else self._route(req)
         if i >= 0:
-            # The replica's handles on us: this process, no first-token event, the done event.
-            done = env.event()
-            if self.replicas[i].add(req, (env.active_process, None, done)):
+            # The replica's handles on us: this process, no first-token event, the done event
+            # (simpy.Event(env), inlined: one per request).
+            done = _new_event(simpy.Event)
+            done.env = env
+            done.callbacks = []
+            if self.replicas[i].add(req, (env._active_proc, None, done)):
                 if load is not None:
                     load.routed(i, req)
                 while True:

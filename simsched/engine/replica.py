@@ -24,6 +24,8 @@ import numbers
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
+from simpy.events import PENDING
 
 from simsched.cost import hardware
 from simsched.engine.prefix_cache import make_kv_cache
@@ -102,10 +104,12 @@ class Replica:
         None: nobody waits for it); the replica keeps them only while the request is in flight
         here.
         """
-        if not self.scheduler.add(req, self.env.now):
+        if not self.scheduler.add(req, self.env._now):
             return False
         self._live[req.id] = handles
-        self.wake()
+        idle = self._idle
+        if idle is not None and idle._value is PENDING:     # self.wake(), inlined: per request
+            idle.succeed()
         return True
 
     def wake(self) -> None:
@@ -250,8 +254,13 @@ class Replica:
                     if on_first_token is not None:
                         on_first_token(index, req)
             if finished:
+                # Event.succeed(), inlined: fire each done event (scheduled as SimPy would).
+                now = env._now
                 for req in finished:
-                    live.pop(req.id)[2].succeed()
+                    done = live.pop(req.id)[2]
+                    done._ok = True
+                    done._value = None
+                    push(queue, (now, NORMAL, next(eid), done))
             if self.kv_waiters:
                 self.notify_memory()
             if on_iteration is not None:

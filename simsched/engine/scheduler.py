@@ -39,6 +39,7 @@ RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.F
                                         Status.REJECTED)
 DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
 _new_batch = object.__new__
+_NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
 
 class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
@@ -172,7 +173,7 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
             return False
         req.status = WAITING
         req.queued_at = now
-        self.queue.push(req, now)
+        self._queue.push(req, now)
         self._num_pushed += 1
         return True
 
@@ -231,7 +232,7 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
                     self._admit()
         if self._requeue:
             for req in self._requeue:
-                self.queue.push(req, now)
+                self._queue.push(req, now)
             self._num_pushed += len(self._requeue)
             self._requeue.clear()
         if self._swapped_new:
@@ -316,8 +317,8 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
                 and memo[4] == bool(self.running) and memo[5] is self._queue)
 
     def _admit(self) -> None:
-        cfg, kv, queue = self.cfg, self.kv, self.queue
-        static = cfg.style == "static"
+        cfg, kv, queue = self.cfg, self.kv, self._queue
+        static = self._static
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         may_preempt = cfg.preemption or self.preemptive
@@ -388,22 +389,26 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
-        """Apply the iteration that just ended at ``now``: (first-token requests, finished)."""
-        firsts: list[Request] = []
-        finished: list[Request] = []
+        """Apply the iteration that just ended at ``now``: (first-token requests, finished)
+        (an empty tuple where there are none)."""
+        finished: list[Request] = _NONE
         s = self.decode_step
         if s:
             self.step = s
             self.step_end_at.append(now)
             due = self.finish_due.pop(s, None)
             if due:
+                finished = []
                 for req, epoch in due:
                     if req.epoch == epoch and req.run_start_step >= 0:
                         self._close_run(req, s)
                         self._finish(req, now, finished)
         planned = self.planned
         if not planned:
-            return firsts, finished
+            return _NONE, finished      # most iterations: nothing to report, nothing allocated
+        firsts: list[Request] = []
+        if finished is _NONE:
+            finished = []
         for req, chunk in planned.values():
             req.num_computed += chunk
             if req.num_computed < req.prefill_target:
