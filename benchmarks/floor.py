@@ -1,6 +1,6 @@
 """simsched against a bare lazy-decode SimPy loop on the same trace and cost model (the floor).
 
-``python -m benchmarks.floor [--quick] [--repeat N]``
+``python -m benchmarks.floor [--quick] [--repeat N] [--instructions]``
 
 The floor is the least a SimPy continuous-batching simulator can do per iteration: one GPU
 process, one counter advancing every decode (the lazy-decode idea simsched uses), a token budget
@@ -10,12 +10,21 @@ completion, and only first-token and finish times recorded. No policies, no pree
 invariants, no iteration log, no result frames. simsched replays the same trace with FCFS and the
 calibrated model; both loops are timed between their first and last cost-model call, so start-up
 and frame building are excluded from both. Ratios are measured within one run, best of N.
+
+``--instructions`` counts instead of timing (needs valgrind): each loop runs under cachegrind once
+and three times, and the difference over two gives one call's instructions, first-level data-cache
+misses and mispredicted branches (``simulate`` whole, frames included; ``floor_loop`` whole).
+Counts do not depend on the machine's load, so they show where a wall-time ratio comes from.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
+import shutil
+import subprocess
+import sys
 from collections import deque
 
 import numpy as np
@@ -127,27 +136,84 @@ def floor_loop(arrival, prompt, output, cost, budget: int, max_seqs: int, num_bl
     return first_at, finish_at
 
 
-def main(argv=None) -> None:
-    """Time both loops (best of --repeat) and print the ratio."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="first 600 s of the trace only")
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args(argv)
-    workload = WorkloadConfig.preset("azure-conv", duration=600.0 if args.quick else None)
+def _setup(quick: bool):
+    """The benchmark's config, its trace (requests the floor can serve) and the floor's inputs."""
+    workload = WorkloadConfig.preset("azure-conv", duration=600.0 if quick else None)
     cfg = SimConfig(workload=workload)
     table = generate(cfg.workload, np.random.default_rng(cfg.seed))
     fits = table["num_prompt_tokens"] + table["num_output_tokens"] <= 4096
     table = table[fits].reset_index(drop=True)   # the floor has no rejection path
     hw, sch = cfg.hardware, cfg.scheduler
-    blocks = kv_capacity_blocks(hw, cfg.cache.block_size)
-    arrays = (table["arrival_at"].to_numpy(), table["num_prompt_tokens"].to_numpy().tolist(),
-              table["num_output_tokens"].to_numpy().tolist())
+    floor_args = (table["arrival_at"].to_numpy().tolist(),
+                  table["num_prompt_tokens"].to_numpy().tolist(),
+                  table["num_output_tokens"].to_numpy().tolist())
+    floor_opts = (sch.max_num_batched_tokens, sch.max_num_seqs,
+                  kv_capacity_blocks(hw, cfg.cache.block_size), cfg.cache.block_size)
+    return cfg, table, floor_args, floor_opts
+
+
+_COUNTS = {"instructions": r"I\s+refs:\s+([\d,]+)", "D1 misses": r"D1\s+misses:\s+([\d,]+)",
+           "mispredicted branches": r"Mispredicts:\s+([\d,]+)"}
+
+
+def _cachegrind(loop: str, calls: int, quick: bool) -> dict:
+    """Counts of a process that runs ``loop`` ``calls`` times under cachegrind."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--branch-sim=yes",
+           "--cachegrind-out-file=/dev/null", sys.executable, "-m", "benchmarks.floor",
+           "--only", loop, "--calls", str(calls)] + (["--quick"] if quick else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    counts = {}
+    for name, pattern in _COUNTS.items():
+        found = re.search(pattern, out)
+        if found is None:
+            raise RuntimeError(f"no '{name}' in cachegrind's output:\n{out[-2000:]}")
+        counts[name] = int(found.group(1).replace(",", ""))
+    return counts
+
+
+def count_instructions(quick: bool) -> None:
+    """Print one call's counts of each loop (three calls minus one, halved) and their ratios."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (cachegrind) on the PATH")
+    per_call = {}
+    for loop in ("floor", "simsched"):
+        one, three = _cachegrind(loop, 1, quick), _cachegrind(loop, 3, quick)
+        per_call[loop] = {k: (three[k] - one[k]) / 2 for k in one}
+    print(f"Azure conversation trace{' (first 600 s)' if quick else ''}: one call of each loop "
+          f"under cachegrind (simulated caches and branch predictor)")
+    for name in _COUNTS:
+        f, s = per_call["floor"][name], per_call["simsched"][name]
+        print(f"  {name:<22} floor {f / 1e6:8.1f} M  simsched {s / 1e6:8.1f} M  ratio {s / f:.2f}")
+
+
+def main(argv=None) -> None:
+    """Time both loops (best of --repeat) and print the ratio (or count, --instructions)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="first 600 s of the trace only")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions, cache misses and mispredicts (valgrind)")
+    parser.add_argument("--only", choices=("floor", "simsched"), help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.instructions:
+        count_instructions(args.quick)
+        return
+    cfg, table, floor_args, floor_opts = _setup(args.quick)
+    hw = cfg.hardware
+    if args.only is not None:      # one loop, untimed (what --instructions counts)
+        model = make_cost_model(hw)
+        for _ in range(args.calls):
+            if args.only == "floor":
+                floor_loop(*floor_args, model, *floor_opts)
+            else:
+                simulate(cfg, requests=table, cost_model=model)
+        return
     best = {"floor": math.inf, "simsched": math.inf}
     iters = {}
     for _ in range(args.repeat):
         timed = TimedCostModel(make_cost_model(hw))
-        floor_loop(arrays[0].tolist(), arrays[1], arrays[2], timed, sch.max_num_batched_tokens,
-                   sch.max_num_seqs, blocks, cfg.cache.block_size)
+        floor_loop(*floor_args, timed, *floor_opts)
         best["floor"] = min(best["floor"], timed.last_at - timed.first_at)
         iters["floor"] = timed.num_calls
         timed = TimedCostModel(make_cost_model(hw))

@@ -192,12 +192,6 @@ class Cluster:
 
     def _setup_routing(self, cl) -> None:
         n = len(self.replicas)
-        for replica in self.replicas:
-            # Keep as many rows unpacked in all as one replica does: unpacked rows cost ~40x
-            # more memory, and a large cluster's buffers of row tuples (64 x 1024 of them)
-            # pushed its per-request state out of the CPU caches.
-            log = replica.iteration_rows
-            log.CHUNK = max(64, log.CHUNK // n)
         self.replica_of = array("i", [-1]) * len(self.requests)
         self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
             if n > 1 else None

@@ -20,52 +20,33 @@ def _is_count(col: str) -> bool:
 
 
 class IterationLog:
-    """One row per GPU iteration, buffered as tuples and moved every ``CHUNK`` rows into one
-    growing array per column (8 bytes per value: float64, or int64 for counts), which the
-    frame then uses without a copy."""
+    """One row per GPU iteration, kept as one growing array per column (8 bytes per value:
+    float64, or int64 for counts), which the frame then uses without a copy.
 
-    CHUNK = 4096
+    The engine appends to the columns itself (``arrays``, in ``columns`` order): one append per
+    value costs about what building a row tuple does, and nothing is buffered or re-read later.
+    """
 
     def __init__(self, columns: tuple = ITERATION_COLUMNS) -> None:
         self.columns = columns
-        self.rows: list[tuple] = []
-        self._arrays = [array("q" if _is_count(col) else "d") for col in columns]
+        self.arrays = [array("q" if _is_count(col) else "d") for col in columns]
 
     def append(self, row: tuple) -> None:
-        """Record one iteration (values in ``self.columns`` order)."""
-        self.rows.append(row)
-        if len(self.rows) >= self.CHUNK:
-            self.pack()
-
-    def pack(self) -> None:
-        """Move the buffered rows into the column arrays (the engine appends to ``rows`` itself
-        and calls this every ``CHUNK`` rows)."""
-        if not self.rows:
-            return
-        for arr, values in zip(self._arrays, zip(*self.rows)):
-            if arr.typecode == "q":
-                # Counts are ints; anything else is truncated as the float packing did.
-                try:
-                    arr.extend(values)
-                except TypeError:
-                    arr.extend(int(float(v)) for v in values)
-            else:
-                arr.extend(values)
-        self.rows.clear()
+        """Record one iteration (values in ``self.columns`` order; counts must be integers)."""
+        for arr, value in zip(self.arrays, row):
+            arr.append(value)
 
     def __len__(self) -> int:
-        return len(self._arrays[0]) + len(self.rows) if self._arrays else len(self.rows)
+        return len(self.arrays[0]) if self.arrays else 0
 
     def __iter__(self):
-        yield from zip(*self._arrays)
-        yield from self.rows
+        return zip(*self.arrays)
 
     def columns_arrays(self) -> dict:
         """The columns as numpy arrays (views of this log's storage); empties the log."""
-        self.pack()
         out = {col: np.frombuffer(arr, dtype=np.int64 if arr.typecode == "q" else float)
-               for col, arr in zip(self.columns, self._arrays)}
-        self._arrays = [array(arr.typecode) for arr in self._arrays]
+               for col, arr in zip(self.columns, self.arrays)}
+        self.arrays = [array(arr.typecode) for arr in self.arrays]
         return out
 
     def frame(self) -> pd.DataFrame:

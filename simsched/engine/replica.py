@@ -139,13 +139,17 @@ class Replica:
     def _gpu(self):
         env, sched, cost = self.env, self.scheduler, self.cost_model
         log = self.iteration_rows
-        rows, chunk_rows = log.rows, log.CHUNK
         live = self._live
         index = self.index
         kv = self.kv
         num_blocks = kv.num_blocks
         requeue = sched._requeue
         prefix = kv.prefix_caching
+        # One append per column per iteration: no row tuple to build and re-read later.
+        (add_started, add_duration, add_prefill, add_decode, add_seqs, add_waiting, add_used,
+         add_preempted, add_swap) = [column.append for column in log.arrays[:9]]
+        if prefix:
+            add_hits, add_evictions, add_cached = [column.append for column in log.arrays[9:]]
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
         swap_rate = self.swap_bytes_per_second
@@ -235,16 +239,20 @@ class Replica:
                 # ourselves, as SimPy would on processing our timeout (no event to make).
                 env._now = end
             firsts, finished = commit(env._now)
+            n_dec = batch.num_decode_seqs
+            add_started(started)
+            add_duration(duration)
+            add_prefill(sum(new) if new else 0)
+            add_decode(n_dec)
+            add_seqs(len(new) + n_dec)
+            add_waiting(waiting)
+            add_used(used)
+            add_preempted(num_preempted)
+            add_swap(swap_time)
             if prefix:
-                rows.append((started, duration, sum(new), batch.num_decode_seqs,
-                             len(new) + batch.num_decode_seqs, waiting, used, num_preempted,
-                             swap_time, hits, evictions, cached))
-            else:
-                rows.append((started, duration, sum(new), batch.num_decode_seqs,
-                             len(new) + batch.num_decode_seqs, waiting, used, num_preempted,
-                             swap_time))
-            if len(rows) >= chunk_rows:
-                log.pack()
+                add_hits(hits)
+                add_evictions(evictions)
+                add_cached(cached)
             if firsts:
                 on_first_token = self.on_first_token
                 for req in firsts:
