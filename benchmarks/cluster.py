@@ -1,6 +1,6 @@
 """Cost of a 64-replica cluster against one replica: per iteration, per request, peak memory.
 
-``python -m benchmarks.cluster [--quick] [--router jsq]``
+``python -m benchmarks.cluster [--quick] [--router jsq] [--instructions]``
 
 Lesson workload (Poisson arrivals, clipped lognormal lengths), Llama-2-7B on A100-80GB, calibrated
 cost model. One replica's capacity is its throughput when overloaded; the cluster (64 replicas)
@@ -10,6 +10,11 @@ to last cost-model call) over the iterations of all replicas; the cost per reque
 of the whole ``simulate`` call (workload, simulation and frames) over the requests. CPU time, not
 wall time: the machine is shared. Targets: both ratios (cluster / single) <= 1.3, cluster peak
 RSS < 1 GB. The cluster runs first, so the peak RSS printed after it is its own.
+
+``--instructions`` counts instead of timing (needs valgrind): each run (20,000 requests unless
+``--num-requests`` says otherwise) under cachegrind, once and three times, gives one run's
+instructions, first-level data-cache misses and mispredicted branches per simulated iteration.
+Counts do not depend on the machine's load, so they separate work done from memory stalls.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks.common import TimedCostModel, peak_rss_mb
+from benchmarks.common import (TimedCostModel, cachegrind_per_call, peak_rss_mb,
+                               print_count_ratios)
 from simsched import SimConfig, simulate
 from simsched.cost.factory import make_cost_model
 
@@ -47,27 +53,65 @@ def timed_run(cfg: SimConfig) -> dict:
             "ttft_p99": s["ttft_p99"], "imbalance": s.get("load_imbalance", 1.0)}
 
 
+def _configs(base: SimConfig, n_replicas: int, rate: float, router: str, num_requests: int):
+    """The cluster's and the single replica's configs, each replica offered ``rate``."""
+    return {"cluster": base.replace(num_replicas=n_replicas, router=router,
+                                    rate=rate * n_replicas, num_requests=num_requests),
+            "single": base.replace(rate=rate, num_requests=num_requests)}
+
+
+def count_instructions(configs: dict, args: list[str], n_replicas: int) -> None:
+    """Print each run's counts per simulated iteration (cachegrind) and their ratios."""
+    counts, iters = {}, {}
+    for name, cfg in configs.items():
+        counts[name] = cachegrind_per_call("benchmarks.cluster", args + ["--only", name])
+        iters[name] = simulate(cfg).iterations.shape[0]
+    print(f"{n_replicas} replicas against one, {configs['single'].workload.num_requests:,} "
+          f"requests each: counts per simulated iteration under cachegrind ({iters['cluster']:,}"
+          f" and {iters['single']:,} iterations)")
+    print_count_ratios(counts["single"], counts["cluster"], "single", "cluster",
+                       per=(iters["single"], iters["cluster"]))
+
+
 def main(argv=None) -> None:
-    """Print both runs' costs, their ratios and the cluster's peak RSS."""
+    """Print both runs' costs, their ratios and the cluster's peak RSS (or count, --instructions)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="8 replicas against one, 50,000 requests each")
     parser.add_argument("--router", default="jsq", help="the cluster's router (default jsq)")
     parser.add_argument("--load", type=float, default=0.8, help="share of capacity (0.8)")
     parser.add_argument("--num-requests", type=int, help="requests per run (default 1,000,000)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions, cache misses and mispredicts (valgrind)")
+    parser.add_argument("--only", choices=("cluster", "single"), help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)   # per replica
     args = parser.parse_args(argv)
     n_replicas = 8 if args.quick else 64
-    n_cluster = n_single = args.num_requests or (50_000 if args.quick else 1_000_000)
+    default_n = 20_000 if args.instructions or args.only else 50_000 if args.quick else 1_000_000
+    num_requests = args.num_requests or default_n
     before = peak_rss_mb()
     base = SimConfig().replace(name="lesson")
-    cap = capacity(base, 5_000 if args.quick else 20_000)
-    rate = args.load * cap
+    rate = args.rate
+    if rate is None:
+        cap = capacity(base, 5_000 if args.quick else 20_000)
+        rate = args.load * cap
+    configs = _configs(base, n_replicas, rate, args.router, num_requests)
+    if args.only is not None:     # one run, untimed (what --instructions counts)
+        for _ in range(args.calls):
+            simulate(configs[args.only])
+        return
+    if args.instructions:
+        passed = (["--quick"] if args.quick else []) + ["--router", args.router, "--rate",
+                                                        repr(rate), "--num-requests",
+                                                        str(num_requests)]
+        count_instructions(configs, passed, n_replicas)
+        return
     print(f"one replica's capacity {cap:.2f} req/s; each replica offered {rate:.2f} req/s "
           f"({args.load:.0%}); router {args.router}")
-    cluster = timed_run(base.replace(num_replicas=n_replicas, router=args.router,
-                                     rate=rate * n_replicas, num_requests=n_cluster))
+    cluster = timed_run(configs["cluster"])
     peak = peak_rss_mb()
-    single = timed_run(base.replace(rate=rate, num_requests=n_single))
+    single = timed_run(configs["single"])
     for name, r in ((f"{n_replicas} replicas", cluster), ("1 replica", single)):
         print(f"{name:>12}: {r['requests']:>9,} requests ({r['finished']:,} finished), "
               f"{r['iterations']:>10,} iterations; wall {r['wall']:6.1f} s, CPU {r['cpu']:6.1f} s "

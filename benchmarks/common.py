@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import resource
+import shutil
+import subprocess
 import sys
 import time
 
@@ -41,3 +44,44 @@ def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+_COUNTS = {"instructions": r"I\s+refs:\s+([\d,]+)", "D1 misses": r"D1\s+misses:\s+([\d,]+)",
+           "mispredicted branches": r"Mispredicts:\s+([\d,]+)"}
+
+
+def _cachegrind(module: str, args: list[str]) -> dict:
+    """Counts of ``python -m module *args`` run under cachegrind (caches and branches simulated)."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--branch-sim=yes",
+           "--cachegrind-out-file=/dev/null", sys.executable, "-m", module] + args
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    out = done.stderr
+    if done.returncode != 0:
+        raise SystemExit(f"{module} {' '.join(args)} under cachegrind failed:\n{out[-2000:]}")
+    counts = {}
+    for name, pattern in _COUNTS.items():
+        found = re.search(pattern, out)
+        if found is None:
+            raise SystemExit(f"no '{name}' in cachegrind's output:\n{out[-2000:]}")
+        counts[name] = int(found.group(1).replace(",", ""))
+    return counts
+
+
+def cachegrind_per_call(module: str, args: list[str]) -> dict:
+    """One call's counts: ``module`` runs its work once and three times (``--calls N`` appended
+    to ``args``) under cachegrind; the difference over two leaves start-up out."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("counting needs valgrind (cachegrind) on the PATH")
+    one = _cachegrind(module, args + ["--calls", "1"])
+    three = _cachegrind(module, args + ["--calls", "3"])
+    return {name: (three[name] - one[name]) / 2 for name in one}
+
+
+def print_count_ratios(base: dict, other: dict, base_name: str, other_name: str,
+                       per: tuple[float, float] = (1.0, 1.0), unit: str = "") -> None:
+    """Print each count of two runs (divided by ``per``, e.g. iterations) and their ratio."""
+    for name in _COUNTS:
+        b, o = base[name] / per[0], other[name] / per[1]
+        scale, suffix = (1e6, " M") if b >= 1e6 else (1e3, " k")
+        print(f"  {name:<22} {base_name} {b / scale:9.1f}{suffix}{unit}  {other_name} "
+              f"{o / scale:9.1f}{suffix}{unit}  ratio {o / b:.2f}")

@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
-import shutil
-import subprocess
-import sys
 from collections import deque
 
 import numpy as np
 import simpy
 
-from benchmarks.common import TimedCostModel
+from benchmarks.common import TimedCostModel, cachegrind_per_call, print_count_ratios
 from simsched import SimConfig, simulate
 from simsched.cost.base import Batch
 from simsched.cost.factory import make_cost_model
@@ -152,38 +148,14 @@ def _setup(quick: bool):
     return cfg, table, floor_args, floor_opts
 
 
-_COUNTS = {"instructions": r"I\s+refs:\s+([\d,]+)", "D1 misses": r"D1\s+misses:\s+([\d,]+)",
-           "mispredicted branches": r"Mispredicts:\s+([\d,]+)"}
-
-
-def _cachegrind(loop: str, calls: int, quick: bool) -> dict:
-    """Counts of a process that runs ``loop`` ``calls`` times under cachegrind."""
-    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--branch-sim=yes",
-           "--cachegrind-out-file=/dev/null", sys.executable, "-m", "benchmarks.floor",
-           "--only", loop, "--calls", str(calls)] + (["--quick"] if quick else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    counts = {}
-    for name, pattern in _COUNTS.items():
-        found = re.search(pattern, out)
-        if found is None:
-            raise RuntimeError(f"no '{name}' in cachegrind's output:\n{out[-2000:]}")
-        counts[name] = int(found.group(1).replace(",", ""))
-    return counts
-
-
 def count_instructions(quick: bool) -> None:
     """Print one call's counts of each loop (three calls minus one, halved) and their ratios."""
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--instructions needs valgrind (cachegrind) on the PATH")
-    per_call = {}
-    for loop in ("floor", "simsched"):
-        one, three = _cachegrind(loop, 1, quick), _cachegrind(loop, 3, quick)
-        per_call[loop] = {k: (three[k] - one[k]) / 2 for k in one}
+    extra = ["--quick"] if quick else []
+    per_call = {loop: cachegrind_per_call("benchmarks.floor", ["--only", loop] + extra)
+                for loop in ("floor", "simsched")}
     print(f"Azure conversation trace{' (first 600 s)' if quick else ''}: one call of each loop "
           f"under cachegrind (simulated caches and branch predictor)")
-    for name in _COUNTS:
-        f, s = per_call["floor"][name], per_call["simsched"][name]
-        print(f"  {name:<22} floor {f / 1e6:8.1f} M  simsched {s / 1e6:8.1f} M  ratio {s / f:.2f}")
+    print_count_ratios(per_call["floor"], per_call["simsched"], "floor", "simsched")
 
 
 def main(argv=None) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from simsched import SimConfig, simulate
 from simsched.engine.prefix_cache import PrefixCache
 from simsched.request import Content, Request
-from simsched.workloads.traces import merged_hash_segments
+from simsched.workloads.hash_ids import merged_hash_segments
 from simsched.workloads.workload import WorkloadConfig, generate
 
 

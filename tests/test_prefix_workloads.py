@@ -16,7 +16,7 @@ from simsched.config import CacheConfig, HardwareConfig
 from simsched.engine.prefix_cache import PrefixCache
 from simsched.policies import make_queue
 from simsched.request import Request
-from simsched.workloads import traces
+from simsched.workloads import hash_ids, traces
 from simsched.workloads.sessions import parse_distribution
 from simsched.workloads.workload import WorkloadConfig, generate
 
@@ -88,7 +88,7 @@ def test_unbounded_cache_hit_rate_equals_first_occurrence_analysis(block):
 def test_path_compression_keeps_sharing_exact():
     ids = [(1, 2, 3, 4), (1, 2, 3), (1, 2, 5), (1, 2, 3, 4)]
     prompts = [4 * 10, 3 * 10 - 4, 3 * 10, 3 * 10 + 1]
-    merged = traces.merged_hash_segments(ids, prompts, 10)
+    merged = hash_ids.merged_hash_segments(ids, prompts, 10)
     assert merged == [((1, 20), (3, 20)), ((1, 20), (3, 6)), ((1, 20), (5, 10)),
                       ((1, 20), (3, 11))]
     assert [sum(n for _, n in m) for m in merged] == prompts

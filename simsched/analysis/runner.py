@@ -22,8 +22,8 @@ from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.engine.log import concat_frames
 from simsched.request import Content, Request
-from simsched.workloads.traces import (apply_long_prompt_policy, check_hash_ids,
-                                       merged_hash_segments, parse_hash_ids)
+from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
+from simsched.workloads.traces import apply_long_prompt_policy, check_hash_ids
 from simsched.workloads.workload import generate
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from simsched.request import Content, Request, Status
-from simsched.workloads.traces import merged_hash_segments, parse_hash_ids
+from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
 
 # Content-id namespaces (ints and int tuples only: their hashes are the same in every process).
 SYSTEM_PROMPT, UNIQUE, USER, OUTPUT = 1, 2, 3, 4

@@ -29,11 +29,7 @@ Unsorted timestamps are sorted and reported; long prompts are clipped, dropped o
 
 from __future__ import annotations
 
-import csv
 import functools
-import gzip
-import io
-import json
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -43,6 +39,11 @@ import numpy as np
 import pandas as pd
 
 from simsched.workloads import arrivals
+from simsched.workloads.hash_ids import parse_hash_ids
+from simsched.workloads.trace_files import (FORMAT_COLUMNS, TraceFormatError, TraceWarning,
+                                            detect_format, expected_columns, fail,
+                                            fail_first_bad, read_table, time_column,
+                                            token_column)
 
 DATA_DIR = Path(__file__).parent / "data" / "traces"
 BUNDLED = {
@@ -52,26 +53,6 @@ BUNDLED = {
     "mooncake": DATA_DIR / "mooncake-synthetic" / "synthetic_trace.jsonl.gz",
 }
 LONG_PROMPT_POLICIES = ("clip", "drop", "error")
-_COLUMNS = {  # format -> (time column, prompt column, output column)
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "generic": ("arrival_at", "num_prompt_tokens", "num_output_tokens"),
-    "sharegpt": (None, "num_prefill_tokens", "num_decode_tokens"),
-    "mooncake": ("timestamp", "input_length", "output_length"),
-}
-EXPECTED = {  # format -> the columns it expects, as error messages state them
-    "azure": "TIMESTAMP, ContextTokens, GeneratedTokens",
-    "generic": "arrival_at, num_prompt_tokens, num_output_tokens[, priority][, tenant]",
-    "sharegpt": "num_prefill_tokens, num_decode_tokens (lengths only)",
-    "mooncake": "timestamp (ms), input_length, output_length, hash_ids (JSONL)",
-}
-
-
-class TraceFormatError(ValueError):
-    """A trace file is malformed; the message names the file and the line."""
-
-
-class TraceWarning(UserWarning):
-    """A trace was changed while loading (sorted, prompts clipped or dropped)."""
 
 
 @dataclass(frozen=True)
@@ -113,193 +94,14 @@ def bundled_path(name: str) -> Path:
     return BUNDLED[name]
 
 
-def _fail(path, line, message: str, num_bad: int = 1) -> None:
-    more = f" ({num_bad} bad rows in total)" if num_bad > 1 else ""
-    where = f"{path}, line {line}" if line is not None else str(path)
-    raise TraceFormatError(f"{where}: {message}{more}")
-
-
-def _expected(fmt: str) -> str:
-    return f"{fmt} format, expected columns: {EXPECTED[fmt]}"
-
-
-def _all_formats() -> str:
-    return "; ".join(f"{fmt}: {cols}" for fmt, cols in EXPECTED.items())
-
-
-def _lines(path: Path) -> list[bytes]:
-    """The file's raw lines (decompressed), for locating errors only."""
-    opener = gzip.open if path.suffix.lower() == ".gz" else open
-    with opener(path, "rb") as f:
-        return f.read().split(b"\n")
-
-
-def _not_utf8(path: Path, exc: UnicodeDecodeError) -> None:
-    for number, raw in enumerate(_lines(path), 1):
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            _fail(path, number, f"not UTF-8 text (byte 0x{raw[bad.start]:02x} at column "
-                  f"{bad.start + 1}); save the trace as UTF-8")
-    _fail(path, None, f"not UTF-8 text ({exc.reason}); save the trace as UTF-8")
-
-
-def _field_counts(path: Path) -> None:
-    """Name the first row whose field count differs upwards from the header's (error path)."""
-    text = io.StringIO(b"\n".join(_lines(path)).decode("utf-8"))
-    reader = csv.reader(text)
-    header = [c.strip() for c in next(reader, [])]
-    fmt = next((f for f, cols in _COLUMNS.items() if all(c in header for c in cols if c)), None)
-    expected = f" [{_expected(fmt)}]" if fmt else ""
-    for row in reader:
-        if len(row) > len(header):
-            _fail(path, reader.line_num, f"{len(row)} fields, but the header has {len(header)} "
-                  f"({', '.join(header)}){expected}")
-
-
-def _is_jsonl(path: Path) -> bool:
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    return bool(suffixes) and suffixes[-1] in (".jsonl", ".json", ".ndjson")
-
-
-def _read_table(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
-    """The raw table and the file line number of each of its rows (blank lines skipped)."""
-    if _is_jsonl(path):
-        opener = gzip.open if path.suffix.lower() == ".gz" else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                text = f.read().splitlines()
-        except UnicodeDecodeError as exc:
-            _not_utf8(path, exc)
-        lines = np.array([i + 1 for i, s in enumerate(text) if s.strip()], dtype=np.int64)
-        body = "\n".join(s for s in text if s.strip())
-        try:
-            table = pd.read_json(io.StringIO(body), lines=True, dtype=False) if body else \
-                pd.DataFrame()
-        except ValueError:
-            # Error path only: find the first line json cannot parse.
-            for number, s in zip(lines, (s for s in text if s.strip())):
-                try:
-                    if not isinstance(json.loads(s), dict):
-                        _fail(path, number, "expected a JSON object")
-                except json.JSONDecodeError as exc:
-                    _fail(path, number, f"invalid JSON ({exc.msg})")
-            raise
-        return table, lines
-    try:
-        # Numeric columns parse in C; only a column with a bad value falls back to strings.
-        # index_col=False: a first row with an extra field must not become an index column.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", pd.errors.ParserWarning)
-            table = pd.read_csv(path, dtype={"tenant": str, "TIMESTAMP": str},
-                                skip_blank_lines=False, index_col=False, encoding="utf-8")
-        if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
-            _field_counts(path)
-    except UnicodeDecodeError as exc:
-        _not_utf8(path, exc)
-    except pd.errors.ParserError as exc:
-        _field_counts(path)
-        raise TraceFormatError(f"{path}: malformed CSV: {str(exc).strip()}") from None
-    except pd.errors.EmptyDataError:
-        raise TraceFormatError(f"{path}: empty file (expected a header line)") from None
-    table.columns = [str(c).strip() for c in table.columns]
-    blank = table.isna().all(axis=1).to_numpy()
-    lines = np.arange(2, len(table) + 2, dtype=np.int64)[~blank]
-    return table[~blank].reset_index(drop=True), lines
-
-
-def _detect(path: Path, columns, require_times: bool) -> str:
-    have = set(columns)
-    missing = {}
-    for fmt, (t, p, o) in _COLUMNS.items():
-        need = [c for c in (t, p, o) if c is not None and (c != t or require_times)]
-        missing[fmt] = [c for c in need if c not in have]
-        if not missing[fmt]:
-            if require_times and t is None:
-                _fail(path, 1, f"has lengths only ({p}, {o}), no timestamps to replay")
-            return fmt
-    # Blame a format only if the header has some of its columns.
-    known = {fmt: len([c for c in _COLUMNS[fmt] if c is not None]) - len(missing[fmt])
-             for fmt in _COLUMNS}
-    closest = max(known, key=lambda f: known[f])
-    if known[closest] > 0:
-        _fail(path, 1, f"missing column(s) {missing[closest]} for the {closest} format; header "
-              f"has {list(columns)} ({_expected(closest)})")
-    separator = next((sep for sep in (";", "\t", "|") if any(sep in str(c) for c in columns)),
-                     None)
-    hint = (f"; the header contains {separator!r}: traces are comma-separated" if separator
-            else "")
-    _fail(path, 1, f"unrecognised header {list(columns)}{hint}; expected the columns of one "
-          f"format: {_all_formats()}")
-    raise AssertionError  # unreachable
-
-
-def _first_bad(path, lines: np.ndarray, bad: np.ndarray, raw: pd.Series, message: str) -> None:
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        value = raw.iloc[i]
-        value = value.item() if isinstance(value, np.generic) else value
-        _fail(path, int(lines[i]), f"{message}, got {value!r}", int(bad.sum()))
-
-
-def _tokens(path, table: pd.DataFrame, lines, column: str, name: str) -> np.ndarray:
-    raw = table[column]
-    values = (raw if pd.api.types.is_numeric_dtype(raw) else
-              pd.to_numeric(raw, errors="coerce")).to_numpy(dtype=float)
-    missing = raw.isna().to_numpy()
-    _first_bad(path, lines, missing, raw, f"missing value for {column} ({name})")
-    bad = ~np.isfinite(values) | (values < 1) | (values != np.floor(values))
-    _first_bad(path, lines, bad, raw, f"{column} ({name}) must be an integer >= 1")
-    return values.astype(np.int64)
-
-
-def _times(path, table: pd.DataFrame, lines, column: str, fmt: str) -> np.ndarray:
-    raw = table[column]
-    _first_bad(path, lines, raw.isna().to_numpy(), raw, f"missing value for {column}")
-    if fmt == "azure":
-        stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce")
-        _first_bad(path, lines, stamps.isna().to_numpy(), raw, f"unparseable timestamp in {column}")
-        ns = stamps.to_numpy().astype("datetime64[ns]").astype(np.int64)
-        return (ns - ns.min()) / 1e9
-    values = (raw if pd.api.types.is_numeric_dtype(raw) else
-              pd.to_numeric(raw, errors="coerce")).to_numpy(dtype=float)
-    bad = ~np.isfinite(values) | (values < 0)
-    unit = "milliseconds" if fmt == "mooncake" else "seconds"
-    _first_bad(path, lines, bad, raw, f"{column} must be a finite number of {unit} >= 0")
-    return values / 1000.0 if fmt == "mooncake" else values
-
-
-def parse_hash_ids(value):
-    """One row's hash ids (a list, tuple, array or string) as a tuple of ints >= 0; None if bad."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            value = json.loads(text) if text.startswith("[") else text.replace(";", " ").split()
-        except json.JSONDecodeError:
-            return None
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not value:
-        return None
-    out = []
-    for v in value:
-        try:
-            i = int(v)
-        except (TypeError, ValueError):
-            return None
-        if i < 0 or isinstance(v, bool) or (isinstance(v, float) and v != i):
-            return None
-        out.append(i)
-    return tuple(out)
-
-
 def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> None:
     """Parse ``hash_ids``, ``session_id`` and ``think_time`` into ``out`` when the file has them."""
     if "hash_ids" in table.columns:
         raw = table["hash_ids"]
         ids = [parse_hash_ids(v) for v in raw.tolist()]
         bad = np.array([i is None for i in ids])
-        _first_bad(path, lines, bad, raw, "hash_ids must be a non-empty list of integers >= 0")
+        fail_first_bad(path, lines, bad, raw,
+                       "hash_ids must be a non-empty list of integers >= 0")
         out["hash_ids"] = pd.Series(ids, dtype=object)
     for column, integer in (("session_id", True), ("think_time", False)):
         if column not in table.columns:
@@ -311,70 +113,9 @@ def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> No
         if integer:
             bad |= given & (values != np.floor(values))
         what = "an integer >= 0" if integer else "a number of seconds >= 0"
-        _first_bad(path, lines, bad, raw, f"{column} must be {what}")
+        fail_first_bad(path, lines, bad, raw, f"{column} must be {what}")
         out[column] = (np.where(given, values, -1).astype(np.int64) if integer
                        else np.where(given, values, 0.0))
-
-
-def hash_segments(hash_ids, num_tokens: int, block_tokens: int) -> tuple:
-    """Prompt segments ``((hash_id, tokens), ...)`` of a prompt of ``num_tokens`` tokens.
-
-    Each id names one block of ``block_tokens`` tokens, the last one partial; ids beyond the
-    prompt are ignored. Raises ValueError if there are too few ids to cover the prompt.
-    """
-    need = -(-num_tokens // block_tokens)
-    if len(hash_ids) < need:
-        raise ValueError(f"{len(hash_ids)} hash_ids cover {len(hash_ids) * block_tokens} tokens "
-                         f"of blocks of {block_tokens}, the prompt has {num_tokens}")
-    last = num_tokens - (need - 1) * block_tokens
-    return tuple((h, block_tokens) for h in hash_ids[:need - 1]) + ((hash_ids[need - 1], last),)
-
-
-def merged_hash_segments(hash_ids, prompts, block_tokens: int) -> list:
-    """:func:`hash_segments` of every row, with trace blocks merged where the data never branch.
-
-    If every prompt that continues past a chain of blocks continues with the same next block,
-    the two are one segment (the first block's id, the summed length): two prompts then still
-    share exactly the tokens they shared before (a radix tree's path compression, done once for
-    the whole table), and a prefix cache tracks a handful of segments per prompt instead of one
-    per 512 tokens. Rows without ids (None) give None.
-    """
-    multi = object()
-    follows: dict = {}
-    cut = []
-    for ids, p in zip(hash_ids, prompts):
-        if ids is None:
-            cut.append(None)
-            continue
-        need = -(-int(p) // block_tokens)
-        if len(ids) < need:
-            raise ValueError(f"{len(ids)} hash_ids cover {len(ids) * block_tokens} tokens of "
-                             f"blocks of {block_tokens}, the prompt has {p}")
-        ids = ids[:need]
-        cut.append(ids)
-        key = 0
-        for t in range(need - 1):
-            key = hash((key, ids[t]))
-            nxt = ids[t + 1]
-            if follows.setdefault(key, nxt) != nxt:
-                follows[key] = multi
-    out = []
-    for ids, p in zip(cut, prompts):
-        if ids is None:
-            out.append(None)
-            continue
-        segments = []
-        head, length, key = ids[0], 0, 0
-        last = len(ids) - 1
-        for t, h in enumerate(ids):
-            length += block_tokens
-            key = hash((key, h))
-            if t < last and follows[key] is multi:
-                segments.append((head, length))
-                head, length = ids[t + 1], 0
-        segments.append((head, length - (last + 1) * block_tokens + int(p)))
-        out.append(tuple(segments))
-    return out
 
 
 def check_hash_ids(table: pd.DataFrame, block_tokens: int, source) -> None:
@@ -398,25 +139,25 @@ def check_hash_ids(table: pd.DataFrame, block_tokens: int, source) -> None:
 
 
 def _read(path: Path, require_times: bool) -> tuple[pd.DataFrame, LoadReport]:
-    table, lines = _read_table(path)
+    table, lines = read_table(path)
     if table.empty:
-        _fail(path, None, "no requests in the file")
-    fmt = _detect(path, table.columns, require_times)
+        fail(path, None, "no requests in the file")
+    fmt = detect_format(path, table.columns, require_times)
     try:
         return _parse(path, table, lines, fmt)
     except TraceFormatError as exc:
-        raise TraceFormatError(f"{exc} [{_expected(fmt)}]") from None
+        raise TraceFormatError(f"{exc} [{expected_columns(fmt)}]") from None
 
 
 def _parse(path: Path, table: pd.DataFrame, lines: np.ndarray,
            fmt: str) -> tuple[pd.DataFrame, LoadReport]:
-    t_col, p_col, o_col = _COLUMNS[fmt]
+    t_col, p_col, o_col = FORMAT_COLUMNS[fmt]
     out = pd.DataFrame({
-        "num_prompt_tokens": _tokens(path, table, lines, p_col, "prompt"),
-        "num_output_tokens": _tokens(path, table, lines, o_col, "output"),
+        "num_prompt_tokens": token_column(path, table, lines, p_col, "prompt"),
+        "num_output_tokens": token_column(path, table, lines, o_col, "output"),
     })
     if t_col is not None and t_col in table.columns:
-        out.insert(0, "arrival_at", _times(path, table, lines, t_col, fmt))
+        out.insert(0, "arrival_at", time_column(path, table, lines, t_col, fmt))
     else:
         out.insert(0, "arrival_at", np.nan)
     out["priority"] = 0
@@ -425,7 +166,7 @@ def _parse(path: Path, table: pd.DataFrame, lines: np.ndarray,
         values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
         given = raw.notna().to_numpy()
         bad = given & (~np.isfinite(values) | (values != np.floor(values)))
-        _first_bad(path, lines, bad, raw, "priority must be an integer")
+        fail_first_bad(path, lines, bad, raw, "priority must be an integer")
         out["priority"] = np.where(given, values, 0).astype(np.int64)
     out["tenant"] = None
     if "tenant" in table.columns:
