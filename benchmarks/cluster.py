@@ -66,11 +66,13 @@ def count_instructions(configs: dict, args: list[str], n_replicas: int) -> None:
     for name, cfg in configs.items():
         counts[name] = cachegrind_per_call("benchmarks.cluster", args + ["--only", name])
         iters[name] = simulate(cfg).iterations.shape[0]
-    print(f"{n_replicas} replicas against one, {configs['single'].workload.num_requests:,} "
-          f"requests each: counts per simulated iteration under cachegrind ({iters['cluster']:,}"
-          f" and {iters['single']:,} iterations)")
+    n = configs["single"].workload.num_requests
+    print(f"{n_replicas} replicas against one, {n:,} requests each, under cachegrind: counts "
+          f"per simulated iteration ({iters['cluster']:,} and {iters['single']:,} iterations)")
     print_count_ratios(counts["single"], counts["cluster"], "single", "cluster",
                        per=(iters["single"], iters["cluster"]))
+    print("counts per request")
+    print_count_ratios(counts["single"], counts["cluster"], "single", "cluster", per=(n, n))
 
 
 def main(argv=None) -> None:
