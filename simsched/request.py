@@ -83,6 +83,12 @@ class Request:
         self.deadline_at = NAN
         self.content = content
 
+    def note_preemption(self, cause: "PreemptionCause") -> None:
+        """Keep the cause of a recompute preemption (its process received it as an interrupt)."""
+        if not self.causes:
+            self.causes = []                # a shared empty tuple until the first cause
+        self.causes.append(cause)
+
     @property
     def num_cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache at the first admission (0 without content)."""

@@ -324,9 +324,7 @@ class Cluster:
                     except simpy.Interrupt as interrupt:
                         # Recompute preemption: the scheduler already sent us back to the
                         # queue; keep the cause and wait again for our tokens.
-                        if not req.causes:
-                            req.causes = []
-                        req.causes.append(interrupt.cause)
+                        req.note_preemption(interrupt.cause)
                         self.num_events += 1
                 self.num_events += 1
                 if load is not None:

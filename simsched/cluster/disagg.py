@@ -207,9 +207,7 @@ def _wait(cluster, req, event):
             cluster.num_events += 1
             return
         except simpy.Interrupt as interrupt:
-            if not req.causes:
-                req.causes = []
-            req.causes.append(interrupt.cause)
+            req.note_preemption(interrupt.cause)
             cluster.num_events += 1
 
 
