@@ -281,15 +281,28 @@ class Cluster:
         req.reject_reason = reason
         self.num_shed += 1
 
-    def _route(self, req: Request) -> int:
-        """Admission control, then the router's choice: ``req``'s replica, or -1 if shed."""
+    def rate_limited(self, req: Request) -> bool:
+        """Admission control's token bucket: True (``req`` is then shed) if it is empty."""
         if self.bucket is not None and not self.bucket.take(self.env.now):
             self._shed(req, f"shed: rate limit of {self.bucket.rate:g} requests/s exceeded")
+            return True
+        return False
+
+    def queue_full(self, req: Request, i: int) -> bool:
+        """Admission control's queue cap: True (``req`` is then shed) if replica ``i``'s waiting
+        queue is at the cap."""
+        cap = self.queue_cap
+        if cap is not None and self.replicas[i].scheduler.num_waiting >= cap:
+            self._shed(req, f"shed: replica {i} already has {cap} requests waiting")
+            return True
+        return False
+
+    def _route(self, req: Request) -> int:
+        """Admission control, then the router's choice: ``req``'s replica, or -1 if shed."""
+        if self.rate_limited(req):
             return -1
         i = self._choose(self.view, req)
-        if self.queue_cap is not None \
-                and self.replicas[i].scheduler.num_waiting >= self.queue_cap:
-            self._shed(req, f"shed: replica {i} already has {self.queue_cap} requests waiting")
+        if self.queue_full(req, i):
             return -1
         owners = self.replica_of
         if req.id >= len(owners):        # a session turn created after the run started

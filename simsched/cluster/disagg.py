@@ -219,16 +219,13 @@ def disagg_request(cluster, req):
     if req.id >= len(owners):           # a session turn created after the run started
         owners.extend([-1] * (req.id + 1 - len(owners)))
         d.grow(req.id + 1)
-    if cluster.bucket is not None and not cluster.bucket.take(env.now):
-        cluster._shed(req, f"shed: rate limit of {cluster.bucket.rate:g} requests/s exceeded")
+    if cluster.rate_limited(req):
         return
     local = req.num_prompt_tokens < d.min_prompt
     pool = d.decode if local else d.prefill
     k, i = pool.choose(req)
     replica = cluster.replicas[i]
-    cap = cluster.queue_cap
-    if cap is not None and replica.scheduler.num_waiting >= cap:
-        cluster._shed(req, f"shed: replica {i} already has {cap} requests waiting")
+    if cluster.queue_full(req, i):
         return
     owners[req.id] = i
     d.prefill_replica[req.id] = i

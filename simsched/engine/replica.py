@@ -107,15 +107,21 @@ class Replica:
         if not self.scheduler.add(req, self.env._now):
             return False
         self._live[req.id] = handles
-        idle = self._idle
-        if idle is not None and idle._value is PENDING:     # self.wake(), inlined: per request
-            idle.succeed()
+        self.wake()
         return True
 
     def wake(self) -> None:
         """Wake the GPU loop if it idles (new work, or KV memory freed by a transfer)."""
-        if self._idle is not None and not self._idle.triggered:
-            self._idle.succeed()
+        idle = self._idle
+        if idle is not None and idle._value is PENDING:     # not yet triggered
+            idle.succeed()
+
+    def _sleep(self):
+        """Idle until :meth:`wake`, then let every arrival of that instant join the batch."""
+        self._idle = self.env.event()
+        yield self._idle
+        self._idle = None
+        yield _Late(self.env, 0.0)
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has left: free its blocks here."""
@@ -163,10 +169,7 @@ class Replica:
             if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
-                yield _Late(env, 0.0)   # let every arrival of this instant join the batch
+                yield from self._sleep()
                 continue
             started = env._now
             batch = schedule(started)
@@ -185,10 +188,7 @@ class Replica:
                 if not batch.num_seqs and (sched.held or sched.incoming):
                     # KV blocks held for transfers block admissions: wait until one ends.
                     self._interrupt_victims()
-                    self._idle = env.event()
-                    yield self._idle
-                    self._idle = None
-                    yield _Late(env, 0.0)
+                    yield from self._sleep()
                     continue
                 new = batch.prefill_new_tokens
                 if not batch.num_seqs:
