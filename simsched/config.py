@@ -46,7 +46,7 @@ def _check_int(owner: str, name: str, value: Any, low: int, high: float = math.i
 
 
 def _check_float(owner: str, name: str, value: Any, low: float, high: float = math.inf,
-                 low_open: bool = False) -> None:
+                 low_open: bool = False, finite: bool = False) -> None:
     bracket = "(" if low_open else "["
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise ValueError(f"{owner}.{name} must be a number in {bracket}{low}, {high}], "
@@ -54,6 +54,8 @@ def _check_float(owner: str, name: str, value: Any, low: float, high: float = ma
     bad = value <= low if low_open else value < low
     if bad or value > high:
         raise ValueError(f"{owner}.{name} must be in {bracket}{low}, {high}], got {value!r}")
+    if finite and math.isinf(value):
+        raise ValueError(f"{owner}.{name} must be finite, got {value!r}")
 
 
 def _check_choice(owner: str, name: str, value: Any, choices) -> None:
@@ -288,15 +290,11 @@ class ClusterConfig:
             raise ValueError(f"{o}.router_options must be a mapping, got {self.router_options!r}")
         if _router_check is not None:
             _router_check(self.router, self.router_options)
-        _check_float(o, "refresh_interval", self.refresh_interval, 0.0)
-        if math.isinf(self.refresh_interval):
-            raise ValueError(f"{o}.refresh_interval must be finite, got {self.refresh_interval}")
+        _check_float(o, "refresh_interval", self.refresh_interval, 0.0, finite=True)
         if self.max_num_queued_per_replica is not None:
             _check_int(o, "max_num_queued_per_replica", self.max_num_queued_per_replica, 1)
         if self.rate_limit is not None:
-            _check_float(o, "rate_limit", self.rate_limit, 0.0, low_open=True)
-            if math.isinf(self.rate_limit):
-                raise ValueError(f"{o}.rate_limit must be finite, got {self.rate_limit}")
+            _check_float(o, "rate_limit", self.rate_limit, 0.0, low_open=True, finite=True)
         if self.burst is not None:
             if self.rate_limit is None:
                 raise ValueError(f"{o}.burst needs {o}.rate_limit")
@@ -341,13 +339,10 @@ class ClusterConfig:
             raise ValueError(f"{o}.link must be one of {', '.join(LINK_PRESETS)}, "
                              f"got {self.link!r}")
         if self.link_bandwidth_gbps is not None:
-            _check_float(o, "link_bandwidth_gbps", self.link_bandwidth_gbps, 0.0, low_open=True)
-            if math.isinf(self.link_bandwidth_gbps):
-                raise ValueError(f"{o}.link_bandwidth_gbps must be finite")
+            _check_float(o, "link_bandwidth_gbps", self.link_bandwidth_gbps, 0.0, low_open=True,
+                         finite=True)
         if self.link_latency is not None:
-            _check_float(o, "link_latency", self.link_latency, 0.0)
-            if math.isinf(self.link_latency):
-                raise ValueError(f"{o}.link_latency must be finite")
+            _check_float(o, "link_latency", self.link_latency, 0.0, finite=True)
         _check_int(o, "disagg_min_prompt_tokens", self.disagg_min_prompt_tokens, 0)
 
     def replica_roles(self) -> list[str]:
