@@ -19,6 +19,8 @@ from simsched.request import Request
 class DecodeMixin:
     """Decode runs and their KV growth for :class:`~simsched.engine.scheduler.Scheduler`."""
 
+    __slots__ = ()
+
     def num_generated(self, req: Request) -> int:
         """Output tokens ``req`` has emitted so far."""
         s0 = req.run_start_step

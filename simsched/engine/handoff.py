@@ -15,6 +15,8 @@ from simsched.request import Request
 class HandoffMixin:
     """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`."""
 
+    __slots__ = ()
+
     def _hand_off(self, req: Request) -> None:
         """Stop ``req`` after its prefill: it leaves the batch but its KV blocks stay held."""
         self.handoff.discard(req.id)

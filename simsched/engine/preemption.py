@@ -20,6 +20,8 @@ WAITING = Status.WAITING
 class PreemptionMixin:
     """Preemption triggers and recompute preemption for :class:`~simsched.engine.scheduler.Scheduler`."""
 
+    __slots__ = ()
+
     def _make_room(self, req: Request, need: int) -> bool:
         """Preempt victims until ``need`` blocks are free for running ``req``; False if req went."""
         cap = self.cfg.max_num_preemptions

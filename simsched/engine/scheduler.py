@@ -53,6 +53,18 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
     ``swap_space_bytes`` size swap preemption (the engine passes them from the config).
     """
 
+    __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total", "prefix_caching",
+                 "num_cached_tokens", "_queue", "_note_time", "_queue_update", "_queue_refresh",
+                 "_queue_hooks", "_fixed_order", "_waiting", "_forget", "preemptive",
+                 "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
+                 "_failed_admission", "meter", "choose_victim", "swap", "swapping", "swapped",
+                 "_swapped_new", "swap_out_bytes", "swap_in_bytes", "chunking",
+                 "max_num_prefills", "running", "decoding", "prefilling", "step", "step_end_at",
+                 "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
+                 "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
+                 "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
+                 "_num_pushed", "_kv_blocked", "_static")
+
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None, kv_bytes_per_block: float = 0.0,
                  swap_space_bytes: float = DEFAULT_SWAP_SPACE_BYTES) -> None:
