@@ -22,10 +22,15 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
+
 from benchmarks.common import (TimedCostModel, cachegrind_per_call, peak_rss_mb,
                                print_count_ratios)
+from benchmarks.floor import floor_loop
 from simsched import SimConfig, simulate
 from simsched.cost.factory import make_cost_model
+from simsched.cost.hardware import kv_capacity_blocks
+from simsched.workloads.workload import generate
 
 
 def capacity(base: SimConfig, num_requests: int) -> float:
@@ -51,6 +56,21 @@ def timed_run(cfg: SimConfig) -> dict:
             "iterations": timed.num_calls,
             "requests": s["num_requests"], "finished": s["num_finished"],
             "ttft_p99": s["ttft_p99"], "imbalance": s.get("load_imbalance", 1.0)}
+
+
+def floor_run(cfg: SimConfig) -> dict:
+    """The bare loop of :mod:`benchmarks.floor` on ``cfg``'s trace, with ``cfg``'s replicas
+    (round robin): CPU time of the whole loop and of its iterations, iterations."""
+    table = generate(cfg.workload, np.random.default_rng(cfg.seed))
+    hw, sch, block_size = cfg.hardware, cfg.scheduler, cfg.cache.block_size
+    timed = CPUTimedCostModel(make_cost_model(hw))
+    cpu = time.process_time()
+    floor_loop(table["arrival_at"].tolist(), table["num_prompt_tokens"].tolist(),
+               table["num_output_tokens"].tolist(), timed, sch.max_num_batched_tokens,
+               sch.max_num_seqs, kv_capacity_blocks(hw, block_size), block_size,
+               num_replicas=cfg.cluster.num_replicas)
+    return {"cpu": time.process_time() - cpu, "loop": timed.last_at - timed.first_at,
+            "iterations": timed.num_calls, "requests": len(table)}
 
 
 def _configs(base: SimConfig, n_replicas: int, rate: float, router: str, num_requests: int):
@@ -85,6 +105,8 @@ def main(argv=None) -> None:
     parser.add_argument("--num-requests", type=int, help="requests per run (default 1,000,000)")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions, cache misses and mispredicts (valgrind)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the bare loop's runs (benchmarks.floor, round robin)")
     parser.add_argument("--only", choices=("cluster", "single"), help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)   # per replica
@@ -120,12 +142,31 @@ def main(argv=None) -> None:
               f"(loop {r['loop']:6.1f} s); {r['loop'] / r['iterations'] * 1e6:5.1f} us/iteration, "
               f"{r['cpu'] / r['requests'] * 1e6:6.1f} us/request; p99 TTFT "
               f"{r['ttft_p99']:.3f} s, load imbalance {r['imbalance']:.3f}")
-    per_it = (cluster["loop"] / cluster["iterations"]) / (single["loop"] / single["iterations"])
-    per_req = (cluster["cpu"] / cluster["requests"]) / (single["cpu"] / single["requests"])
+    per_it, per_req = _ratios(cluster, single)
     print(f"ratio cluster / single: {per_it:.2f}x per iteration, {per_req:.2f}x per request "
           f"(target <= 1.3); cluster peak RSS {peak:.0f} MiB = {peak * 2**20 / 1e9:.2f} GB "
           f"(target < 1 GB; interpreter and imports {before:.0f} MiB)")
+    if args.no_floor:
+        return
+    # The same two runs as a bare SimPy loop (no routing, metrics or policies): how much of the
+    # ratio any simulator with a process per request and per replica pays on this machine.
+    floors = {name: floor_run(cfg) for name, cfg in configs.items()}
+    for name, r in ((f"{n_replicas} replicas", floors["cluster"]), ("1 replica", floors["single"])):
+        print(f"{'bare loop':>12}, {name}: {r['iterations']:>10,} iterations; CPU "
+              f"{r['cpu']:6.1f} s (loop {r['loop']:6.1f} s); "
+              f"{r['loop'] / r['iterations'] * 1e6:5.1f} us/iteration, "
+              f"{r['cpu'] / r['requests'] * 1e6:6.1f} us/request")
+    floor_it, floor_req = _ratios(floors["cluster"], floors["single"])
+    print(f"bare loop cluster / single: {floor_it:.2f}x per iteration, {floor_req:.2f}x per "
+          f"request; simsched's ratios over the bare loop's: {per_it / floor_it:.2f}x per "
+          f"iteration, {per_req / floor_req:.2f}x per request")
 
+
+def _ratios(cluster: dict, single: dict) -> tuple[float, float]:
+    """Cluster / single CPU time per simulated iteration (loop) and per request (whole run)."""
+    per_it = (cluster["loop"] / cluster["iterations"]) / (single["loop"] / single["iterations"])
+    per_req = (cluster["cpu"] / cluster["requests"]) / (single["cpu"] / single["requests"])
+    return per_it, per_req
 
 if __name__ == "__main__":
     main()

@@ -35,28 +35,106 @@ from simsched.workloads.workload import WorkloadConfig, generate
 
 
 def floor_loop(arrival, prompt, output, cost, budget: int, max_seqs: int, num_blocks: int,
-               block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Run the bare loop; return (first_token_at, finished_at) per request."""
+               block_size: int, num_replicas: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Run the bare loop; return (first_token_at, finished_at) per request.
+
+    ``num_replicas`` > 1: that many GPU processes on one clock, requests dealt round robin (the
+    least routing there is), each replica with its own queue, KV blocks and decode counter.
+    """
     env = simpy.Environment()
     n = len(arrival)
     first_at = np.full(n, math.nan)
     finish_at = np.full(n, math.nan)
-    waiting: deque = deque()
-    state = {"idle": None, "free": num_blocks}
-    prefilling: dict[int, int] = {}      # id -> prompt tokens computed
-    decoding: dict[int, int] = {}        # id -> finish step
-    finish_due: dict[int, list] = {}
-    ctx_base_sum = [0]
-    ctx_base: dict[int, int] = {}
     events: dict[int, tuple] = {}
-    step = [0]
+
+    def replica():
+        """Start one replica's GPU process; return the function that queues a request on it."""
+        waiting: deque = deque()
+        state = {"idle": None, "free": num_blocks}
+        prefilling: dict[int, int] = {}      # id -> prompt tokens computed
+        decoding: dict[int, int] = {}        # id -> finish step
+        finish_due: dict[int, list] = {}
+        ctx_base_sum = [0]
+        ctx_base: dict[int, int] = {}
+        step = [0]
+
+        def add(i):
+            waiting.append(i)
+            if state["idle"] is not None and not state["idle"].triggered:
+                state["idle"].succeed()
+
+        def gpu():
+            while True:
+                if not (waiting or prefilling or decoding):
+                    state["idle"] = env.event()
+                    yield state["idle"]
+                    state["idle"] = None
+                    continue
+                n_dec = len(decoding)
+                left = budget - n_dec
+                planned = []
+                for i, done in prefilling.items():
+                    if left <= 0:
+                        break
+                    c = min(prompt[i] - done, left)
+                    planned.append((i, c, done))
+                    left -= c
+                while waiting and left > 0 and len(prefilling) + n_dec < max_seqs:
+                    i = waiting[0]
+                    need = -(-(prompt[i] + output[i]) // block_size)
+                    if need > state["free"]:
+                        break
+                    waiting.popleft()
+                    state["free"] -= need
+                    prefilling[i] = 0
+                    c = min(prompt[i], left)
+                    planned.append((i, c, 0))
+                    left -= c
+                s = step[0] + 1
+                batch = Batch([c for _, c, _ in planned], [d for _, _, d in planned], n_dec,
+                              ctx_base_sum[0] + n_dec * s if n_dec else 0)
+                yield env.timeout(cost.iteration_time(batch))
+                now = env.now
+                if n_dec:
+                    step[0] = s
+                    for i in finish_due.pop(s, ()):
+                        del decoding[i]
+                        ctx_base_sum[0] -= ctx_base.pop(i)
+                        state["free"] += -(-(prompt[i] + output[i]) // block_size)
+                        finish_at[i] = now
+                        events.pop(i)[1].succeed()
+                for i, c, d in planned:
+                    if d + c < prompt[i]:
+                        prefilling[i] = d + c
+                        continue
+                    del prefilling[i]
+                    first_at[i] = now
+                    events[i][0].succeed()
+                    if output[i] == 1:
+                        state["free"] += -(-(prompt[i] + output[i]) // block_size)
+                        finish_at[i] = now
+                        events.pop(i)[1].succeed()
+                        continue
+                    s1 = step[0] + 1
+                    fin = s1 + output[i] - 2
+                    decoding[i] = fin
+                    finish_due.setdefault(fin, []).append(i)
+                    ctx_base[i] = prompt[i] - s1
+                    ctx_base_sum[0] += ctx_base[i]
+
+        env.process(gpu())
+        return add
+
+    adds = [replica() for _ in range(num_replicas)]
+    add = adds[0]
 
     def request(i):
         first, done = env.event(), env.event()
         events[i] = (first, done)
-        waiting.append(i)
-        if state["idle"] is not None and not state["idle"].triggered:
-            state["idle"].succeed()
+        if num_replicas == 1:
+            add(i)
+        else:
+            adds[i % num_replicas](i)
         yield first
         yield done
 
@@ -67,67 +145,7 @@ def floor_loop(arrival, prompt, output, cost, budget: int, max_seqs: int, num_bl
                 yield env.timeout(delay)
             env.process(request(i))
 
-    def gpu():
-        while True:
-            if not (waiting or prefilling or decoding):
-                state["idle"] = env.event()
-                yield state["idle"]
-                state["idle"] = None
-                continue
-            n_dec = len(decoding)
-            left = budget - n_dec
-            planned = []
-            for i, done in prefilling.items():
-                if left <= 0:
-                    break
-                c = min(prompt[i] - done, left)
-                planned.append((i, c, done))
-                left -= c
-            while waiting and left > 0 and len(prefilling) + n_dec < max_seqs:
-                i = waiting[0]
-                need = -(-(prompt[i] + output[i]) // block_size)
-                if need > state["free"]:
-                    break
-                waiting.popleft()
-                state["free"] -= need
-                prefilling[i] = 0
-                c = min(prompt[i], left)
-                planned.append((i, c, 0))
-                left -= c
-            s = step[0] + 1
-            batch = Batch([c for _, c, _ in planned], [d for _, _, d in planned], n_dec,
-                          ctx_base_sum[0] + n_dec * s if n_dec else 0)
-            yield env.timeout(cost.iteration_time(batch))
-            now = env.now
-            if n_dec:
-                step[0] = s
-                for i in finish_due.pop(s, ()):
-                    del decoding[i]
-                    ctx_base_sum[0] -= ctx_base.pop(i)
-                    state["free"] += -(-(prompt[i] + output[i]) // block_size)
-                    finish_at[i] = now
-                    events.pop(i)[1].succeed()
-            for i, c, d in planned:
-                if d + c < prompt[i]:
-                    prefilling[i] = d + c
-                    continue
-                del prefilling[i]
-                first_at[i] = now
-                events[i][0].succeed()
-                if output[i] == 1:
-                    state["free"] += -(-(prompt[i] + output[i]) // block_size)
-                    finish_at[i] = now
-                    events.pop(i)[1].succeed()
-                    continue
-                s1 = step[0] + 1
-                fin = s1 + output[i] - 2
-                decoding[i] = fin
-                finish_due.setdefault(fin, []).append(i)
-                ctx_base[i] = prompt[i] - s1
-                ctx_base_sum[0] += ctx_base[i]
-
     env.process(arrivals())
-    env.process(gpu())
     env.run()
     return first_at, finish_at
 
