@@ -125,6 +125,51 @@ class _Arrivals(simpy.Event):
 _new_event = simpy.Event.__new__
 
 
+class _RequestProcess(simpy.Process):
+    """A request's process: SimPy's, except that its end schedules no event when nobody waits
+    for it (a request's process has nobody waiting unless a session started it).
+
+    SimPy schedules a terminated process as an event so that processes waiting for it resume;
+    with no callbacks, processing that event does nothing but mark it processed. Marking it
+    processed at once saves a heap push and pop and a step of the event loop per request; the
+    order of all other events is unchanged (event ids only ever grow).
+    """
+
+    def _resume(self, event) -> None:
+        env = self.env
+        env._active_proc = self
+        generator = self._generator
+        while True:
+            try:
+                if event._ok:
+                    event = generator.send(event._value)
+                else:
+                    # An interrupt: throw a fresh copy, as SimPy does (see Process._resume).
+                    event._defused = True
+                    exc = type(event._value)(*event._value.args)
+                    exc.__cause__ = event._value
+                    event = generator.throw(exc)
+            except StopIteration as stop:
+                self._ok = True
+                self._value = stop.args[0] if stop.args else None
+                if self.callbacks:
+                    env.schedule(self)
+                else:
+                    self.callbacks = None           # processed: nobody to resume
+                break
+            except BaseException as exc:
+                self._ok = False
+                exc.__traceback__ = exc.__traceback__.tb_next
+                self._value = exc
+                env.schedule(self)                  # fails the run, as SimPy does
+                break
+            if event.callbacks is not None:         # pending: resume when it is processed
+                event.callbacks.append(self._resume)
+                break
+        self._target = event
+        env._active_proc = None
+
+
 class _Started:
     """What a process's first step is resumed with (an ``Initialize`` event's value)."""
 
@@ -254,7 +299,7 @@ class Cluster:
     # ------------------------------------------------------------------ processes
     def _start_request(self):
         """The function that starts an arriving request's process (see :class:`_Arrivals`)."""
-        env, request, new = self.env, self._request, simpy.Process.__new__
+        env, request, new = self.env, self._request, _RequestProcess.__new__
         # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
         record = getattr(self.requests, "record", None)
         started = _Started()
@@ -262,7 +307,7 @@ class Cluster:
         def start(req: Request) -> None:
             # simpy.Process(env, generator) without scheduling its Initialize event: the
             # process takes its first step now, as Initialize would have it do next.
-            process = new(simpy.Process)
+            process = new(_RequestProcess)
             process.env = env
             process.callbacks = []
             process._generator = request(req, record)

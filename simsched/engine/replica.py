@@ -149,7 +149,6 @@ class Replica:
         index = self.index
         kv = self.kv
         num_blocks = kv.num_blocks
-        requeue = sched._requeue
         prefix = kv.prefix_caching
         # One append per column per iteration: no row tuple to build and re-read later.
         (add_started, add_duration, add_prefill, add_decode, add_seqs, add_waiting, add_used,
@@ -209,7 +208,7 @@ class Replica:
                 used = num_blocks - kv.num_free
             if self.on_kv is not None:
                 self.on_kv(self.index, used, num_blocks)
-            waiting = len(sched._waiting) + len(requeue)
+            waiting = len(sched._waiting)       # schedule() has re-queued its victims
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
             # enough that now + duration still resolves it (arrivals near 1e17 s do not). The

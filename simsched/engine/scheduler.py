@@ -63,7 +63,8 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
-                 "_num_pushed", "_kv_blocked", "_static")
+                 "_num_pushed", "_kv_blocked", "_static",
+                 "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None, kv_bytes_per_block: float = 0.0,
