@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 import simsched
 from simsched import SimConfig, UnitCostModel
@@ -35,6 +36,47 @@ def test_preempted_process_receives_interrupt_with_cause_and_finishes():
     assert "admission" in reasons
     assert sum(c.num_lost_tokens for r in victims for c in r.causes) == \
         sum(r.num_recomputed_tokens for r in reqs)
+
+
+def test_request_processes_end_like_simpy_processes_without_an_event_nobody_needs():
+    """A request's process (``RequestProcess``) takes interrupts as SimPy's do; its end makes
+    no event unless a process waits for it, and one that waits is resumed with its value."""
+    from simsched.cluster.arrivals import RequestProcess
+    env = simpy.Environment()
+    seen = []
+
+    def life(wait):
+        try:
+            yield env.timeout(wait)
+        except simpy.Interrupt as interrupt:
+            seen.append(("interrupted", env.now, interrupt.cause))
+            yield env.timeout(1.0)
+        return env.now
+
+    alone = RequestProcess(env, life(5.0))
+    waited = RequestProcess(env, life(2.0))
+
+    def waiter():
+        seen.append(("joined", (yield waited)))
+
+    def interrupter():
+        yield env.timeout(0.5)
+        alone.interrupt("kv_full")
+
+    env.process(waiter())
+    env.process(interrupter())
+    scheduled, schedule = [], env.schedule
+
+    def noting_schedule(event, priority=1, delay=0):
+        scheduled.append(event)
+        schedule(event, priority, delay)
+
+    env.schedule = noting_schedule
+    env.run()
+    assert seen == [("interrupted", 0.5, "kv_full"), ("joined", 2.0)]
+    assert alone.processed and alone.ok and alone.value == 1.5
+    assert waited.processed and waited.value == 2.0
+    assert alone not in scheduled and waited in scheduled   # only the waited-for end is an event
 
 
 def test_every_request_finishes_once_with_ordered_timestamps():

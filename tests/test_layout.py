@@ -17,7 +17,7 @@ LAYERS = {
     "__init__": 9,
 }
 SIMPY_MODULES = {"simsched.engine.replica", "simsched.cluster.cluster", "simsched.cluster.disagg",
-                 "simsched.cluster.sessions"}
+                 "simsched.cluster.sessions", "simsched.cluster.arrivals"}
 
 
 def _modules():

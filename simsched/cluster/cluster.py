@@ -1,8 +1,8 @@
 """The SimPy side of a run: one clock, arrivals, one process per request, replicas.
 
-Each request's process starts at its arrival time (:class:`_Arrivals`), hands the request to a
-replica and then sleeps until its completion, receiving preemption interrupts from the replica's
-GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes nobody: the replica
+Each request's process starts at its arrival time (:mod:`simsched.cluster.arrivals`), hands the
+request to a replica and then sleeps until its completion, receiving preemption interrupts from
+the replica's GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes nobody: the replica
 tells the router's load tracking directly.
 
 With several replicas (or admission control) the request process first passes the router's
@@ -23,7 +23,6 @@ that instant, so an arrival at the instant a batch is formed joins it (see
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 from array import array
 from contextlib import contextmanager
@@ -32,8 +31,8 @@ from typing import Any
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL, URGENT
 
+from simsched.cluster.arrivals import Arrivals, RequestProcess, Started
 from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
@@ -88,93 +87,7 @@ def router_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
 
 
-class _Arrivals(simpy.Event):
-    """Starts each request's process at its arrival time: one event, rescheduled at each new
-    arrival time (absolute, so the clock lands on ``arrival_at`` itself: ``0.2 + d`` is never
-    exactly 0.9 for any float ``d``, so a timeout's ``now + delay`` can miss an arrival).
-
-    Processing it starts the processes of the requests arriving at that instant, in id order, as
-    their processes' first steps: what an arrival process creating each with ``env.process``
-    would do at that instant, without an arrival process to resume and an ``Initialize`` event
-    per request (a third of the SimPy work of a request's life).
-    """
-
-    def __init__(self, env: simpy.Environment, requests, start) -> None:
-        self.env = env
-        self._value = None
-        self._ok = True
-        self._requests = iter(requests)
-        self._next = next(self._requests, None)
-        self._start = start
-        # First processed where an arrival process's start would be: URGENT, now.
-        self.callbacks = [self._arrive]
-        env.schedule(self, URGENT)
-
-    def _arrive(self, _event) -> None:
-        env, start, requests = self.env, self._start, self._requests
-        now, req = env._now, self._next
-        while req is not None and req.arrival_at <= now:
-            start(req)
-            req = next(requests, None)
-        self._next = req
-        if req is not None:
-            self.callbacks = [self._arrive]
-            heapq.heappush(env._queue, (req.arrival_at, NORMAL, next(env._eid), self))
-
-
 _new_event = simpy.Event.__new__
-
-
-class _RequestProcess(simpy.Process):
-    """A request's process: SimPy's, except that its end schedules no event when nobody waits
-    for it (a request's process has nobody waiting unless a session started it).
-
-    SimPy schedules a terminated process as an event so that processes waiting for it resume;
-    with no callbacks, processing that event does nothing but mark it processed. Marking it
-    processed at once saves a heap push and pop and a step of the event loop per request; the
-    order of all other events is unchanged (event ids only ever grow).
-    """
-
-    def _resume(self, event) -> None:
-        env = self.env
-        env._active_proc = self
-        generator = self._generator
-        while True:
-            try:
-                if event._ok:
-                    event = generator.send(event._value)
-                else:
-                    # An interrupt: throw a fresh copy, as SimPy does (see Process._resume).
-                    event._defused = True
-                    exc = type(event._value)(*event._value.args)
-                    exc.__cause__ = event._value
-                    event = generator.throw(exc)
-            except StopIteration as stop:
-                self._ok = True
-                self._value = stop.args[0] if stop.args else None
-                if self.callbacks:
-                    env.schedule(self)
-                else:
-                    self.callbacks = None           # processed: nobody to resume
-                break
-            except BaseException as exc:
-                self._ok = False
-                exc.__traceback__ = exc.__traceback__.tb_next
-                self._value = exc
-                env.schedule(self)                  # fails the run, as SimPy does
-                break
-            if event.callbacks is not None:         # pending: resume when it is processed
-                event.callbacks.append(self._resume)
-                break
-        self._target = event
-        env._active_proc = None
-
-
-class _Started:
-    """What a process's first step is resumed with (an ``Initialize`` event's value)."""
-
-    _ok = True
-    _value = None
 
 
 class _Views:
@@ -231,7 +144,7 @@ class Cluster:
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
-        _Arrivals(self.env, self.requests, self._start_request())
+        Arrivals(self.env, self.requests, self._start_request())
         if sessions:
             self.env.process(run_sessions(self, sessions))
 
@@ -298,16 +211,16 @@ class Cluster:
 
     # ------------------------------------------------------------------ processes
     def _start_request(self):
-        """The function that starts an arriving request's process (see :class:`_Arrivals`)."""
-        env, request, new = self.env, self._request, _RequestProcess.__new__
+        """The function that starts an arriving request's process (see :class:`Arrivals`)."""
+        env, request, new = self.env, self._request, RequestProcess.__new__
         # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
         record = getattr(self.requests, "record", None)
-        started = _Started()
+        started = Started()
 
         def start(req: Request) -> None:
             # simpy.Process(env, generator) without scheduling its Initialize event: the
             # process takes its first step now, as Initialize would have it do next.
-            process = new(_RequestProcess)
+            process = new(RequestProcess)
             process.env = env
             process.callbacks = []
             process._generator = request(req, record)
