@@ -22,6 +22,18 @@ import pandas as pd
 
 OUT = Path(__file__).resolve().parent.parent / "simsched" / "cost" / "data"
 
+# Appended to the copied H200 README: what the bundle adds to the shared data.
+ITERATION_NOTE = """
+## Added when bundled into simsched
+
+- `iteration.csv`: whole decode steps of a Llama-3-8B-shaped model (32 layers, bf16) on the same H200 at
+  context 1,024, from `benchmarks/device/h200_iteration.py` (its `h200_iteration_results.json`):
+  `graph_gpu_ms` (one CUDA-graph replay, CUDA events: pure GPU time), `graph_roundtrip_ms` (replay +
+  sampled ids copied to the host + synchronise, wall clock) and `eager_ms` (op-by-op launches from
+  Python, wall clock). simsched uses `graph_roundtrip_ms - graph_gpu_ms` as the `overlapped` engine's
+  per-iteration gap and `graph_gpu_ms` to check whole-step GPU time.
+"""
+
 
 def main(src: str, iteration_json: str | None = None) -> None:
     """Write h200/*.csv, real_serving/splitwise.csv and their README/LICENSE files."""
@@ -37,6 +49,9 @@ def main(src: str, iteration_json: str | None = None) -> None:
         dec = pd.DataFrame([r for r in rows if r.get("phase") == "decode" and "error" not in r])
         dec[["batch", "context", "graph_gpu_ms", "graph_roundtrip_ms", "eager_ms"]].to_csv(
             h200 / "iteration.csv", index=False, float_format="%.6g")
+    if (h200 / "iteration.csv").exists():       # bundled earlier, or just now
+        with open(h200 / "README.md", "a") as readme:
+            readme.write(ITERATION_NOTE)
 
     real = OUT / "real_serving"
     real.mkdir(parents=True, exist_ok=True)
