@@ -1,6 +1,6 @@
 """Cost of a 64-replica cluster against one replica: per iteration, per request, peak memory.
 
-``python -m benchmarks.cluster [--quick] [--router jsq] [--instructions]``
+``python -m benchmarks.cluster [--quick] [--router jsq] [--instructions] [--no-floor]``
 
 Lesson workload (Poisson arrivals, clipped lognormal lengths), Llama-2-7B on A100-80GB, calibrated
 cost model. One replica's capacity is its throughput when overloaded; the cluster (64 replicas)
@@ -10,6 +10,12 @@ to last cost-model call) over the iterations of all replicas; the cost per reque
 of the whole ``simulate`` call (workload, simulation and frames) over the requests. CPU time, not
 wall time: the machine is shared. Targets: both ratios (cluster / single) <= 1.3, cluster peak
 RSS < 1 GB. The cluster runs first, so the peak RSS printed after it is its own.
+
+Then (unless ``--no-floor``) the bare loop of :mod:`benchmarks.floor` replays the same two traces
+with one GPU process per replica and requests dealt round robin: no routing, load tracking,
+metrics or policies. Its own cluster / single ratios are what a simulator with a SimPy process
+per request and per replica pays for many replicas on this machine; simsched's ratios are also
+printed over them.
 
 ``--instructions`` counts instead of timing (needs valgrind): each run (20,000 requests unless
 ``--num-requests`` says otherwise) under cachegrind, once and three times, gives one run's

@@ -10,6 +10,8 @@ completion, and only first-token and finish times recorded. No policies, no pree
 invariants, no iteration log, no result frames. simsched replays the same trace with FCFS and the
 calibrated model; both loops are timed between their first and last cost-model call, so start-up
 and frame building are excluded from both. Ratios are measured within one run, best of N.
+:func:`floor_loop` also runs several replicas on one clock (``num_replicas``, round robin), which
+:mod:`benchmarks.cluster` uses as the floor of a cluster.
 
 ``--instructions`` counts instead of timing (needs valgrind): each loop runs under cachegrind once
 and three times, and the difference over two gives one call's instructions, first-level data-cache

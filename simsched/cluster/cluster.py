@@ -2,8 +2,8 @@
 
 Each request's process starts at its arrival time (:mod:`simsched.cluster.arrivals`), hands the
 request to a replica and then sleeps until its completion, receiving preemption interrupts from
-the replica's GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes nobody: the replica
-tells the router's load tracking directly.
+the replica's GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes
+nobody: the replica tells the router's load tracking directly.
 
 With several replicas (or admission control) the request process first passes the router's
 admission control (a token bucket, then the chosen replica's queue cap; a shed request is
