@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-import simsched.config as _config
+import simsched.config.cluster as _cluster_config
 
 
 def _cached_tokens(replica, req) -> int:
@@ -347,4 +347,4 @@ def check_router(name: str, options: Mapping[str, Any]) -> None:
 
 
 # Config validates router names and options through this hook (it cannot import this layer).
-_config._router_check = check_router
+_cluster_config._router_check = check_router

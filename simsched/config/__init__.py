@@ -1,0 +1,164 @@
+"""Frozen, validated configuration for one simulation run.
+
+A run is described by a :class:`SimConfig` made of five parts: the scheduler, the KV cache, the
+hardware (model, GPU, tensor parallelism, cost model), the workload and the cluster (how many
+replicas, per-replica overrides, the router and admission control). Every field is checked in
+``__post_init__`` and a bad value raises ``ValueError`` naming the field and the allowed range.
+
+Sweeps vary configs with :meth:`SimConfig.replace`, which accepts flat field names (``rate=4.0``,
+``policy="spf"``) and routes each to the sub-config that owns it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from simsched.config.checks import check_bool, check_float, check_int, plain
+from simsched.config.cluster import LINK_PRESETS, REPLICA_SECTIONS, ROLES, ClusterConfig
+from simsched.config.parts import (COST_MODELS, PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig,
+                                   HardwareConfig, SchedulerConfig)
+from simsched.workloads.workload import WorkloadConfig
+
+__all__ = ["COST_MODELS", "LINK_PRESETS", "PREEMPTION_MODES", "REPLICA_SECTIONS", "ROLES",
+           "SCHEDULER_STYLES", "CacheConfig", "ClusterConfig", "HardwareConfig", "SchedulerConfig",
+           "SimConfig", "WorkloadConfig", "field_names"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one run needs: scheduler, cache, hardware, workload, cluster, seed, run limits.
+
+    ``max_sim_time`` ends an overloaded run (simulated seconds); requests still waiting or running
+    then are reported with status ``waiting``/``running``. ``check_invariants`` verifies the
+    scheduler's invariants after every iteration (slower; on in the tests).
+    """
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    seed: int = 0
+    max_sim_time: float = math.inf
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        plain(self)
+        for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
+                          ("hardware", HardwareConfig), ("workload", WorkloadConfig),
+                          ("cluster", ClusterConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        check_int("config", "seed", self.seed, 0, 2**63 - 1)
+        check_float("config", "max_sim_time", self.max_sim_time, 0.0, low_open=True)
+        check_bool("config", "check_invariants", self.check_invariants)
+        if self.cache.num_blocks is None:
+            from simsched.cost import hardware
+
+            # Fail at configuration time, not at the first run, if the weights leave no KV room.
+            hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
+        if self.cluster.replicas:
+            self.replica_configs()      # every override is valid against these base settings
+
+    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
+
+    def replica_configs(self) -> list["SimConfig"]:
+        """One config per replica: this one with the replica's scheduler, cache and hardware.
+
+        The replica configs keep the workload and seed; their cluster part is a single replica.
+        An override naming a bad value raises ValueError naming ``cluster.replicas[i]``.
+        """
+        if not self.cluster.replicas:
+            return [self] * self.cluster.num_replicas
+        single = ClusterConfig()
+        out, built = [], {}
+        for i, changes in enumerate(self.cluster.overrides()):
+            key = tuple(sorted(changes.items(), key=lambda kv: kv[0]))
+            try:
+                cfg = built.get(key)
+            except TypeError:           # an unhashable value (a dict of policy options)
+                cfg, key = None, None
+            if cfg is None:
+                parts: dict[str, dict[str, Any]] = {p: {} for p in REPLICA_SECTIONS}
+                for name, value in changes.items():
+                    if "." in name:
+                        section, name = name.split(".", 1)
+                    else:
+                        section = next(p for p in REPLICA_SECTIONS if name in
+                                       {f.name for f in dataclasses.fields(getattr(self, p))})
+                    parts[section][name] = value
+                try:
+                    cfg = dataclasses.replace(
+                        self, cluster=single,
+                        **{p: dataclasses.replace(getattr(self, p), **c)
+                           for p, c in parts.items() if c})
+                except ValueError as exc:
+                    raise ValueError(f"cluster.replicas[{self._entry_of(i)}]: {exc}") from None
+                if key is not None:
+                    built[key] = cfg
+            out.append(cfg)
+        return out
+
+    def _entry_of(self, replica: int) -> int:
+        """Which ``cluster.replicas`` entry replica number ``replica`` comes from."""
+        seen = 0
+        for i, entry in enumerate(self.cluster.replicas):
+            seen += entry.get("count", 1)
+            if replica < seen:
+                return i
+        return len(self.cluster.replicas)
+
+    def replace(self, **changes: Any) -> "SimConfig":
+        """Return a copy with fields changed; flat names are routed to the sub-config owning them.
+
+        ``cfg.replace(rate=4, policy="spf", seed=2)`` changes ``workload.rate``,
+        ``scheduler.policy`` and ``seed``. Dotted names (``"cache.num_blocks"``) are also accepted
+        through ``**{"cache.num_blocks": 512}``.
+        """
+        top: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {p: {} for p in self._PARTS}
+        own = {f.name for f in dataclasses.fields(self)}
+        for key, value in changes.items():
+            if "." in key:
+                part, sub = key.split(".", 1)
+                if part not in parts:
+                    raise ValueError(f"unknown config section {part!r} in {key!r}")
+                parts[part][sub] = value
+            elif key in own:
+                top[key] = value
+            else:
+                owners = [p for p in self._PARTS
+                          if key in {f.name for f in dataclasses.fields(getattr(self, p))}]
+                if not owners:
+                    raise ValueError(f"unknown config field {key!r}; known: {sorted(field_names())}")
+                parts[owners[0]][key] = value
+        for part, sub in parts.items():
+            if sub:
+                known = {f.name for f in dataclasses.fields(getattr(self, part))}
+                bad = set(sub) - known
+                if bad:
+                    raise ValueError(f"unknown field(s) {sorted(bad)} in config section {part!r}")
+                top[part] = dataclasses.replace(top.get(part, getattr(self, part)), **sub)
+        return dataclasses.replace(self, **top)
+
+    def flat(self) -> dict[str, Any]:
+        """All fields as one flat mapping (sub-config fields by their own names)."""
+        out: dict[str, Any] = {}
+        for part in self._PARTS:
+            for f in dataclasses.fields(getattr(self, part)):
+                out[f.name] = getattr(getattr(self, part), f.name)
+        for f in dataclasses.fields(self):
+            if f.name not in self._PARTS:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+def field_names() -> set[str]:
+    """Every flat field name :meth:`SimConfig.replace` accepts."""
+    names = {f.name for f in dataclasses.fields(SimConfig)} - set(SimConfig._PARTS)
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    return names

@@ -1,0 +1,156 @@
+"""The per-replica config sections: scheduler, KV cache and hardware."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
+
+SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
+PREEMPTION_MODES = ("recompute", "swap")
+COST_MODELS = ("calibrated", "linear", "unit")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How each iteration's batch is formed: style, queue policy, budgets and preemption.
+
+    ``preemption`` enables the admission trigger (preempt running requests that the queue policy
+    ranks below the best waiting request when it cannot get KV blocks). Running requests that run
+    out of KV blocks are always preempted, as in vLLM; otherwise the engine could deadlock.
+
+    ``admit_after_preemption`` says whether an iteration that preempted a running request for
+    lack of KV blocks may still admit waiting (or swap in swapped) requests into the blocks just
+    freed. ``False`` (default) is vLLM V1's rule: no admission in a step that preempted, so a
+    later arrival cannot take a victim's place. ``True`` is vLLM V0's chunked-prefill scheduler.
+    Preemptions made by the admission trigger (``preemption=True``) admit the request they were
+    made for either way.
+    """
+
+    style: str = "stall_free"
+    policy: str = "fcfs"
+    victim_policy: str = "fewest_generated"
+    preemption: bool = False
+    preemption_mode: str = "recompute"
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_num_prefills: int | None = None
+    enable_chunked_prefill: bool = True
+    max_num_preemptions: int = 8
+    admit_after_preemption: bool = False
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
+
+        plain(self)
+        o = "scheduler"
+        check_choice(o, "style", self.style, SCHEDULER_STYLES)
+        check_choice(o, "policy", self.policy, QUEUE_POLICIES)
+        check_choice(o, "victim_policy", self.victim_policy, VICTIM_POLICIES)
+        check_bool(o, "preemption", self.preemption)
+        check_choice(o, "preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        check_int(o, "max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int(o, "max_num_seqs", self.max_num_seqs, 1)
+        # As vLLM enforces: every running sequence must be able to decode in one iteration.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"{o}.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"{o}.max_num_seqs ({self.max_num_seqs})")
+        if self.max_num_prefills is not None:
+            check_int(o, "max_num_prefills", self.max_num_prefills, 1)
+        check_bool(o, "enable_chunked_prefill", self.enable_chunked_prefill)
+        check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
+        check_bool(o, "admit_after_preemption", self.admit_after_preemption)
+        if not isinstance(self.policy_options, Mapping):
+            raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
+        try:  # the policy's factory checks its options: fail here, not at the first run
+            make_queue(self.policy, self.policy_options)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{o}.policy_options {dict(self.policy_options)!r} are invalid for "
+                             f"policy {self.policy!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size, number of GPU blocks, admission watermark, swap, prefix cache.
+
+    ``num_blocks=None`` derives the block count from the hardware (GPU memory, weights, KV bytes per
+    token) as vLLM does; an integer sets it directly. ``enable_prefix_caching`` shares full blocks
+    of equal content between requests and keeps released ones cached until their memory is needed
+    (vLLM's automatic prefix caching; see :mod:`simsched.engine.prefix_cache`). Off by default:
+    results are then exactly those of a cache without sharing.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    watermark: float = 0.01
+    swap_space_gib: float = 4.0
+    swap_bandwidth_gbps: float = 25.0
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self) -> None:
+        plain(self)
+        o = "cache"
+        check_int(o, "block_size", self.block_size, 1, 4096)
+        if self.num_blocks is not None:
+            check_int(o, "num_blocks", self.num_blocks, 1)
+        check_float(o, "watermark", self.watermark, 0.0, 0.5)
+        check_float(o, "swap_space_gib", self.swap_space_gib, 0.0)
+        check_float(o, "swap_bandwidth_gbps", self.swap_bandwidth_gbps, 0.0, low_open=True)
+        check_bool(o, "enable_prefix_caching", self.enable_prefix_caching)
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """Which model runs on which GPU, at which tensor-parallel degree, under which cost model.
+
+    ``model`` names a catalog model, or, with ``model_spec`` set, a custom one: ``model_spec``
+    (a :class:`~simsched.cost.hardware.ModelSpec`, a mapping of its fields or of a Hugging Face
+    ``config.json``, or the path of that file) then defines the model's shape. A config carrying
+    its model's shape runs on any executor (spawned worker processes, Ray) with no
+    ``register_model`` call there.
+
+    ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
+    ``measured_2023`` (default), ``eager_2023``, ``overlapped`` or ``none``.
+    """
+
+    model: str = "llama-2-7b"
+    gpu: str = "a100-80gb"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    cost_model: str = "calibrated"
+    max_model_len: int | None = None
+    model_spec: Any = None
+    # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
+    # measured_2023 is the default: simsched.cost.overhead and docs/cost_model.md.
+    engine_overhead: str = "measured_2023"
+
+    def __post_init__(self) -> None:
+        from simsched.cost import hardware
+
+        plain(self)
+        o = "hardware"
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"{o}.model must be a non-empty string, got {self.model!r}")
+        if self.model_spec is not None:
+            object.__setattr__(self, "model_spec", hardware.as_model_spec(self.model_spec))
+        check_int(o, "tensor_parallel_size", self.tensor_parallel_size, 1, 64)
+        check_float(o, "gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0,
+                     low_open=True)
+        check_choice(o, "cost_model", self.cost_model, COST_MODELS)
+        from simsched.cost.overhead import ENGINE_OVERHEADS
+
+        check_choice(o, "engine_overhead", self.engine_overhead, ENGINE_OVERHEADS)
+        if self.max_model_len is not None:
+            check_int(o, "max_model_len", self.max_model_len, 1)
+        hardware.validate(self)
+        hardware.max_model_len(self)  # at most the model's context length
+
+
+def replica_fields() -> set[str]:
+    """The field names a per-replica override may set (scheduler, cache and hardware fields)."""
+    return {f.name for cls in (SchedulerConfig, CacheConfig, HardwareConfig)
+            for f in dataclasses.fields(cls)}
