@@ -11,8 +11,10 @@ iteration costs O(events) rather than O(batch), and never O(waiting queue). A qu
 per-iteration ``refresh`` hook would add O(running) per iteration (none has one: MLFQ ranks
 lazily).
 
-Preemption recomputes (the victim's KV is dropped and it re-queues) or, with
-``preemption_mode="swap"``, swaps the victim's KV to CPU memory (:mod:`simsched.swap`).
+Partial prefills and admissions are planned in :mod:`simsched.engine.admission`. Preemption
+(:mod:`simsched.engine.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
+with ``preemption_mode="swap"``, swaps the victim's KV to CPU memory
+(:mod:`simsched.engine.swap`).
 
 With a prefix cache (:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached
 blocks of the request's prefix and prefills only the rest, with the cached tokens as context.
@@ -30,6 +32,7 @@ from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.queues import HeapQueue
+from simsched.engine.admission import AdmissionMixin
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.preemption import PreemptionMixin
@@ -42,7 +45,7 @@ _new_batch = object.__new__
 _NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
 
-class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
+class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     """Stall-free continuous batching (Sarathi-Serve style) with a paged KV cache.
 
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
@@ -271,134 +274,6 @@ class Scheduler(DecodeMixin, HandoffMixin, PreemptionMixin):
         batch.swap_out_bytes = self.swap_out_bytes
         batch.swap_in_bytes = self.swap_in_bytes
         return batch
-
-    def _may_admit(self) -> bool:
-        # Swapped requests resume before new admissions, unless the policy ranks them lower.
-        return not self.swapped or self.preemptive
-
-    def _budget_left(self) -> int:
-        used = self.planned_tokens + (len(self.decoding) if self._decodes_count else 0)
-        return self.cfg.max_num_batched_tokens - used
-
-    def _continue_prefills(self) -> None:
-        for req in list(self.prefilling.values()):
-            if req.status is not RUNNING or req.id in self.planned:
-                continue
-            if not self._continue_prefill(req):
-                break
-
-    def _continue_prefill(self, req: Request) -> bool:
-        """Plan the next chunk of running ``req``'s prefill; False once the iteration is full."""
-        if len(self.planned) >= self.max_num_prefills:
-            return False
-        budget = self._budget_left()
-        if budget <= 0:
-            return False
-        kv = self.kv
-        chunk = min(req.prefill_target - req.num_computed, budget)
-        need = kv.num_new_blocks(req.id, req.num_computed + chunk)
-        if need > kv.num_free and not self._make_room(req, need):
-            return True
-        kv.allocate(req.id, req.num_computed + chunk)
-        self._plan(req, chunk)
-        return True
-
-    def _plan(self, req: Request, chunk: int) -> None:
-        self.planned[req.id] = (req, chunk)
-        self.planned_tokens += chunk
-        if self.meter is not None:
-            self.meter.prefill(req, chunk)
-
-    def _unplan(self, req: Request) -> None:
-        entry = self.planned.pop(req.id, None)
-        if entry is not None:
-            self.planned_tokens -= entry[1]
-            if self.meter is not None:
-                self.meter.prefill(req, -entry[1])
-
-    def _still_blocked(self) -> bool:
-        """Whether the last admission that failed for want of KV blocks would fail again now.
-
-        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
-        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
-        the watermark applies as before. An iteration then skips the admission scan: KV-bound
-        runs spend many iterations with a blocked queue head.
-        """
-        memo = self._kv_blocked
-        return (memo is not None and memo[0] == self._num_pushed and memo[1] == self.num_admitted
-                and self.kv.num_free <= memo[2] and self._budget_left() >= memo[3]
-                and memo[4] == bool(self.running) and memo[5] is self._queue)
-
-    def _admit(self) -> None:
-        cfg, kv, queue = self.cfg, self.kv, self._queue
-        static = self._static
-        prefix = self.prefix_caching
-        reserved = 0  # static batching admits whole prompts' worth of blocks up front
-        may_preempt = cfg.preemption or self.preemptive
-        waiting, forget = self._waiting, self._forget
-        # The blocked-head memo holds for fixed-key queues without preemption or prefix reuse.
-        memo_ok = not (may_preempt or prefix or static) and self._fixed_order
-        while waiting:
-            full = len(self.running) >= cfg.max_num_seqs
-            if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
-                break
-            budget = cfg.max_num_batched_tokens - self.planned_tokens \
-                - (len(self.decoding) if self._decodes_count else 0)      # _budget_left()
-            if budget <= 0 and not static:
-                break
-            req = queue.peek()
-            remaining = req.prefill_target
-            if prefix:
-                cached, hit, evictable = kv.match(req)
-                remaining -= cached
-            if self.chunking:
-                chunk = min(remaining, max(budget, 0))
-            elif remaining <= budget:
-                chunk = remaining
-            elif not self.planned and not (self._decodes_count and self.decoding):
-                chunk = remaining               # an over-budget prompt runs alone, unchunked
-            else:
-                break
-            if prefix:
-                # Hit blocks are held already; taking evictable ones uses free blocks.
-                need = kv.blocks_for(cached + (remaining if static else chunk)) - hit \
-                    + evictable + reserved
-            else:
-                need = -(-(remaining if static else chunk) // self.block_size) + reserved
-            # The watermark keeps headroom for running requests to grow; with none running it
-            # would only block a request that fits the cache forever.
-            if full or kv.num_free - need < (kv.watermark_blocks if self.running else 0):
-                if not (may_preempt and self._preempt_for_admission(req, need, full)):
-                    if not full and memo_ok:
-                        self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
-                                            budget, bool(self.running), queue)
-                    break
-                if prefix:
-                    continue        # the victims' released blocks change the match: look again
-            if forget is None:
-                queue.pop()
-            else:
-                del forget[req.id]
-            req.status = RUNNING
-            req.admitted_seq = self.num_admitted
-            self.num_admitted += 1
-            if req.first_scheduled_at != req.first_scheduled_at:  # NaN: first admission
-                req.first_scheduled_at = self.now
-                if prefix and req.content is not None:
-                    req.content.num_cached_tokens = cached
-            if prefix:
-                kv.acquire(req, hit)
-                req.num_computed = cached
-                self.num_cached_tokens += cached
-            self.running[req.id] = req
-            self.running_version += 1
-            self.prefilling[req.id] = req
-            done = req.num_computed                # cached tokens (0 without a prefix cache)
-            if static:
-                reserved += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
-            if chunk:
-                kv.allocate(req.id, done + chunk)
-                self._plan(req, chunk)
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
