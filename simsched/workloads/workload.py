@@ -30,6 +30,8 @@ from simsched.workloads import sessions
 from simsched.workloads import traces
 from simsched.workloads.arrivals import ARRIVALS
 from simsched.workloads.describe import WorkloadDescription, describe
+from simsched.workloads.generation import (draw_classes, draw_lengths, session_turns,
+                                           synthetic_arrivals)
 from simsched.workloads.lengths import LENGTHS
 from simsched.workloads.traces import LONG_PROMPT_POLICIES, LoadReport
 
@@ -314,50 +316,6 @@ class WorkloadConfig:
         return describe(generate(self, rng if rng is not None else np.random.default_rng(0)))
 
 
-def _synthetic_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
-    kind, n, d, rate = (cfg.arrival_process, cfg.resolved_num_requests, cfg.duration,
-                        cfg.resolved_rate)
-    if kind == "poisson":
-        return arrivals.poisson(rng, rate, n, d)
-    if kind == "gamma":
-        return arrivals.gamma(rng, rate, cfg.cv, n, d)
-    if kind == "deterministic":
-        return arrivals.deterministic(rate, n, d)
-    if kind == "onoff":
-        return arrivals.onoff(rng, rate, cfg.on_seconds, cfg.off_seconds, n, d)
-    return arrivals.piecewise(rng, cfg.rate_schedule, n, d, rate)
-
-
-def _lengths(cfg: WorkloadConfig, rng: np.random.Generator, n: int):
-    kind = cfg.length_distribution
-    if kind == "lognormal":
-        return lengths.lognormal(rng, n)
-    if kind == "fixed":
-        return lengths.fixed(n, cfg.prompt_len, cfg.output_len)
-    if kind == "uniform":
-        return lengths.uniform(rng, n, cfg.prompt_range, cfg.output_range)
-    pairs, _ = traces.read_trace(cfg.lengths_source(), require_times=False)
-    return lengths.empirical(rng, n, pairs["num_prompt_tokens"].to_numpy(),
-                             pairs["num_output_tokens"].to_numpy())
-
-
-def _mix(rng: np.random.Generator, n: int, count: int, weights) -> np.ndarray:
-    p = None if weights is None else np.asarray(weights) / sum(weights)
-    return rng.choice(count, size=n, p=p)
-
-
-def _classes(cfg: WorkloadConfig, rng: np.random.Generator, n: int, priority: np.ndarray,
-             tenant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` priorities and tenants: drawn from the config's mixes where it has several, else the
-    given ones (a trace's own columns, or none)."""
-    if cfg.num_priorities > 1:
-        priority = _mix(rng, n, cfg.num_priorities, cfg.priority_weights).astype(np.int64)
-    if cfg.num_tenants > 1:
-        tenant = np.array([f"t{i}" for i in range(cfg.num_tenants)], dtype=object)[
-            _mix(rng, n, cfg.num_tenants, cfg.tenant_weights)]
-    return priority, tenant
-
-
 def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     """The request table of workload ``cfg`` drawn with ``rng``.
 
@@ -375,7 +333,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         raise ValueError(f"generate() wants a numpy.random.Generator as rng (e.g. "
                          f"numpy.random.default_rng(seed)), got {type(rng).__name__}")
     if cfg.name == "sessions":
-        return _sessions(cfg, rng)
+        return session_turns(cfg, rng)
     arrival, kind = cfg.arrival_process, cfg.length_distribution
     source = cfg.trace_source()
     trace = report = None
@@ -390,7 +348,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     if arrival == "trace":
         times = trace["arrival_at"].to_numpy()
     else:
-        times = _synthetic_arrivals(cfg, rng)
+        times = synthetic_arrivals(cfg, rng)
     if kind == "trace":
         if len(times) > len(trace):
             warnings.warn(f"{source}: {len(trace)} length pairs for {len(times)} "
@@ -400,7 +358,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         prompt, output = lengths.in_order(len(times), trace["num_prompt_tokens"].to_numpy(),
                                           trace["num_output_tokens"].to_numpy())
     else:
-        prompt, output = _lengths(cfg, rng, len(times))
+        prompt, output = draw_lengths(cfg, rng, len(times))
     n = len(times)
     if arrival == "trace":
         priority = trace["priority"].to_numpy(dtype=np.int64)
@@ -408,7 +366,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
         tenant = tenant.where(tenant.notna(), None).to_numpy(dtype=object)
     else:
         priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
-    priority, tenant = _classes(cfg, rng, n, priority, tenant)
+    priority, tenant = draw_classes(cfg, rng, n, priority, tenant)
     frame = pd.DataFrame({"arrival_at": np.asarray(times, dtype=float),
                           "num_prompt_tokens": np.asarray(prompt, dtype=np.int64),
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
@@ -431,28 +389,5 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     frame.attrs["load_report"] = replace(report, num_returned=len(frame),
                                          max_prompt_tokens=cfg.max_prompt_tokens,
                                          long_prompt_policy=cfg.long_prompt_policy, **merged)
-    frame.attrs["hash_block_size"] = cfg.hash_block_size
-    return frame
-
-
-def _sessions(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
-    """The turns of closed-loop sessions (``name='sessions'``), one row each."""
-    starts = _synthetic_arrivals(cfg, rng)
-    n = len(starts)
-    turns = sessions.draw(cfg.num_turns, rng, n, integer=True)
-    total = int(turns.sum())
-    user, output = _lengths(cfg, rng, total)
-    think = sessions.draw(cfg.think_time, rng, total, integer=False)
-    groups = rng.integers(0, cfg.num_prefix_groups, n, dtype=np.int64) \
-        if cfg.system_prompt_len else None
-    frame = sessions.session_table(starts, turns, user, output, think, cfg.system_prompt_len,
-                                   groups)
-    priority, tenant = _classes(cfg, rng, n, np.zeros(n, dtype=np.int64),
-                                np.full(n, None, dtype=object))
-    frame.insert(3, "priority", np.repeat(priority, turns))
-    frame.insert(4, "tenant", pd.Series(np.repeat(tenant, turns), dtype=object))
-    frame.attrs["load_report"] = LoadReport(source=f"workload {cfg.name!r}", format="sessions",
-                                            num_rows=total, num_in_window=total,
-                                            num_returned=total)
     frame.attrs["hash_block_size"] = cfg.hash_block_size
     return frame
