@@ -48,7 +48,7 @@ def _quiet_simulate(config, **kw):
 
 
 def test_cli_imports_tomli_where_tomllib_is_missing(monkeypatch):
-    import simsched.cli as cli
+    import simsched.cli.configs as cli
 
     fake = types.ModuleType("tomli")
     fake.loads, fake.TOMLDecodeError = tomllib.loads, tomllib.TOMLDecodeError
@@ -58,7 +58,7 @@ def test_cli_imports_tomli_where_tomllib_is_missing(monkeypatch):
             m.setitem(sys.modules, "tomli", fake)
             reloaded = importlib.reload(cli)
             assert reloaded.tomllib is fake
-            assert reloaded.load_toml.__module__ == "simsched.cli"
+            assert reloaded.load_toml.__module__ == "simsched.cli.configs"
     finally:
         importlib.reload(cli)
     assert cli.tomllib is tomllib
