@@ -32,10 +32,9 @@ import numpy as np
 
 from benchmarks.common import (TimedCostModel, cachegrind_per_call, peak_rss_mb,
                                print_count_ratios)
-from benchmarks.floor import floor_loop
+from benchmarks.floor import floor_inputs, floor_loop
 from simsched import SimConfig, simulate
 from simsched.cost.factory import make_cost_model
-from simsched.cost.hardware import kv_capacity_blocks
 from simsched.workloads.workload import generate
 
 
@@ -68,13 +67,10 @@ def floor_run(cfg: SimConfig) -> dict:
     """The bare loop of :mod:`benchmarks.floor` on ``cfg``'s trace, with ``cfg``'s replicas
     (round robin): CPU time of the whole loop and of its iterations, iterations."""
     table = generate(cfg.workload, np.random.default_rng(cfg.seed))
-    hw, sch, block_size = cfg.hardware, cfg.scheduler, cfg.cache.block_size
-    timed = CPUTimedCostModel(make_cost_model(hw))
+    args, opts = floor_inputs(cfg, table)
+    timed = CPUTimedCostModel(make_cost_model(cfg.hardware))
     cpu = time.process_time()
-    floor_loop(table["arrival_at"].tolist(), table["num_prompt_tokens"].tolist(),
-               table["num_output_tokens"].tolist(), timed, sch.max_num_batched_tokens,
-               sch.max_num_seqs, kv_capacity_blocks(hw, block_size), block_size,
-               num_replicas=cfg.cluster.num_replicas)
+    floor_loop(*args, timed, *opts, num_replicas=cfg.cluster.num_replicas)
     return {"cpu": time.process_time() - cpu, "loop": timed.last_at - timed.first_at,
             "iterations": timed.num_calls, "requests": len(table)}
 

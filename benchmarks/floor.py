@@ -159,13 +159,19 @@ def _setup(quick: bool):
     table = generate(cfg.workload, np.random.default_rng(cfg.seed))
     fits = table["num_prompt_tokens"] + table["num_output_tokens"] <= 4096
     table = table[fits].reset_index(drop=True)   # the floor has no rejection path
-    hw, sch = cfg.hardware, cfg.scheduler
-    floor_args = (table["arrival_at"].to_numpy().tolist(),
-                  table["num_prompt_tokens"].to_numpy().tolist(),
-                  table["num_output_tokens"].to_numpy().tolist())
-    floor_opts = (sch.max_num_batched_tokens, sch.max_num_seqs,
-                  kv_capacity_blocks(hw, cfg.cache.block_size), cfg.cache.block_size)
-    return cfg, table, floor_args, floor_opts
+    return (cfg, table) + floor_inputs(cfg, table)
+
+
+def floor_inputs(cfg: SimConfig, table) -> tuple[tuple, tuple]:
+    """:func:`floor_loop`'s arguments for ``table`` under ``cfg``: (arrival times, prompt and
+    output lengths as lists) and (token budget, sequence cap, KV blocks, block size)."""
+    sch, block_size = cfg.scheduler, cfg.cache.block_size
+    args = (table["arrival_at"].to_numpy().tolist(),
+            table["num_prompt_tokens"].to_numpy().tolist(),
+            table["num_output_tokens"].to_numpy().tolist())
+    opts = (sch.max_num_batched_tokens, sch.max_num_seqs,
+            kv_capacity_blocks(cfg.hardware, block_size), block_size)
+    return args, opts
 
 
 def count_instructions(quick: bool) -> None:

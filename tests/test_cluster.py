@@ -233,7 +233,7 @@ def test_load_tokens_follow_first_tokens_reported_by_the_replicas():
             first = req.first_token_at == req.first_token_at
             expect[i] += req.num_output_tokens + (0 if first else req.num_prompt_tokens)
     assert sum(expect) > 0 and load.tokens == expect
-    finished = engine.__class__(cfg.replace(max_sim_time=float("inf")), simsched.make_requests(
+    finished = Cluster(cfg.replace(max_sim_time=float("inf")), simsched.make_requests(
         [(0.02 * k, 40, 5) for k in range(50)]), simsched.UnitCostModel(0.01), num_blocks=200)
     finished.run()
     assert finished.load.tokens == [0, 0, 0] and finished.load.outstanding == [0, 0, 0]

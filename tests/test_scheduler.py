@@ -188,3 +188,21 @@ def test_lazy_progress_matches_iterations():
     for t in range(5, 10):
         _, _, finished = run_iteration(sched, float(t))
     assert finished == [req] and req.num_generated == 10 and kv.num_free == kv.num_blocks
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_every_scheduler_field_is_a_slot(mode):
+    """Fields live in ``Scheduler.__slots__`` (an instance dict past 30 keys makes every access
+    a hashed lookup): a run with preemptions, swaps and a prefix cache leaves the instance
+    ``__dict__``, kept for attributes users add, empty."""
+    from simsched import SimConfig
+    from simsched.api import simulate_checked
+
+    cfg = SimConfig().replace(num_blocks=40, max_num_seqs=8, max_num_batched_tokens=256,
+                              rate=40.0, num_requests=80, cost_model="linear", policy="spf",
+                              preemption=True, preemption_mode=mode,
+                              **{"cache.enable_prefix_caching": mode == "recompute"})
+    _, engine = simulate_checked(cfg)
+    sched = engine.scheduler
+    assert sched.step > 0 and sum(r.num_preemptions for r in engine.requests) > 0
+    assert vars(sched) == {}
