@@ -150,11 +150,7 @@ class Replica:
         kv = self.kv
         num_blocks = kv.num_blocks
         prefix = kv.prefix_caching
-        # One append per column per iteration: no row tuple to build and re-read later.
-        (add_started, add_duration, add_prefill, add_decode, add_seqs, add_waiting, add_used,
-         add_preempted, add_swap) = [column.append for column in log.arrays[:9]]
-        if prefix:
-            add_hits, add_evictions, add_cached = [column.append for column in log.arrays[9:]]
+        rows, pack = log.values, log.pack    # rows += pack(*row): see IterationLog
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
         swap_rate = self.swap_bytes_per_second
@@ -239,19 +235,15 @@ class Replica:
                 env._now = end
             firsts, finished = commit(env._now)
             n_dec = batch.num_decode_seqs
-            add_started(started)
-            add_duration(duration)
-            add_prefill(sum(new) if new else 0)
-            add_decode(n_dec)
-            add_seqs(len(new) + n_dec)
-            add_waiting(waiting)
-            add_used(used)
-            add_preempted(num_preempted)
-            add_swap(swap_time)
             if prefix:
-                add_hits(hits)
-                add_evictions(evictions)
-                add_cached(cached)
+                rows += pack(started, duration, sum(new) if new else 0, n_dec, len(new) + n_dec,
+                             waiting, used, num_preempted, swap_time, hits, evictions, cached)
+            elif new:
+                rows += pack(started, duration, sum(new), n_dec, len(new) + n_dec, waiting, used,
+                             num_preempted, swap_time)
+            else:
+                rows += pack(started, duration, 0, n_dec, n_dec, waiting, used, num_preempted,
+                             swap_time)
             if firsts:
                 on_first_token = self.on_first_token
                 for req in firsts:
