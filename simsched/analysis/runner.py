@@ -20,7 +20,7 @@ from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_closed_loop
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
-from simsched.engine.log import concat_frames
+from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
 from simsched.workloads.traces import apply_long_prompt_policy, check_hash_ids
@@ -346,7 +346,6 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     engine = Cluster(config, reqs, specs=specs, sessions=sessions)
     engine.run()
     replicas = engine.replicas
-    step_ends = [np.asarray(r.scheduler.step_end_at, dtype=float) for r in replicas]
     info = {"num_blocks": sum(s.num_blocks for s in specs),
             "replica_num_blocks": [s.num_blocks for s in specs],
             "num_events": engine.num_events, "num_shed": engine.num_shed,
@@ -359,6 +358,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     iterations = concat_frames([r.iteration_rows for r in replicas])
     for r in replicas:
         r.iteration_rows = None
+    step_ends = decode_step_ends(iterations, len(replicas))
     sim_time = engine.env.now
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)

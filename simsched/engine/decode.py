@@ -84,10 +84,10 @@ class DecodeMixin:
                 self._late.append((req, req.epoch))  # this step's blocks went out already
 
     def _close_run(self, req: Request, last_step: int) -> None:
-        """End ``req``'s decode run after step ``last_step``."""
+        """End ``req``'s decode run after step ``last_step``, the latest step (``self.step``)."""
         if last_step >= req.run_start_step:
             req.runs += (req.last_token_at, req.run_start_step, last_step)
-            req.last_token_at = self.step_end_at[last_step]
+            req.last_token_at = self.step_ended_at
         req.num_generated += max(0, last_step - req.run_start_step + 1)
         del self.decoding[req.id]
         if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None:

@@ -105,6 +105,23 @@ def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:
     return owner, columns
 
 
+def decode_step_ends(iterations: pd.DataFrame, num_replicas: int = 1) -> list[np.ndarray]:
+    """Each replica's decode-step end times, indexed by step (index 0, before the first step,
+    is NaN), from the iteration frame (``replica`` column when there are several).
+
+    A replica's decode steps are its iterations with decodes, in order; a step ends when its
+    iteration does (``started_at + duration``, the same float sum the clock made).
+    """
+    decodes = iterations["num_decode_tokens"].to_numpy() > 0
+    ends = (iterations["started_at"].to_numpy() + iterations["duration"].to_numpy())[decodes]
+    if num_replicas == 1:
+        return [np.concatenate(([np.nan], ends))]
+    # Rows come replica after replica: each replica's steps are one slice.
+    owner = iterations["replica"].to_numpy()[decodes]
+    bounds = np.searchsorted(owner, np.arange(num_replicas + 1))
+    return [np.concatenate(([np.nan], ends[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
 def concat_frames(logs: list[IterationLog], column: str = "replica") -> pd.DataFrame:
     """Several replicas' logs as one frame (replica after replica) with a leading ``column``
     holding each row's log index; empties the logs.

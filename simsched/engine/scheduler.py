@@ -23,7 +23,6 @@ blocks of the request's prefix and prefills only the rest, with the cached token
 from __future__ import annotations
 
 import math
-from array import array
 
 import numpy as np
 
@@ -62,7 +61,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
                  "_failed_admission", "meter", "choose_victim", "swap", "swapping", "swapped",
                  "_swapped_new", "swap_out_bytes", "swap_in_bytes", "chunking",
-                 "max_num_prefills", "running", "decoding", "prefilling", "step", "step_end_at",
+                 "max_num_prefills", "running", "decoding", "prefilling", "step", "step_ended_at",
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
@@ -113,7 +112,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.decoding: dict[int, Request] = {}
         self.prefilling: dict[int, Request] = {}
         self.step = 0                             # decode steps completed
-        self.step_end_at = array("d", [math.nan])   # 8 bytes per decode step
+        # When the latest decode step ended: a decode run always closes at the latest step.
+        # (Every step's end is in the iteration log: see log.decode_step_ends.)
+        self.step_ended_at = math.nan
         self.ctx_base_sum = 0                     # sum of decoders' ctx_base
         # Decoders by the residue (mod block_size) of the steps at which they take a new block,
         # in the order they started decoding; ``_late``: those that started after their first
@@ -283,7 +284,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         s = self.decode_step
         if s:
             self.step = s
-            self.step_end_at.append(now)
+            self.step_ended_at = now
             due = self.finish_due.pop(s, None)
             if due:
                 finished = []
