@@ -30,8 +30,11 @@ class Arrivals(simpy.Event):
         self._requests = iter(requests)
         self._next = next(self._requests, None)
         self._start = start
+        # Processing an event takes its callbacks list and leaves it as it was: each
+        # rescheduling hands back the same one.
+        self._callbacks = [self._arrive]
         # First processed where an arrival process's start would be: URGENT, now.
-        self.callbacks = [self._arrive]
+        self.callbacks = self._callbacks
         env.schedule(self, URGENT)
 
     def _arrive(self, _event) -> None:
@@ -42,7 +45,7 @@ class Arrivals(simpy.Event):
             req = next(requests, None)
         self._next = req
         if req is not None:
-            self.callbacks = [self._arrive]
+            self.callbacks = self._callbacks
             heapq.heappush(env._queue, (req.arrival_at, NORMAL, next(env._eid), self))
 
 

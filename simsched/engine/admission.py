@@ -142,9 +142,13 @@ class AdmissionMixin:
             self.running[req.id] = req
             self.running_version += 1
             self.prefilling[req.id] = req
-            done = req.num_computed                # cached tokens (0 without a prefix cache)
-            if static:
-                reserved += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
+            if prefix or static:
+                done = req.num_computed            # cached tokens (0 without a prefix cache)
+                if static:
+                    reserved += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
+                if chunk:
+                    kv.allocate(req.id, done + chunk)
+            elif chunk:
+                kv.hold(req.id, need)              # holds nothing yet: its first chunk's blocks
             if chunk:
-                kv.allocate(req.id, done + chunk)
                 self._plan(req, chunk)

@@ -115,6 +115,14 @@ class KVCacheManager:
         self.num_free -= extra
         return extra
 
+    def hold(self, req_id: int, num_blocks: int) -> None:
+        """Give ``req_id``, which holds no blocks, ``num_blocks`` blocks (an admission's first
+        chunk: :meth:`allocate` without the bookkeeping of an existing holding)."""
+        if num_blocks > self.num_free:
+            raise KVCacheError(f"request {req_id} needs {num_blocks} blocks, {self.num_free} free")
+        self._held[req_id] = num_blocks
+        self.num_free -= num_blocks
+
     def append_slot(self, req_id: int, num_tokens: int) -> int:
         """Make room for one more token when ``req_id`` already caches ``num_tokens - 1``."""
         return self.allocate(req_id, num_tokens)
@@ -131,8 +139,10 @@ class KVCacheManager:
 
         ``num_tokens`` (the tokens whose KV the request computed) matters only to a prefix cache.
         """
-        self.leave_group(req_id)
+        member = self._members.pop(req_id, None)     # leave_group, inlined
         n = self._held.pop(req_id, 0)
+        if member is not None:
+            n += self._grants[member[0]] - member[1]
         self.num_free += n
         return n
 

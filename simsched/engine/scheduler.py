@@ -65,7 +65,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
-                 "_num_pushed", "_kv_blocked", "_static",
+                 "_num_pushed", "_kv_blocked", "_static", "_special",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
@@ -102,6 +102,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
         self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
         self.swapping = cfg.preemption_mode == "swap"
+        self._update_special()
         self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
         self._swapped_new: list[Request] = []
         self.swap_out_bytes = 0.0                 # this iteration's transfers
@@ -161,6 +162,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._queue_refresh = getattr(queue, "refresh", None)
         self._queue_hooks = bool(self._note_time or self._queue_update is not None
                                  or self._queue_refresh is not None)
+        self._update_special()
         # A plain HeapQueue without max_wait keeps its order between pushes and pops.
         self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
@@ -205,13 +207,53 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def schedule(self, now: float) -> Batch:
         """Decide the next iteration's batch (may preempt; see ``self.preempted``)."""
         self.now = now
+        self.planned_tokens = 0
+        self.decode_step = 0
+        # One test for what most iterations skip (see _prepare).
+        if self._special or self.planned or self.preempted or self.ready:
+            self._prepare(now)
+        step1 = self.step + 1
+        if self._prefill_first:
+            self._plan_prefill_first(step1)
+        else:
+            self._grow_decoders(step1)
+            if self.prefilling:
+                self._continue_prefills()
+            # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
+            if (self._waiting or self.swapped) \
+                    and (not self.preempted or self.cfg.admit_after_preemption):
+                self._admit_waiting()
+        if self.preempted:
+            self._settle_victims(now)
+        n_dec = len(self.decoding) if self._decodes_count else 0
+        # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
+        # rest of an idle-queue iteration's scheduling.
+        batch = _new_batch(Batch)
+        if n_dec:
+            self.decode_step = step1
+            batch.decode_context_sum = self.ctx_base_sum + n_dec * step1
+        else:
+            batch.decode_context_sum = 0
+        batch.num_decode_seqs = n_dec
         planned = self.planned
         if planned:
-            self.planned = planned = {}
-        self.planned_tokens = 0
+            batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
+            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
+        else:
+            batch.prefill_new_tokens = []
+            batch.prefill_cached_tokens = []
+        batch.swap_out_bytes = self.swap_out_bytes
+        batch.swap_in_bytes = self.swap_in_bytes
+        return batch
+
+    def _prepare(self, now: float) -> None:
+        """What an iteration starts with only sometimes: dropping a plan made earlier at this
+        instant (the engine plans again after preempting everything runnable) and its victims,
+        resetting swap transfers, the queue policy's time hooks, and disaggregated arrivals."""
+        if self.planned:
+            self.planned = {}
         if self.preempted:
             self.preempted = []
-        self.decode_step = 0
         if self.swapping:
             self.swap_out_bytes = self.swap_in_bytes = 0.0
         if self._queue_hooks:
@@ -223,30 +265,32 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                 self._queue_refresh(self.running.values(), self)
         if self.ready:
             self._insert_ready()
-        cfg = self.cfg
-        step1 = self.step + 1
-        if self._prefill_first:
-            self._decodes_count = False
-            if self.swapped:
-                swap.swap_in(self)
-            if self._may_admit():
-                self._admit()
-            if not planned:
-                self._decodes_count = True
-                self._grow_decoders(step1)
-        else:
+
+    def _update_special(self) -> None:
+        # Whether every iteration has _prepare's work: swap transfers to reset, queue hooks.
+        self._special = bool(getattr(self, "swapping", False) or self._queue_hooks)
+
+    def _plan_prefill_first(self, step1: int) -> None:
+        """Prefill-first style: admit (whole prompts) if possible, else decode."""
+        self._decodes_count = False
+        if self.swapped:
+            swap.swap_in(self)
+        if self._may_admit():
+            self._admit()
+        if not self.planned:
             self._decodes_count = True
             self._grow_decoders(step1)
-            if self.prefilling:
-                self._continue_prefills()
-            # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
-            if not self.preempted or cfg.admit_after_preemption:
-                if self.swapped:
-                    swap.swap_in(self)
-                if (not self.swapped or self.preemptive) and self._waiting \
-                        and (not self._static or not self.running) \
-                        and not self._still_blocked():
-                    self._admit()
+
+    def _admit_waiting(self) -> None:
+        """Swap-ins first, then admissions, unless the last failed one would fail again."""
+        if self.swapped:
+            swap.swap_in(self)
+        if (not self.swapped or self.preemptive) and self._waiting \
+                and (not self._static or not self.running) and not self._still_blocked():
+            self._admit()
+
+    def _settle_victims(self, now: float) -> None:
+        """Queue this iteration's recomputed victims; file its swapped-out ones."""
         if self._requeue:
             for req in self._requeue:
                 self._queue.push(req, now)
@@ -256,25 +300,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             for req in self._swapped_new:
                 self.swapped[req.id] = req
             self._swapped_new.clear()
-        n_dec = len(self.decoding) if self._decodes_count else 0
-        # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
-        # rest of an idle-queue iteration's scheduling.
-        batch = _new_batch(Batch)
-        if n_dec:
-            self.decode_step = step1
-            batch.decode_context_sum = self.ctx_base_sum + n_dec * step1
-        else:
-            batch.decode_context_sum = 0
-        batch.num_decode_seqs = n_dec
-        if planned:
-            batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
-            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
-        else:
-            batch.prefill_new_tokens = []
-            batch.prefill_cached_tokens = []
-        batch.swap_out_bytes = self.swap_out_bytes
-        batch.swap_in_bytes = self.swap_in_bytes
-        return batch
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
