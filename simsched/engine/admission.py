@@ -65,19 +65,6 @@ class AdmissionMixin:
             if self.meter is not None:
                 self.meter.prefill(req, -entry[1])
 
-    def _still_blocked(self) -> bool:
-        """Whether the last admission that failed for want of KV blocks would fail again now.
-
-        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
-        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
-        the watermark applies as before. An iteration then skips the admission scan: KV-bound
-        runs spend many iterations with a blocked queue head.
-        """
-        memo = self._kv_blocked
-        return (memo is not None and memo[0] == self._num_pushed and memo[1] == self.num_admitted
-                and self.kv.num_free <= memo[2] and self._budget_left() >= memo[3]
-                and memo[4] == bool(self.running) and memo[5] is self._queue)
-
     def _admit(self) -> None:
         cfg, kv, queue = self.cfg, self.kv, self._queue
         static = self._static

@@ -63,23 +63,25 @@ class DecodeMixin:
         """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
         s1 = self.step + 1
         cached = req.num_computed
+        rid = req.id
         req.run_start_step = s1
-        req.ctx_base = cached - s1
-        self.ctx_base_sum += req.ctx_base
-        req.finish_step = s1 + req.num_output_tokens - req.num_generated - 1
-        self.decoding[req.id] = req
-        self.finish_due.setdefault(req.finish_step, []).append((req, req.epoch))
+        req.ctx_base = ctx_base = cached - s1
+        self.ctx_base_sum += ctx_base
+        req.finish_step = last = s1 + req.num_output_tokens - req.num_generated - 1
+        self.decoding[rid] = req
+        self.finish_due.setdefault(last, []).append((req, req.epoch))
         if self.meter is not None:
             self.meter.start_decoding(req, self.step)
-        first_block = s1 + (-cached) % self.block_size
+        block_size = self.block_size
+        first_block = s1 + (-cached) % block_size
         if resumed and first_block == self._grown_step:
             # This step's new blocks were already handed out: take ours now (swap_in checked).
-            self.kv.add_block(req.id)
-            first_block += self.block_size
-        if first_block <= req.finish_step:
-            group = first_block % self.block_size
-            self.growing[group][req.id] = req
-            self.kv.join_group(req.id, group)
+            self.kv.add_block(rid)
+            first_block += block_size
+        if first_block <= last:
+            group = first_block % block_size
+            self.growing[group][rid] = req
+            self.kv.join_group(rid, group)
             if first_block == self._grown_step:
                 self._late.append((req, req.epoch))  # this step's blocks went out already
 
@@ -90,8 +92,9 @@ class DecodeMixin:
             req.last_token_at = self.step_ended_at
         req.num_generated += max(0, last_step - req.run_start_step + 1)
         del self.decoding[req.id]
-        if self.growing[-req.ctx_base % self.block_size].pop(req.id, None) is not None:
-            self.kv.leave_group(req.id)
+        # Out of its growth group here; the KV manager settles its group membership when the
+        # blocks are freed, which every caller does next (or the run is over).
+        self.growing[-req.ctx_base % self.block_size].pop(req.id, None)
         self.ctx_base_sum -= req.ctx_base
         req.run_start_step = -1
         if self.meter is not None:

@@ -142,7 +142,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.ready: list[Request] = []
         self._prefill_first = cfg.style == "prefill_first"
         self._num_pushed = 0                      # requests ever pushed to the queue
-        self._kv_blocked: tuple | None = None     # see _still_blocked
+        self._kv_blocked: tuple | None = None     # see _admit_waiting
         self._static = cfg.style == "static"
 
     @property
@@ -282,11 +282,25 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             self._grow_decoders(step1)
 
     def _admit_waiting(self) -> None:
-        """Swap-ins first, then admissions, unless the last failed one would fail again."""
+        """Swap-ins first, then admissions, unless the last one that failed for want of KV
+        blocks would fail again.
+
+        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
+        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
+        the watermark applies as before: the iteration then skips the admission scan
+        (KV-bound runs spend many iterations with a blocked queue head).
+        """
         if self.swapped:
             swap.swap_in(self)
         if (not self.swapped or self.preemptive) and self._waiting \
-                and (not self._static or not self.running) and not self._still_blocked():
+                and (not self._static or not self.running):
+            memo = self._kv_blocked
+            if memo is not None and memo[0] == self._num_pushed \
+                    and memo[1] == self.num_admitted and self.kv.num_free <= memo[2] \
+                    and self.cfg.max_num_batched_tokens - self.planned_tokens \
+                    - len(self.decoding) >= memo[3] and memo[4] == bool(self.running) \
+                    and memo[5] is self._queue:
+                return
             self._admit()
 
     def _settle_victims(self, now: float) -> None:
