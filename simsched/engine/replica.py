@@ -253,13 +253,17 @@ class Replica:
                     if on_first_token is not None:
                         on_first_token(index, req)
             if finished:
-                # Event.succeed(), inlined: fire each done event (scheduled as SimPy would).
-                now = env._now
+                # Each done event is processed here, at once: SimPy would process it next, as
+                # nothing else is due before it (an iteration ends after every other event of
+                # its instant), and a scheduled event would only make the next iteration wait
+                # on the clock for it.
                 for req in finished:
                     done = live.pop(req.id)[2]
                     done._ok = True
                     done._value = None
-                    push(queue, (now, NORMAL, next(eid), done))
+                    callbacks, done.callbacks = done.callbacks, None
+                    for callback in callbacks:
+                        callback(done)
             if self.kv_waiters:
                 self.notify_memory()
             if on_iteration is not None:
