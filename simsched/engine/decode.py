@@ -34,20 +34,12 @@ class DecodeMixin:
             return req.ctx_base + self.step + 1
         return req.num_computed
 
-    def _grow_decoders(self, s: int) -> None:
-        """Give every decoder whose token at step ``s`` starts a new block that block (each
-        group once per step; decoders that joined after their group's turn, when they come)."""
-        if s != self._grown_step:
-            self._grown_step = s
-            group = s % self.block_size
-            members = self.growing[group]
-            # Enough blocks free (without eviction) for the whole group: one O(1) grant.
-            if members and not self.kv.grow_group(group, len(members)):
-                self._grow_each(list(members.values()))
-        if self._late:
-            late, self._late = self._late, []
-            # Only runs that still go on (a run stopped and restarted since has its own blocks).
-            self._grow_each([req for req, epoch in late if req.epoch == epoch])
+    def _grow_late(self) -> None:
+        """Give decoders that joined after their group's turn this step their block (the
+        scheduler grows whole groups itself, once per step)."""
+        late, self._late = self._late, []
+        # Only runs that still go on (a run stopped and restarted since has its own blocks).
+        self._grow_each([req for req, epoch in late if req.epoch == epoch])
 
     def _grow_each(self, decoders: list) -> None:
         """One block each, in order, preempting (victim policy) when the cache has none free."""

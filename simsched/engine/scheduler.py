@@ -213,16 +213,25 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         if self._special or self.planned or self.preempted or self.ready:
             self._prepare(now)
         step1 = self.step + 1
-        if self._prefill_first:
-            self._plan_prefill_first(step1)
-        else:
-            self._grow_decoders(step1)
-            if self.prefilling:
-                self._continue_prefills()
-            # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
-            if (self._waiting or self.swapped) \
-                    and (not self.preempted or self.cfg.admit_after_preemption):
-                self._admit_waiting()
+        # Prefill-first plans admissions first and decodes only when it admits nobody.
+        if not self._prefill_first or self._admit_prefill_first():
+            # Decoders whose token at this step starts a new KV block get it: each growth group
+            # once per step, in one O(1) grant while the cache has the blocks (decode.py).
+            if step1 != self._grown_step:
+                self._grown_step = step1
+                group = step1 % self.block_size
+                members = self.growing[group]
+                if members and not self.kv.grow_group(group, len(members)):
+                    self._grow_each(list(members.values()))
+            if self._late:
+                self._grow_late()
+            if not self._prefill_first:
+                if self.prefilling:
+                    self._continue_prefills()
+                # vLLM V1: a step that preempted (a running request lacked KV) admits nobody.
+                if (self._waiting or self.swapped) \
+                        and (not self.preempted or self.cfg.admit_after_preemption):
+                    self._admit_waiting()
         if self.preempted:
             self._settle_victims(now)
         n_dec = len(self.decoding) if self._decodes_count else 0
@@ -270,16 +279,18 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         # Whether every iteration has _prepare's work: swap transfers to reset, queue hooks.
         self._special = bool(getattr(self, "swapping", False) or self._queue_hooks)
 
-    def _plan_prefill_first(self, step1: int) -> None:
-        """Prefill-first style: admit (whole prompts) if possible, else decode."""
+    def _admit_prefill_first(self) -> bool:
+        """Prefill-first style: admit (whole prompts) if possible; True if nobody was, so the
+        iteration decodes."""
         self._decodes_count = False
         if self.swapped:
             swap.swap_in(self)
         if self._may_admit():
             self._admit()
-        if not self.planned:
-            self._decodes_count = True
-            self._grow_decoders(step1)
+        if self.planned:
+            return False
+        self._decodes_count = True
+        return True
 
     def _admit_waiting(self) -> None:
         """Swap-ins first, then admissions, unless the last one that failed for want of KV
