@@ -88,7 +88,7 @@ class AdmissionMixin:
                 cached, hit, evictable = kv.match(req)
                 remaining -= cached
             if self.chunking:
-                chunk = min(remaining, max(budget, 0))
+                chunk = remaining if remaining <= budget else budget if budget > 0 else 0
             elif remaining <= budget:
                 chunk = remaining
             elif not self.planned and not (self._decodes_count and self.decoding):
@@ -138,4 +138,7 @@ class AdmissionMixin:
             elif chunk:
                 kv.hold(req.id, need)              # holds nothing yet: its first chunk's blocks
             if chunk:
-                self._plan(req, chunk)
+                self.planned[req.id] = (req, chunk)         # _plan(req, chunk), inlined
+                self.planned_tokens += chunk
+                if self.meter is not None:
+                    self.meter.prefill(req, chunk)

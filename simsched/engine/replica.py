@@ -107,7 +107,9 @@ class Replica:
         if not self.scheduler.add(req, self.env._now):
             return False
         self._live[req.id] = handles
-        self.wake()
+        idle = self._idle                  # self.wake(), inlined: once per request
+        if idle is not None and idle._value is PENDING:
+            idle.succeed()
         return True
 
     def wake(self) -> None:

@@ -23,6 +23,7 @@ blocks of the request's prefix and prefills only the rest, with the cached token
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -108,7 +109,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.swap_out_bytes = 0.0                 # this iteration's transfers
         self.swap_in_bytes = 0.0
         self.chunking = cfg.enable_chunked_prefill and cfg.style != "prefill_first"
-        self.max_num_prefills = cfg.max_num_prefills or math.inf
+        # No cap: an int no count reaches (an int-int comparison on the admission path).
+        self.max_num_prefills = cfg.max_num_prefills or sys.maxsize
         self.running: dict[int, Request] = {}     # admission order: the last is the newest
         self.decoding: dict[int, Request] = {}
         self.prefilling: dict[int, Request] = {}
