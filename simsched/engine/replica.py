@@ -154,7 +154,11 @@ class Replica:
         prefix = kv.prefix_caching
         rows, pack = log.values, log.pack    # rows += pack(*row): see IterationLog
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
-        push, eid, late_new = heapq.heappush, env._eid, _Late.__new__
+        push, eid = heapq.heappush, env._eid
+        # The iteration-end event this loop schedules again and again: triggered, and
+        # processed (callbacks None) until scheduled.
+        late = _Late.__new__(_Late)
+        late.env, late.callbacks, late._value, late._ok = env, None, None, True
         swap_rate = self.swap_bytes_per_second
         swapping = sched.swapping            # only swap preemption moves KV over the host link
         on_iteration = self.on_iteration
@@ -223,12 +227,10 @@ class Replica:
             queue = env._queue
             if queue and queue[0][0] <= end:
                 # Another event comes first, or at the same instant (it goes before a batch's
-                # end): wait on the clock. _Late(env, duration), inlined: one per iteration.
-                late = late_new(_Late)
-                late.env = env
+                # end): wait on the clock, on an iteration-end event of this loop's own. Once
+                # processed, SimPy holds no reference to it: it is scheduled again, with a
+                # fresh callbacks list (SimPy may still be iterating the last one).
                 late.callbacks = []
-                late._value = None
-                late._ok = True
                 push(queue, (end, LATE, next(eid), late))
                 yield late
             else:
