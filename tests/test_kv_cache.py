@@ -90,3 +90,14 @@ def test_group_growth_counts_each_member_exactly():
     kv.join_group(4, 0)
     assert not kv.grow_group(0, 3) and kv.num_free == 2     # refused: nothing granted
     assert kv.grow_group(0, 2) and kv.num_held(4) == 19 and kv.num_free == 0
+
+
+def test_hold_gives_a_request_without_blocks_its_first_chunk():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    kv.hold(7, 3)
+    assert kv.num_held(7) == 3 and kv.num_free == 7
+    with pytest.raises(KVCacheError, match="needs 8 blocks, 7 free"):
+        kv.hold(8, 8)
+    assert kv.num_free == 7 and kv.num_held(8) == 0      # nothing taken
+    assert kv.allocate(7, 13) == 1 and kv.num_held(7) == 4  # grows like any holding
+    assert kv.free(7) == 4 and kv.num_free == 10
