@@ -70,10 +70,8 @@ class AdmissionMixin:
         static = self._static
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
-        may_preempt = cfg.preemption or self.preemptive
+        may_preempt, memo_ok = self._admit_flags    # see _update_special
         waiting, forget = self._waiting, self._forget
-        # The blocked-head memo holds for fixed-key queues without preemption or prefix reuse.
-        memo_ok = not (may_preempt or prefix or static) and self._fixed_order
         while waiting:
             full = len(self.running) >= cfg.max_num_seqs
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:

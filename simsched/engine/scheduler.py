@@ -66,7 +66,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
-                 "_num_pushed", "_kv_blocked", "_static", "_special",
+                 "_num_pushed", "_kv_blocked", "_static", "_special", "_admit_flags",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
@@ -103,7 +103,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
         self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
         self.swapping = cfg.preemption_mode == "swap"
-        self._update_special()
         self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
         self._swapped_new: list[Request] = []
         self.swap_out_bytes = 0.0                 # this iteration's transfers
@@ -146,6 +145,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._num_pushed = 0                      # requests ever pushed to the queue
         self._kv_blocked: tuple | None = None     # see _admit_waiting
         self._static = cfg.style == "static"
+        self._update_special()
 
     @property
     def queue(self):
@@ -164,7 +164,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._queue_refresh = getattr(queue, "refresh", None)
         self._queue_hooks = bool(self._note_time or self._queue_update is not None
                                  or self._queue_refresh is not None)
-        self._update_special()
         # A plain HeapQueue without max_wait keeps its order between pushes and pops.
         self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
@@ -173,6 +172,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         # HeapQueue.pop() is peek() then forgetting the entry: having peeked, forget it only.
         self._forget = queue._live if getattr(queue_type, "pop", None) is HeapQueue.pop \
             and getattr(queue_type, "peek", None) is HeapQueue.peek else None
+        if hasattr(self, "_static"):        # a queue set after __init__: flags from it anew
+            self._update_special()
 
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
@@ -279,7 +280,12 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
 
     def _update_special(self) -> None:
         # Whether every iteration has _prepare's work: swap transfers to reset, queue hooks.
-        self._special = bool(getattr(self, "swapping", False) or self._queue_hooks)
+        self._special = bool(self.swapping or self._queue_hooks)
+        # _admit's fixed flags: whether an admission may preempt, and whether a blocked head
+        # can be memoised (fixed-key queues without preemption or prefix reuse).
+        may_preempt = bool(self.cfg.preemption or self.preemptive)
+        self._admit_flags = (may_preempt, not (may_preempt or self.prefix_caching
+                                               or self._static) and self._fixed_order)
 
     def _admit_prefill_first(self) -> bool:
         """Prefill-first style: admit (whole prompts) if possible; True if nobody was, so the
