@@ -24,7 +24,6 @@ import numbers
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL
 from simpy.events import PENDING
 
 from simsched.cost import hardware

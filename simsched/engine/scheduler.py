@@ -302,13 +302,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
 
     def _admit_waiting(self) -> None:
         """Swap-ins first, then admissions, unless the last one that failed for want of KV
-        blocks would fail again.
-
-        It would if the queue is as it was (nothing pushed or popped since, fixed keys), no
-        more blocks are free, the budget is no smaller (a larger chunk needs more blocks) and
-        the watermark applies as before: the iteration then skips the admission scan
-        (KV-bound runs spend many iterations with a blocked queue head).
-        """
+        blocks would fail again: the queue as it was (nothing pushed or popped, fixed keys), no
+        more blocks free, no smaller budget, the watermark as before. KV-bound runs spend many
+        iterations with a blocked queue head; those skip the admission scan."""
         if self.swapped:
             swap.swap_in(self)
         if (not self.swapped or self.preemptive) and self._waiting \
