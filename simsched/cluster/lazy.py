@@ -22,7 +22,9 @@ import numpy as np
 from simsched.request import Request, Status
 
 _CHUNK = 4096                       # requests converted to Python values at a time
-_BATCH = 1024                       # ended requests copied into the arrays at a time
+# Ended requests copied into the arrays at a time: few enough that they are still in the CPU
+# caches when copied (a 1,024 batch made the copy 5 % of a busy replay), enough to amortise it.
+_BATCH = 256
 _STATUS = tuple(Status)
 _CODE = {status: i for i, status in enumerate(_STATUS)}
 PENDING = _CODE[Status.PENDING]
