@@ -312,8 +312,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             memo = self._kv_blocked
             if memo is not None and memo[0] == self._num_pushed \
                     and memo[1] == self.num_admitted and self.kv.num_free <= memo[2] \
-                    and self.cfg.max_num_batched_tokens - self.planned_tokens \
-                    - len(self.decoding) >= memo[3] and memo[4] == bool(self.running) \
+                    and self._budget_left() >= memo[3] and memo[4] == bool(self.running) \
                     and memo[5] is self._queue:
                 return
             self._admit()

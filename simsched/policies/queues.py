@@ -49,7 +49,7 @@ class HeapQueue:
 
     Entries pushed in key order (every arrival under FCFS) join a sorted run, O(1) to push and
     pop; the others a heap. The next request is the smaller of the two heads, so the order is
-    the heap's alone would be, and a long FCFS queue costs no O(log n) sifts.
+    the one a heap alone would give, and a long FCFS queue costs no O(log n) sifts.
     """
 
     def __init__(self, key: Callable[[Request, float], tuple],
