@@ -2,10 +2,12 @@
 
     python -m experiments.calibrate [--quick] [--gpu all|a100-80gb|h200] [--out out/calibrate/]
                                     [--img DIR]
+    python -m experiments.calibrate --update     # maintainers: refit and write the shipped fits
 
-The coefficients the simulator uses are exactly these fits on the bundled data (computed at first
-use and kept in the per-user coefficient cache, keyed by a hash of the data and fit code), i.e. what
-this script reports. A100-80GB: Vidur's kernel profiles (linear ops seen and leave-one-model-out,
+The coefficients the simulator uses are these fits on the bundled data, shipped as package data
+(``simsched/cost/data/fits/*.json``, :mod:`simsched.cost.fits`); runs never fit. After changing
+bundled data or fit code, ``--update`` refits every registered fit (kernel profiles first, then the
+fits that replay through them) and rewrites those files; ``tests/test_fits.py`` fails until then. A100-80GB: Vidur's kernel profiles (linear ops seen and leave-one-model-out,
 attention, all-reduce, CPU). H200: this project's operator profiles, before (the A100
 extrapolation simsched used) and after (the H200 fits), leave-one-model-out per family, and whole
 decode steps against the simulator's GPU time. ``--img`` also copies the plots there; ``--quick``
@@ -27,7 +29,8 @@ from simsched.cost import calibration_h200 as h200
 from simsched.cost import report
 from simsched.cost.base import Batch
 from simsched.cost.calibrated import CalibratedCostModel
-from simsched.cost.coefcache import kernel_coefficients
+from simsched.cost import fits, serving  # noqa: F401  (serving registers its fit)
+from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import GPUS, MODELS, REFERENCE_GPU, describe
 from experiments._common import parser as make_parser
 from experiments._common import try_plots
@@ -224,13 +227,31 @@ def h200_section(out: Path, plot: bool = True, tables: dict | None = None) -> li
     return try_plots(lambda: [h200_plot(_h200_points(), out)]) if plot else []
 
 
+def update() -> list[Path]:
+    """Refit every registered fit and write its shipped file, kernel profiles first (the
+    ``eager_2023`` fit replays runs through their tables). Returns the files written."""
+    written = []
+    order = sorted(fits.registered().values(), key=lambda f: f.name not in PROFILES)
+    for fit in order:
+        written.append(fit.write())
+        fits.coefficients.cache_clear()   # later fits read what was just written
+        print(f"wrote {written[-1]} (source hash {fit.source_hash()})")
+    return written
+
+
 def main(argv=None) -> dict:
     """Fit, print every measured GPU's tables, write plots, CSVs and coefficients.json; return
     the H200 tables (``h200_errors``, ``h200_summary``, ``h200_coefficients``, ``h200_steps``)."""
     parser = make_parser("calibrate", __doc__, "tables only, no plots")
     parser.add_argument("--gpu", default="all", choices=["all", REFERENCE_GPU, "h200"])
     parser.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
+    parser.add_argument("--update", action="store_true",
+                        help="refit every shipped fit and rewrite simsched/cost/data/fits/ "
+                             "(maintainers, after changing bundled data or fit code)")
     args = parser.parse_args(argv)
+    if args.update:
+        update()
+        return {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("GPU catalog: what is measured and what is extrapolated")
@@ -241,7 +262,8 @@ def main(argv=None) -> dict:
             plots += a100(out, plot=not args.quick)
         if args.gpu in ("all", "h200"):
             plots += h200_section(out, plot=not args.quick, tables=tables)
-    (out / "coefficients.json").write_text(json.dumps(kernel_coefficients(), indent=1))
+    (out / "coefficients.json").write_text(json.dumps(
+        {name: p.coefficients() for name, p in PROFILES.items()}, indent=1))
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
         for p in plots:

@@ -28,7 +28,7 @@ from simsched.cost import calibration as cal
 from simsched.cost import overhead
 from simsched.cost import serving
 from simsched.cost.base import Batch
-from simsched.cost.coefcache import anchor_coefficients
+from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec
 from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
 
@@ -44,7 +44,7 @@ class CalibratedCostModel:
     """Iteration time of ``spec`` on ``gpu`` at tensor-parallel degree ``tp``.
 
     Immutable after construction (instances are cached and shared between runs).
-    ``coefficients`` defaults to the cached kernel fits (:mod:`simsched.cost.coefcache`); it
+    ``coefficients`` defaults to the shipped kernel fits (:mod:`simsched.cost.fits`); it
     may also be a mapping of anchor GPU to fits, or a plain A100 dict as ``fit_all()`` returns;
     ``engine_overhead`` names the overhead choice; ``engine_terms`` overrides the fitted
     ``eager_2023`` terms (a dict as :func:`simsched.cost.serving.engine_terms` gives per measured
@@ -63,7 +63,7 @@ class CalibratedCostModel:
         size = k.size
         n = np.arange(size, dtype=float)
         if coefficients is None:
-            cpu_coef = anchor_coefficients(REFERENCE_GPU)["cpu"]
+            cpu_coef = PROFILES[REFERENCE_GPU].coefficients()["cpu"]
         else:  # an anchor -> coefficients mapping, or a plain A100 coefficient dict
             cpu_coef = coefficients.get(REFERENCE_GPU, coefficients)["cpu"]
         cpu = cal.predict_cpu_overhead(cpu_coef, tp, n)

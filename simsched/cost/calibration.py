@@ -5,9 +5,9 @@ licence) are per-layer kernel times in milliseconds; we use their *median* colum
 repetitions carry clock-ramp or contention outliers that pull the mean up, and the simulator wants
 the typical iteration. Everything here returns seconds.
 
-Fits (done once, at first use, and kept in the per-user coefficient cache keyed by a hash of the
-data and this code, :mod:`simsched.cost.coefcache`; :func:`fit_all` is the single source of the
-coefficients, so there is no shipped file that could drift from the data):
+Fits (run by maintainers: :func:`fit_all` is what ``python -m experiments.calibrate --update``
+ships as ``data/fits/a100-80gb.json``, :mod:`simsched.cost.fits`; runs read that file, and
+``tests/test_fits.py`` checks it against a refit):
 
 * linear ops of an unprofiled model: a per-op roofline ``max(FLOPs / peak, bytes / bandwidth)``
   divided by an efficiency that varies with the token count (median over the profiled models),
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simsched.cost import linalg
 from simsched.cost.hardware import GPUS, MODELS, REFERENCE_GPU, GPUSpec, ModelSpec
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -137,7 +138,7 @@ def fit_linear(exclude: str | None = None, frame: pd.DataFrame | None = None,
     x, y = np.concatenate(elt_x), np.concatenate(elt_y)
     # Relative least squares: small-token kernels (microseconds) matter as much as big ones.
     design = np.c_[np.ones_like(x), x] / y[:, None]
-    const, per_byte = np.linalg.lstsq(design, np.ones_like(y), rcond=None)[0]
+    const, per_byte = linalg.lstsq(design, np.ones_like(y))
     out = {"eff_tokens": eff.index.astype(float).tolist(), "eff": eff.tolist(),
            "elt_const": float(max(const, 0.0)), "elt_per_byte": float(per_byte),
            "gpu": gpu_name}
@@ -185,7 +186,7 @@ def fit_prefill_attention() -> dict:
             # Least squares through the kv=0 point, relative weights.
             x = chunk * g.kv.to_numpy() / g.time_ms.to_numpy()
             y = (g.time_ms.to_numpy() - base) / g.time_ms.to_numpy()
-            slope.append(float(max(x @ y / (x @ x), 0.0)) * 1e-3)
+            slope.append(float(max(linalg.dot(x, y) / linalg.dot(x, x), 0.0)) * 1e-3)
         else:
             slope.append(np.nan)
     slope_s = pd.Series(slope).ffill().bfill()
@@ -220,7 +221,7 @@ def fit_decode_attention() -> dict:
     design[:, 0] = 1.0
     design[:, 1] = df.batch
     design[np.arange(len(df)), 2 + df.batch.map(lambda b: col[float(b)]).to_numpy()] = x
-    coef = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+    coef = linalg.lstsq(design / y[:, None], np.ones_like(y))
     a0, a1 = float(coef[0]), float(max(coef[1], 0.0))
     s = [float(max(v, 0.0)) for v in coef[2:]]
     return {"batches": batches, "a": [a0 + a1 * b for b in batches], "a0": a0, "a1": a1,
@@ -248,8 +249,7 @@ def fit_all_reduce(bins_per_decade: int = 8) -> dict:
         med = g.assign(key=key, logs=logs).groupby("key")[["logs", "time_ms"]].median()
         x = g["size"].to_numpy() * 2.0 * (workers - 1) / workers
         y = g.time_ms.to_numpy() * 1e-3
-        alpha, beta = np.linalg.lstsq(np.c_[np.ones_like(x), x] / y[:, None], np.ones_like(y),
-                                      rcond=None)[0]
+        alpha, beta = linalg.lstsq(np.c_[np.ones_like(x), x] / y[:, None], np.ones_like(y))
         out[str(int(workers))] = {"log_size": med.logs.tolist(),
                                   "time": (med.time_ms * 1e-3).tolist(),
                                   "alpha": float(alpha), "beta": float(beta)}
@@ -285,7 +285,7 @@ def fit_cpu_overhead() -> dict:
     df = load("cpu_overheads")
     y = df[list(CPU_STEPS)].sum(axis=1).to_numpy() * 1e-3
     design = np.c_[np.ones(len(df)), (df.tp > 1).astype(float), df.batch]
-    a, a_tp, b = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)[0]
+    a, a_tp, b = linalg.lstsq(design / y[:, None], np.ones_like(y))
     return {"a": float(a), "a_tp": float(a_tp), "b": float(b)}
 
 

@@ -39,9 +39,10 @@ import functools
 import numpy as np
 import pandas as pd
 
+from simsched.cost import linalg
 from simsched.cost.base import Batch
 from simsched.cost.calibration import DATA_DIR
-from simsched.cost.coefcache import cached
+from simsched.cost import fits
 from simsched.cost.hardware import GPUS, MODELS
 from simsched.cost.kernels import KernelTables
 
@@ -191,23 +192,27 @@ class Features:
 
 
 def _levenberg_marquardt(residuals, z: np.ndarray, iters: int = 60) -> np.ndarray:
-    """Minimise ``sum(residuals(z)**2)`` (numerical Jacobian; no scipy dependency)."""
+    """Minimise ``sum(residuals(z)**2)`` (numerical Jacobian; no scipy dependency). Sums and
+    solves go through :mod:`simsched.cost.linalg`, so the path, and the result, are the same on
+    every machine (the problem is flat in some directions, where BLAS rounding moved the result
+    by tens of percent)."""
     lam = 1e-2
     r = residuals(z)
-    cost = r @ r
+    cost = linalg.dot(r, r)
     for _ in range(iters):
         jac = np.empty((len(r), len(z)))
         for i in range(len(z)):
             dz = np.zeros_like(z)
             dz[i] = 1e-6 * max(1.0, abs(z[i]))
             jac[:, i] = (residuals(z + dz) - r) / dz[i]
-        jtj, jtr = jac.T @ jac, jac.T @ r
+        jtj, jtr = linalg.gram(jac, r)
         improved = False
         for _ in range(10):
-            step = np.linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), -jtr)
+            step = linalg.solve(jtj + lam * np.diag(np.diag(jtj) + 1e-12), -jtr)
             r_new = residuals(z + step)
-            if r_new @ r_new < cost:
-                z, r, cost, lam, improved = z + step, r_new, r_new @ r_new, lam / 3, True
+            cost_new = linalg.dot(r_new, r_new)
+            if cost_new < cost:
+                z, r, cost, lam, improved = z + step, r_new, cost_new, lam / 3, True
                 break
             lam *= 4
         if not improved or np.max(np.abs(step)) < 1e-7:
@@ -238,14 +243,16 @@ def fit_terms(runs: pd.DataFrame, budget: int = PROMPT_TOKEN_BUDGET,
     best = None
     for start in (1.0, 0.3, 2.0):  # a few starts; keep the best local optimum
         z = _levenberg_marquardt(residuals, np.full(len(free), start))
-        cost = float(np.sum(residuals(z) ** 2))
+        r = residuals(z)
+        cost = linalg.dot(r, r)
         if best is None or cost < best[0]:
             best = (cost, z)
     p = unpack(best[1])
     return {name: float(v) for name, v in zip(TERMS, p)}
 
 
-def _fit_engine_terms() -> dict:
+def fit_engine_terms() -> dict:
+    """Fit the ``eager_2023`` terms of every measured system on its own Llama-2-70B runs."""
     runs = scenarios()
     out = {}
     for host, gpu in FIT_GPUS.items():
@@ -254,7 +261,14 @@ def _fit_engine_terms() -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+# The fit replays the runs through KernelTables, so the kernel fits' shipped files are sources.
+ENGINE_FIT = fits.register(fits.ShippedFit(
+    "engine-eager-2023", fit_engine_terms,
+    sources=("data/real_serving/splitwise.csv", "serving.py", "kernels.py", "profiles",
+             "calibration.py", "calibration_h200.py", "linalg.py", "hardware.py",
+             "data/fits/a100-80gb.json", "data/fits/h200.json")))
+
+
 def engine_terms() -> dict:
-    """The fitted ``eager_2023`` terms per host (``dgx-a100``, ``dgx-h100``), cached."""
-    return cached("engine", _fit_engine_terms)
+    """The fitted ``eager_2023`` terms per host (``dgx-a100``, ``dgx-h100``, ...), as shipped."""
+    return fits.coefficients(ENGINE_FIT.name)
