@@ -35,7 +35,6 @@ MAX_ROUNDS = 60
 # Without ``high``, stop doubling once the rate held is this many times the highest request
 # throughput measured: far past saturation, where more offered load only lengthens the queue.
 MAX_OVERLOAD = 10.0
-STATUSES = ("ok", "below_low", "at_high", "never_violated", "max_rounds")
 
 
 @dataclass(frozen=True)
