@@ -5,7 +5,9 @@ FCFS, SPF, SPF with preemption and strict priority (three priority classes) on t
 clipped to 3072 tokens so every request fits the 4096-token context), over arrival rates from
 light load to well beyond saturation. Prints each policy's saturation rate (the first rate whose
 runs are not ``stable``) and its capacity under the SLO target (TTFT p99 <= 2 s and TPOT p99
-<= 0.15 s, judged on the mean over seeds), and writes the sweep frames and plots::
+<= 0.15 s; the mean of the per-seed capacities, with a Student-t interval), and writes the sweep
+frames, ``config.json`` (every run's resolved config and the capacity search's settings) and
+plots::
 
     python -m experiments.load_sweep [--out out/load_sweep] [--quick]
 """
@@ -22,6 +24,7 @@ from experiments._common import parser, print_table, save_plot, write_frames
 from simsched import SimConfig
 from simsched.analysis import plots
 from simsched.analysis.capacity import SLOTarget, capacity_search
+from simsched.analysis.export import resolved_config, write_json
 from simsched.analysis.slo import SLO
 from simsched.analysis.sweep import sweep
 
@@ -45,9 +48,10 @@ def base_config(num_requests: int) -> SimConfig:
 
 
 def run_variants(base: SimConfig, variants: dict, progress: bool = True, **factors):
-    """One sweep per variant; returns (runs, requests, iterations) with a ``variant`` column and
-    unique run ids."""
-    runs, requests, iterations, offset = [], [], [], 0
+    """One sweep per variant; returns (runs, requests, iterations, configs) with a ``variant``
+    column and unique run ids. ``configs`` is what ``config.json`` holds: the factors and each
+    run's resolved config (as ``SweepResult.to_csv`` writes them), with its variant."""
+    runs, requests, iterations, resolved, offset = [], [], [], [], 0
     for label, changes in variants.items():
         res = sweep(base.replace(**changes), progress=progress, slos=SLO_GOODPUT, **factors)
         r = res.runs.assign(variant=label, run_id=res.runs["run_id"] + offset)
@@ -56,9 +60,12 @@ def run_variants(base: SimConfig, variants: dict, progress: bool = True, **facto
         runs.append(r)
         requests.append(q)
         iterations.append(it)
+        resolved += [{**run, "run_id": run["run_id"] + offset, "variant": label}
+                     for run in res.resolved_configs()["runs"]]
         offset += len(r)
+    configs = {"variants": variants, "factors": factors, "runs": resolved}
     return (pd.concat(runs, ignore_index=True), pd.concat(requests, ignore_index=True),
-            pd.concat(iterations, ignore_index=True))
+            pd.concat(iterations, ignore_index=True), configs)
 
 
 def settings(quick: bool) -> dict:
@@ -83,10 +90,12 @@ def main(argv=None) -> pd.DataFrame:
     cfg = settings(args.quick)
     rates, seeds = cfg["rates"], cfg["seeds"]
     base = base_config(cfg["num_requests"])
-    runs, requests, iterations = run_variants(base, VARIANTS, progress=not args.quiet,
-                                              rate=rates, seed=seeds)
+    runs, requests, iterations, configs = run_variants(base, VARIANTS, progress=not args.quiet,
+                                                       rate=rates, seed=seeds)
     cap = capacity_search(base, TARGET, policies=VARIANTS, seeds=seeds, low=0.5,
                           tol=cfg["tol"], progress=not args.quiet)
+    configs["capacity"] = {"base": resolved_config(base), "target": TARGET,
+                           "policies": VARIANTS, "seeds": seeds, "low": 0.5, "tol": cfg["tol"]}
     table = cap[["policy", "capacity", "ci_low", "ci_high"]].copy()
     table.insert(1, "saturation_rate", [plots.saturation_rate(runs[runs["variant"] == v])
                                         for v in table["policy"]])
@@ -104,6 +113,7 @@ def main(argv=None) -> pd.DataFrame:
     write_frames(out, runs=runs, requests=requests, iterations=iterations, capacity=table,
                  by_rate=by_rate, capacity_runs=cap.attrs["runs"],
                  seed_capacities=cap.attrs["seed_capacities"])
+    write_json(configs, out / "config.json")
     print(f"wrote {out}/")
     top = max(r for r in rates if r <= 2.5)
     save_plot(out / "latency_vs_load.png",

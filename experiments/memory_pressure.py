@@ -1,7 +1,8 @@
 """KV cache size x policy: preemptions, recomputed tokens and TTFT/ITL tails under memory pressure.
 
 Shrinks the KV cache (``cache.num_blocks``) under FCFS, SPF and SPF with preemption on the default
-engine with ShareGPT-like requests at a load the full cache carries::
+engine with ShareGPT-like requests at a load the full cache carries; writes the frames and
+``config.json`` (every run's resolved config)::
 
     python -m experiments.memory_pressure [--out out/memory_pressure] [--quick]
 """
@@ -15,6 +16,7 @@ import pandas as pd
 
 from experiments._common import parser, print_table, write_frames
 from experiments.load_sweep import base_config, run_variants
+from simsched.analysis.export import write_json
 
 VARIANTS = {"fcfs": {"policy": "fcfs"}, "spf": {"policy": "spf"},
             "spf+preempt": {"policy": "spf", "preemption": True}}
@@ -29,12 +31,13 @@ def main(argv=None) -> pd.DataFrame:
     warnings.simplefilter("ignore")
     blocks = [1024, 4096] if args.quick else [768, 1024, 2048, 4096, 7422]
     n = 80 if args.quick else 250
-    runs, requests, iterations = run_variants(base_config(n).replace(rate=1.0), VARIANTS,
-                                              progress=not args.quiet,
-                                              **{"cache.num_blocks": blocks})
+    runs, requests, iterations, configs = run_variants(
+        base_config(n).replace(rate=1.0), VARIANTS, progress=not args.quiet,
+        **{"cache.num_blocks": blocks})
     table = runs[COLUMNS].sort_values(["cache.num_blocks", "variant"]).reset_index(drop=True)
     print_table(table)
     write_frames(Path(args.out), runs=runs, requests=requests, iterations=iterations)
+    write_json(configs, Path(args.out) / "config.json")      # every run's resolved config
     print(f"wrote {args.out}/")
     return table
 

@@ -10,15 +10,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
-import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from simsched.config.serialize import plain_data
 
 # Columns whose dtype a CSV round trip would lose: empty strings read back as NaN, nullable
 # integers as floats.
@@ -30,20 +30,9 @@ VLLM_PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 def plain(value: Any) -> Any:
     """``value`` as JSON data: dataclasses and mappings as dicts, tuples as lists, numpy scalars
-    as Python numbers, non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"``."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    as Python numbers, non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (the
+    form :meth:`SimConfig.from_dict` reads back)."""
+    return plain_data(value)
 
 
 def resolved_config(config, info: Mapping[str, Any] | None = None, **extra: Any) -> dict:

@@ -11,6 +11,12 @@ then bisects (assuming, as queueing does, that more replicas never hurt). Every 
 simulation, run on the chosen executor (local processes, serial or Ray); each round runs one probe
 per candidate still searching.
 
+A deployment must serve the whole workload: a probe that rejects any request fails, whatever its
+latencies. A request the candidate can never serve (longer than its model's context or KV cache)
+makes the candidate infeasible at every replica count, so its search stops at once with status
+``rejects``; requests shed by admission control only fail the probe (more replicas shed fewer).
+The table reports ``num_rejected`` and one warning names the candidates that reject requests.
+
 Prices are configurable; :data:`GPU_PRICES` holds defaults in US dollars per GPU-hour, an
 assumption modelled on 2024 on-demand list prices of GPU clouds (e.g. Lambda: A100-40GB $1.29,
 A100-80GB SXM $1.79, H100 SXM $2.99). The H200 and L40S entries are estimates. Pass your own.
@@ -20,12 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from simsched.analysis.capacity import SLOTarget, run_probes
 from simsched.analysis.executors import Job
+from simsched.analysis.plan_search import ReplicaSearch, probe_holds, warn_rejections
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig, field_names
 from simsched.workloads.workload import WorkloadConfig
@@ -85,48 +92,6 @@ class Candidate:
     def config(self, base: SimConfig, num_replicas: int, rate: float, seed: int) -> SimConfig:
         """The config of this candidate with ``num_replicas`` replicas at ``rate``."""
         return base.replace(**self.changes, num_replicas=num_replicas, rate=rate, seed=seed)
-
-
-class _Search:
-    """Fewest replicas meeting the target, for one candidate, over increasing rates."""
-
-    def __init__(self, candidate: Candidate, rates: Sequence[float]) -> None:
-        self.candidate = candidate
-        self.rates = list(rates)
-        self.k = 0                                   # index of the rate being searched
-        self.answers: dict[float, int | None] = {}
-        self._start(candidate.min_replicas)
-
-    def _start(self, low: int) -> None:
-        self.ok: int | None = None                   # fewest replicas known to hold
-        self.fail = low - 1                          # most replicas known to fail
-        self.probe: int | None = low
-
-    @property
-    def rate(self) -> float:
-        return self.rates[self.k]
-
-    def update(self, holds: bool) -> None:
-        n, top = self.probe, self.candidate.max_replicas
-        if holds:
-            self.ok = n
-        else:
-            self.fail = n
-        if self.ok is None:
-            self.probe = min(2 * n, top) if n < top else None
-        elif self.ok - self.fail > 1:
-            self.probe = (self.ok + self.fail) // 2
-        else:
-            self.probe = None
-        if self.probe is None:
-            self.answers[self.rate] = self.ok
-            self.k += 1
-            if self.k < len(self.rates) and self.ok is not None:
-                self._start(self.ok)                 # more load never needs fewer replicas
-            elif self.k < len(self.rates):           # infeasible here: infeasible above too
-                for rate in self.rates[self.k:]:
-                    self.answers[rate] = None
-                self.k = len(self.rates)
 
 
 class PlanResult:
@@ -264,7 +229,17 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
     90 % of requests must meet it). ``candidates`` are :class:`Candidate` objects or mappings of
     their fields. ``base_config`` supplies everything else (model, cache, scheduler defaults);
     ``prices`` updates :data:`GPU_PRICES` (US$ per GPU-hour). A run that cannot finish its
-    requests (``max_sim_time`` reached) fails the target, as in the capacity search.
+    requests (``max_sim_time`` reached) fails the target, as in the capacity search, and so does
+    one that rejects any request: a candidate that can never serve some request (longer than its
+    model's context or KV cache) gets status ``rejects`` and one warning says which and why; fit
+    such requests with the workload's ``long_prompt_policy`` (``clip``, ``drop``) or plan a model
+    with a longer context.
+
+    The table has one row per candidate and rate: ``status`` (``ok``, ``infeasible`` up to
+    ``max_replicas``, ``rejects``), ``num_replicas``, ``num_gpus``, ``gpu_hours_per_million``,
+    ``price_per_gpu_hour``, ``cost_per_million``, latency metrics (means over seeds),
+    ``num_rejected`` (mean over seeds at the count chosen, or at the last count probed when none
+    meets the target) and ``pareto``.
     """
     target = _target(slo)
     cands = _candidates(candidates)
@@ -286,8 +261,9 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
             raise ValueError(f"prices has no valid price for GPU {c.gpu!r} (US$ per GPU-hour), "
                              f"got {price!r}")
         c.config(base, c.min_replicas, rates[0], seeds[0])     # bad settings fail here
-    searches = [_Search(c, rates) for c in cands]
+    searches = [ReplicaSearch(c, rates) for c in cands]
     cache: dict[tuple, dict] = {}
+    notes: dict[tuple, str] = {}
     for _ in range(MAX_ROUNDS):
         live = [s for s in searches if s.probe is not None and s.k < len(rates)]
         if not live:
@@ -297,12 +273,14 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
         by_label = {c.label: c for c in cands}
         jobs = [Job(by_label[label].config(base, n, rate, seed), target.slo, keep_frames=False)
                 for label, rate, n, seed in keys]
-        run_probes(keys, jobs, cache, executor=executor, max_workers=max_workers,
+        run_probes(keys, jobs, cache, notes=notes, executor=executor, max_workers=max_workers,
                    progress=progress, ray_address=ray_address, desc="plan")
         for s in live:
             rows = pd.DataFrame([cache[(s.candidate.label, s.rate, s.probe, seed)]
                                  for seed in seeds])
-            s.update(target.holds(rows))
+            unservable = (rows["num_rejected"] - rows.get("num_shed", 0)) > 0
+            s.update(probe_holds(target, rows), rejects=bool(unservable.any()))
+    warn_rejections(searches, notes, seeds)
     return _result(searches, cache, target, base, seeds, table_prices)
 
 
@@ -316,7 +294,8 @@ def _result(searches, cache, target, base, seeds, prices) -> PlanResult:
             n = s.answers.get(rate)
             row: dict[str, Any] = {"rate": rate, "label": c.label, "gpu": c.gpu,
                                    "tensor_parallel_size": c.tensor_parallel_size,
-                                   "router": c.router, "status": "ok" if n else "infeasible",
+                                   "router": c.router,
+                                   "status": s.statuses.get(rate, "infeasible"),
                                    "num_replicas": n if n else math.nan}
             if n:
                 runs = pd.DataFrame([cache[(c.label, rate, n, seed)] for seed in seeds])
@@ -329,13 +308,18 @@ def _result(searches, cache, target, base, seeds, prices) -> PlanResult:
                 configs[(c.label, rate)] = c.config(base, n, rate, seeds[0])
             else:
                 row.update(num_gpus=math.nan, gpu_hours_per_million=math.nan,
-                           price_per_gpu_hour=prices[c.gpu], cost_per_million=math.nan)
+                           price_per_gpu_hour=prices[c.gpu], cost_per_million=math.nan,
+                           **{m: math.nan for m in metrics})
+            probed = n or s.last.get(rate)
+            row["num_rejected"] = (
+                pd.Series([cache[(c.label, rate, probed, seed)]["num_rejected"]
+                           for seed in seeds]).mean() if probed else math.nan)
             rows.append(row)
     table = pd.DataFrame(rows).sort_values(["rate", "cost_per_million", "num_gpus", "label"],
                                            na_position="last", kind="stable")
     table["pareto"] = _pareto(table)
     runs = pd.DataFrame([{"label": label, "rate": rate, "num_replicas": n, "seed": seed,
-                          "holds": target.holds(pd.DataFrame([row])), **row}
+                          "holds": probe_holds(target, pd.DataFrame([row])), **row}
                          for (label, rate, n, seed), row in sorted(cache.items(), key=str)])
     return PlanResult(table.reset_index(drop=True), runs, configs)
 

@@ -2,8 +2,8 @@
 ``plan`` a deployment.
 
 A config comes from a TOML file (sections ``[scheduler]``, ``[cache]``, ``[hardware]``,
-``[workload]``, ``[cluster]``, ``[run]`` and ``[slo]``, or flat field names at the top level)
-and/or flags; flags win. Every bad value ends with one line ``simsched: error: ...`` on stderr and
+``[workload]``, ``[cluster]``, ``[run]`` and ``[slo]``, or flat field names at the top level; see
+the files in ``examples/``), or from the ``config.json`` a run wrote, and/or flags; flags win. Every bad value ends with one line ``simsched: error: ...`` on stderr and
 exit status 2; a run in which no request finished exits with status 1. Warnings print as one line
 each, ``simsched: warning: ...``.
 """
@@ -19,8 +19,10 @@ from typing import Sequence
 import pandas as pd
 
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
-                                  load_toml, parse_pairs, parse_value, read_toml)
+                                  load_toml, parse_pairs, parse_set_value, parse_value,
+                                  read_toml, split_values)
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
+from simsched.workloads.workload import WORKLOADS
 
 __all__ = ["FLAG_FIELDS", "SECTIONS", "build_config", "config_from_args", "load_toml", "main",
            "make_parser", "parse_value"]
@@ -31,7 +33,19 @@ DESCRIPTION = ("Simulate an LLM serving engine's scheduler: run one config, swee
 
 SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "ttft_p50", "ttft_p99",
                    "tpot_p99", "itl_p99", "e2el_p99", "request_throughput", "goodput",
-                   "slo_attainment", "num_preemptions", "kv_usage_mean", "saturation")
+                   "slo_attainment", "num_preemptions", "kv_usage_mean", "saturation",
+                   "prefix_hit_rate", "num_evicted_blocks", "num_kv_transfers", "kv_transfer_gb",
+                   "kv_transfer_time_mean", "kv_transfer_time_p99", "kv_wait_time_mean")
+
+
+def _version() -> str:
+    """The installed package's version (the CLI sits below ``simsched/__init__``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("simsched")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,8 +82,9 @@ def _percentile_list(text: str) -> tuple[float, ...]:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="TOML config file (sections [scheduler], [cache], "
-                   "[hardware], [workload], [run], [slo], or flat keys)")
+    p.add_argument("config", nargs="?", help="config file: TOML (sections " + ", ".join(
+        f"[{name}]" for name in (*SECTIONS, "run", "slo")) + ", or flat keys; see examples/) "
+        "or the config.json a run wrote")
     g = p.add_argument_group("engine")
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
@@ -86,7 +101,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, help="most sequences in a batch")
     g.add_argument("--num-blocks", type=int, help="KV cache blocks (default: derived from GPU)")
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", help="lesson, sharegpt, azure-code, azure-conv, trace, custom")
+    g.add_argument("--workload", metavar="NAME", help="workload preset: " + ", ".join(WORKLOADS))
     g.add_argument("--rate", type=float, help="mean arrival rate, requests/s")
     g.add_argument("--num-requests", type=int, help="number of requests")
     g.add_argument("--duration", type=float, help="arrival window, seconds")
@@ -94,7 +109,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="random seed of the run")
     g.add_argument("--max-sim-time", type=float, help="stop the simulation at this time (s)")
     g.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="any other config field, e.g. --set cache.watermark=0.02 (repeatable)")
+                   help="any other config field, e.g. --set cache.watermark=0.02 (repeatable); "
+                   "tuple and mapping fields as JSON, e.g. --set prompt_range=[10,100] or "
+                   "--set replicas='[{\"gpu\":\"h100-sxm\",\"count\":2}]'")
     g.add_argument("--slo-ttft", type=float, help="TTFT SLO for goodput, seconds")
     g.add_argument("--slo-tpot", type=float, help="TPOT SLO for goodput, seconds")
     g.add_argument("--slo-e2el", type=float, help="E2E latency SLO for goodput, seconds")
@@ -104,6 +121,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def make_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``simsched`` command."""
     p = _Parser(prog="simsched", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"simsched {_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="simulate one config; print its summary, write its frames "
                          "and timeline plot")
@@ -117,7 +135,8 @@ def make_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
-                    help="a field and its values, e.g. --vary rate=1,2,4 --vary policy=fcfs,spf")
+                    help="a field and its values, e.g. --vary rate=1,2,4 --vary policy=fcfs,spf "
+                    "(tuple fields as JSON: --vary prompt_range=[10,100],[10,500])")
     _add_parallel(sw)
     cap = sub.add_parser("capacity", help="largest rate at which latency targets hold, "
                          "per policy")
@@ -129,7 +148,8 @@ def make_parser() -> argparse.ArgumentParser:
     cap.add_argument("--policies", default="fcfs", help="comma-separated policies (default fcfs)")
     cap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     cap.add_argument("--low", type=float, default=0.5, help="first rate probed (default 0.5)")
-    cap.add_argument("--high", type=float, help="highest rate probed (default: no cap)")
+    cap.add_argument("--high", type=float, help="highest rate probed (default: 10x the highest "
+                     "throughput measured; status never_violated if the target holds there)")
     cap.add_argument("--tol", type=float, default=0.05,
                      help="stop when the bracket is narrower than this share of the rate")
     _add_parallel(cap)
@@ -169,6 +189,9 @@ def cmd_run(args) -> int:
 
     config, slo = config_from_args(args)
     results, summary = run_config(config, slo)
+    summary.update(feature_figures(results))
+    if args.config and Path(args.config).suffix.lower() == ".json":
+        _check_derived(args.config, results)
     row = pd.DataFrame([summary])
     _print_table(row, ())
     path = Path(args.out or "out/run")
@@ -194,12 +217,47 @@ def cmd_run(args) -> int:
     return 0
 
 
+def feature_figures(results) -> dict:
+    """The run's figures of the features it used, for the printed summary: the prefix cache's
+    hit rate (already in the summary) and, for a disaggregated cluster, its KV transfers
+    (``num_kv_transfers``, ``kv_transfer_gb``, transfer time mean and p99, mean wait for a
+    transfer to start, in seconds)."""
+    import numpy as np
+
+    df = results.requests
+    if "kv_transfer_bytes" not in df.columns:
+        return {}
+    size = df["kv_transfer_bytes"].to_numpy(dtype=float)
+    moved = size > 0
+    time = df["kv_transfer_time"].to_numpy(dtype=float)[moved]
+    wait = df["kv_wait_time"].to_numpy(dtype=float)[moved]
+    return {"num_kv_transfers": int(moved.sum()), "kv_transfer_gb": float(size[moved].sum() / 1e9),
+            "kv_transfer_time_mean": float(time.mean()) if len(time) else float("nan"),
+            "kv_transfer_time_p99": float(np.percentile(time, 99)) if len(time) else float("nan"),
+            "kv_wait_time_mean": float(wait.mean()) if len(wait) else float("nan")}
+
+
+def _check_derived(path, results) -> None:
+    """Warn when a rerun of a run's config.json derived other values than the run that wrote it
+    (e.g. a different KV cache size after a change to the memory model)."""
+    import json
+
+    derived = json.loads(Path(path).read_text()).get("derived")
+    if not isinstance(derived, dict):
+        return
+    now = results.resolved_config()["derived"]
+    for key in ("num_blocks", "max_model_len"):
+        if key in derived and derived[key] != now.get(key):
+            warnings.warn(f"{path}: derived {key} was {derived[key]} in the run that wrote it, "
+                          f"{now.get(key)} now: results will differ from that run's")
+
+
 def cmd_sweep(args) -> int:
     """``simsched sweep``: the grid of --vary values."""
     from simsched.analysis.sweep import sweep
 
     config, slo = config_from_args(args)
-    factors = {key: [parse_value(v) for v in values.split(",") if v.strip()]
+    factors = {key: [parse_set_value(key, v) for v in split_values(values)]
                for key, values in parse_pairs(args.vary, "--vary")}
     if not factors:
         raise ValueError("sweep needs at least one --vary FIELD=V1,V2,...")
@@ -252,8 +310,8 @@ def cmd_capacity(args) -> int:
                              max_workers=args.workers, progress=not args.quiet,
                              ray_address=args.ray_address)
     with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
-        print(result[["policy", "capacity", "ci_low", "ci_high", "status", "num_runs"]]
-              .to_string(index=False))
+        print(result[["policy", "capacity", "ci_low", "ci_high", "status",
+                      "max_request_throughput", "num_runs"]].to_string(index=False))
     path = Path(args.out or "out/capacity")
     path.mkdir(parents=True, exist_ok=True)
     result.to_csv(path / "capacity.csv", index=False)
@@ -301,7 +359,7 @@ def cmd_plan(args) -> int:
                   max_workers=args.workers, progress=not args.quiet,
                   ray_address=args.ray_address, **kwargs)
     cols = ["rate", "label", "status", "num_replicas", "num_gpus", "gpu_hours_per_million",
-            "cost_per_million", "ttft_p99", "tpot_p99", "pareto"]
+            "cost_per_million", "ttft_p99", "tpot_p99", "num_rejected", "pareto"]
     with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
         print(result.table[[c for c in cols if c in result.table]].to_string(index=False))
     path = Path(args.out or "out/plan")

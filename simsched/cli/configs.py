@@ -1,7 +1,10 @@
-"""Configs for the ``simsched`` command: TOML files, flags and ``--set`` pairs to a ``SimConfig``."""
+"""Configs for the ``simsched`` command: TOML files, a run's ``config.json``, flags and ``--set``
+pairs to a ``SimConfig``."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -11,7 +14,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
     import tomli as tomllib
 
 from simsched.analysis.slo import SLO
-from simsched.config import SimConfig, field_names
+from simsched.config import (CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig,
+                             SimConfig, field_names)
 from simsched.workloads.workload import WorkloadConfig
 
 SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster")
@@ -36,6 +40,77 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     return text.strip()
+
+
+# Fields holding tuples or mappings: --set takes them as JSON. An example value for each.
+STRUCTURED_EXAMPLES = {
+    "prompt_range": "[10,100]", "output_range": "[10,100]", "tenant_weights": "[3,1]",
+    "priority_weights": "[1,1,1]", "rate_schedule": "[[60,2],[60,8]]",
+    "num_turns": '["uniform",2,6]', "think_time": '["exponential",5]',
+    "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
+    "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
+    "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
+}
+
+
+def _structured_fields() -> dict[str, str]:
+    """Field name -> its type, for the fields holding tuples or mappings."""
+    out = {}
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
+        for f in dataclasses.fields(cls):
+            kind = str(f.type)
+            if "tuple" in kind or "Mapping" in kind or f.name == "model_spec":
+                out[f.name] = kind
+    return out
+
+
+def parse_set_value(key: str, text: str) -> Any:
+    """A ``--set FIELD=VALUE`` value as Python; tuple and mapping fields take JSON.
+
+    ``--set prompt_range=[10,100]``, ``--set replicas='[{"gpu":"h100-sxm","count":2}]'``,
+    ``--set policy_options='{"aging_rate":2}'``: JSON arrays become tuples (objects stay
+    mappings). Anything else is :func:`parse_value`'s. A tuple or mapping field given something
+    else is a ValueError naming the field and showing the syntax.
+    """
+    name = key.split(".", 1)[-1]
+    kind = _structured_fields().get(name)
+    if kind is None:
+        return parse_value(text)
+    example = f"--set {key}={STRUCTURED_EXAMPLES.get(name, '[...]')}"
+    stripped = text.strip()
+    if stripped[:1] in ("[", "{"):
+        try:
+            return _tupled(json.loads(stripped))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--set {key}: {text!r} is not valid JSON ({exc}); write the "
+                             f"value as JSON, e.g. {example} (quote it for the shell)") from None
+    value = parse_value(text)
+    if value is None or ("float" in kind and isinstance(value, (int, float))
+                         and not isinstance(value, bool)):
+        return value
+    what = "a mapping" if "Mapping" in kind or name == "model_spec" else "a list"
+    raise ValueError(f"--set {key}: {name} takes {what}, written as JSON, e.g. {example} "
+                     f"(quote it for the shell), got {text!r}")
+
+
+def split_values(text: str) -> list[str]:
+    """``V1,V2,...`` split at the commas outside brackets and quotes (``[10,100],[10,200]``
+    is two values)."""
+    out, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return [v for v in out if v.strip()]
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -85,11 +160,12 @@ def _tupled(value: Any) -> Any:
     return value
 
 
-def build_config(changes: dict[str, Any]) -> SimConfig:
-    """A ``SimConfig`` from flat or dotted changes; a workload name starts from its preset."""
+def build_config(changes: dict[str, Any], base: SimConfig | None = None) -> SimConfig:
+    """A ``SimConfig``: ``base`` (default: the defaults) with flat or dotted changes; a workload
+    name starts the workload afresh from its preset."""
     changes = dict(changes)
     name = changes.pop("workload.name", changes.pop("name", None))
-    base = SimConfig()
+    base = base or SimConfig()
     if name is not None:
         wl = {k.split(".", 1)[-1]: changes.pop(k) for k in list(changes)
               if k.startswith("workload.") or (k in _workload_fields() and "." not in k)}
@@ -121,9 +197,23 @@ def parse_pairs(items: Sequence[str], what: str) -> list[tuple[str, str]]:
     return out
 
 
+def load_config_file(path: str | Path) -> tuple[SimConfig | None, dict[str, Any],
+                                                 dict[str, float]]:
+    """A config file: ``(base config, changes, SLO bounds)``.
+
+    A ``.json`` file is a config as :meth:`SimConfig.to_json` or a run's ``config.json`` writes
+    it (the base; no changes); anything else is a TOML file (changes from the defaults).
+    """
+    if Path(path).suffix.lower() == ".json":
+        return SimConfig.from_json(Path(path)), {}, {}
+    changes, slo = load_toml(path)
+    return None, changes, slo
+
+
 def config_from_args(args) -> tuple[SimConfig, SLO | None]:
-    """The config and SLO given by a TOML file and the flags (flags win)."""
-    changes, slo = load_toml(args.config) if args.config else ({}, {})
+    """The config and SLO given by a config file (TOML, or a run's JSON) and the flags (flags
+    win)."""
+    base, changes, slo = load_config_file(args.config) if args.config else (None, {}, {})
     for dest, fld in FLAG_FIELDS.items():
         value = getattr(args, dest, None)
         if value is not None:
@@ -131,11 +221,11 @@ def config_from_args(args) -> tuple[SimConfig, SLO | None]:
                 ".", 1)[-1]}
             changes[fld] = value
     for key, value in parse_pairs(args.set, "--set"):
-        changes[key] = parse_value(value)
+        changes[key] = parse_set_value(key, value)
     for name in ("ttft", "tpot", "e2el"):
         if getattr(args, f"slo_{name}") is not None:
             slo[name] = getattr(args, f"slo_{name}")
     unknown = set(slo) - {"ttft", "tpot", "e2el"}
     if unknown:
         raise ValueError(f"unknown [slo] key(s) {sorted(unknown)}; known: ttft, tpot, e2el")
-    return build_config(changes), (SLO(**slo) if slo else None)
+    return build_config(changes, base), (SLO(**slo) if slo else None)

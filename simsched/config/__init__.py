@@ -6,16 +6,20 @@ replicas, per-replica overrides, the router and admission control). Every field 
 ``__post_init__`` and a bad value raises ``ValueError`` naming the field and the allowed range.
 
 Sweeps vary configs with :meth:`SimConfig.replace`, which accepts flat field names (``rate=4.0``,
-``policy="spf"``) and routes each to the sub-config that owns it.
+``policy="spf"``) and routes each to the sub-config that owns it. :meth:`SimConfig.to_json` and
+:meth:`SimConfig.from_json` (``to_dict``/``from_dict``) write a config and read it back equal,
+including the ``config.json`` a run writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
+from simsched.config import serialize
 from simsched.config.checks import check_bool, check_float, check_int, plain
 from simsched.config.cluster import LINK_PRESETS, REPLICA_SECTIONS, ROLES, ClusterConfig
 from simsched.config.parts import (COST_MODELS, PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig,
@@ -143,6 +147,27 @@ class SimConfig:
                     raise ValueError(f"unknown field(s) {sorted(bad)} in config section {part!r}")
                 top[part] = dataclasses.replace(top.get(part, getattr(self, part)), **sub)
         return dataclasses.replace(self, **top)
+
+    def to_dict(self) -> dict[str, Any]:
+        """This config as JSON data (what a run's ``config.json`` holds, less ``derived``)."""
+        return serialize.to_dict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """This config as a JSON document; :meth:`from_json` reads it back equal."""
+        return serialize.to_json(self, indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SimConfig":
+        """The config of :meth:`to_dict`'s data or of a run's ``config.json`` (its ``derived``
+        block skipped); ``SimConfig.from_dict(cfg.to_dict()) == cfg``. Missing sections and
+        fields keep their defaults; an unknown one is a ValueError naming it."""
+        return serialize.from_dict(cls, data)
+
+    @classmethod
+    def from_json(cls, source: str | bytes | os.PathLike) -> "SimConfig":
+        """The config of JSON text or of a JSON file (a path: an ``os.PathLike``, or a string
+        not starting with ``{``), e.g. the ``config.json`` a run wrote."""
+        return serialize.from_json(cls, source)
 
     def flat(self) -> dict[str, Any]:
         """All fields as one flat mapping (sub-config fields by their own names)."""
