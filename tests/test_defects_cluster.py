@@ -86,3 +86,18 @@ def test_unservable_requests_on_mixed_and_local_paths_are_rejected_with_reasons(
     cfg = _disagg(("prefill", "decode"), ({"max_model_len": 100},))
     df, _, _ = _run(cfg, [(0.0, 90, 50)])
     assert "the longest max_model_len is 100" in df.loc[0, "reject_reason"]
+
+
+# ------------------------------------------------------------------ 17: refresh_interval
+@pytest.mark.parametrize("interval", [1e-9, 1e-17, 5e-5])
+def test_refresh_interval_below_the_bound_is_refused(interval):
+    with pytest.raises(ValueError, match=r"cluster\.refresh_interval must be 0 \(exact state\) "
+                                         r"or >= 0\.0001 s"):
+        SimConfig().replace(num_replicas=2, router="jsq", refresh_interval=interval)
+
+
+def test_refresh_interval_at_the_bound_runs():
+    cfg = SimConfig().replace(num_replicas=2, router="jsq", refresh_interval=1e-4,
+                              cost_model="unit")
+    res = simsched.simulate(cfg, [(0.0, 32, 4), (0.0, 32, 4)])
+    assert res.summary()["num_finished"] == 2
