@@ -101,3 +101,63 @@ def test_refresh_interval_at_the_bound_runs():
                               cost_model="unit")
     res = simsched.simulate(cfg, [(0.0, 32, 4), (0.0, 32, 4)])
     assert res.summary()["num_finished"] == 2
+
+
+# ------------------------------------------------------------------ 18: tables and weights
+def _table(**columns) -> pd.DataFrame:
+    base = {"arrival_at": [0.0, 0.1], "num_prompt_tokens": [64, 64], "num_output_tokens": [4, 4]}
+    return pd.DataFrame({**base, **columns})
+
+
+PREFIX_CFG = SimConfig().replace(**{"hardware.cost_model": "unit",
+                                    "cache.enable_prefix_caching": True})
+
+
+@pytest.mark.parametrize("columns, where", [
+    (dict(prefix_group=[1.5, 0], prefix_len=[16, 16]), r"requests\[0\]\.prefix_group"),
+    (dict(prefix_group=[0, -2], prefix_len=[16, 16]), r"requests\[1\]\.prefix_group"),
+    (dict(prefix_group=[0, "a"], prefix_len=[16, 16]), r"requests\[1\]\.prefix_group"),
+    (dict(prefix_group=[0, 1], prefix_len=[16, 1.5]), r"requests\[1\]\.prefix_len"),
+    (dict(prefix_group=[0, 1], prefix_len=[-1, 16]), r"requests\[0\]\.prefix_len"),
+    (dict(prefix_group=[0, 1], prefix_len=[16, np.nan]), r"requests\[1\]\.prefix_len"),
+    (dict(prefix_len=[16, 16]), "prefix_len column but no prefix_group"),
+    (dict(session_id=[1.5, 0]), r"requests\[0\]\.session_id"),
+    (dict(session_id=[0, True]), r"requests\[1\]\.session_id"),
+    (dict(session_id=[0, 1.5], think_time=[0, 0]), r"requests\[1\]\.session_id"),
+    (dict(session_id=[np.nan, 0], think_time=[0, 0]), r"requests\[0\]\.session_id"),
+    (dict(session_id=[0, 0], think_time=[0, "long"]), r"requests\[1\]\.think_time"),
+    (dict(session_id=[0, 0], think_time=[0, 1], prefix_group=[0, 0], prefix_len=[-1, -1]),
+     r"requests\[0\]\.prefix_len"),
+])
+def test_bad_prefix_and_session_columns_are_refused_naming_row_and_column(columns, where):
+    with pytest.raises(ValueError, match=where):
+        simsched.simulate(PREFIX_CFG, _table(**columns))
+
+
+def test_missing_prefix_and_session_values_mean_none():
+    res = simsched.simulate(PREFIX_CFG, _table(prefix_group=[0, None], prefix_len=[16, None],
+                                               session_id=[np.nan, -1]))
+    assert res.summary()["num_finished"] == 2
+    assert res.requests["session_id"].tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"weights": {"kv": math.inf}}, r"weights\['kv'\] must be a finite number"),
+    ({"weights": {"queue": math.nan}}, r"weights\['queue'\] must be a finite number"),
+    ({"weights": {"kv": 0.0}}, "must give some scorer a weight > 0"),
+    ({"weights": {}}, "must give some scorer a weight > 0"),
+])
+def test_weighted_router_refuses_non_finite_and_all_zero_weights(options, field):
+    with pytest.raises(ValueError, match=field):
+        SimConfig().replace(num_replicas=2, router="weighted", router_options=options)
+
+
+@pytest.mark.parametrize("router, options", [
+    ("prefix_affinity", {"max_load_ratio": math.inf}),
+    ("session_affinity", {"max_load_ratio": math.inf}),
+    ("prefix_affinity", {"load_slack": math.inf}),
+])
+def test_affinity_routers_refuse_infinite_caps(router, options):
+    # inf x a mean load of 0 is NaN: no replica was ever under the cap.
+    with pytest.raises(ValueError, match="must be a finite number"):
+        SimConfig().replace(num_replicas=2, router=router, router_options=options)
