@@ -161,3 +161,45 @@ def test_affinity_routers_refuse_infinite_caps(router, options):
     # inf x a mean load of 0 is NaN: no replica was ever under the cap.
     with pytest.raises(ValueError, match="must be a finite number"):
         SimConfig().replace(num_replicas=2, router=router, router_options=options)
+
+
+# ------------------------------------------------------------------ 19: one-token blocks
+def _req(rid: int, segments) -> Request:
+    content = Content.from_segments(segments, (0, rid))
+    return Request(rid, 0.0, content.num_tokens, 5, content=content)
+
+
+def _admit(kv: PrefixCache, r: Request) -> tuple:
+    cached, hit, evictable = kv.match(r)
+    kv.acquire(r, hit)
+    kv.allocate(r.id, r.num_prompt_tokens)
+    return cached, hit, evictable
+
+
+@pytest.mark.parametrize("other_first", [True, False])
+def test_one_token_blocks_never_evict_for_the_recomputed_last_block(other_first):
+    # Six one-token blocks: another prompt's block and a 5-token prompt's, all evictable, none
+    # empty. Admitting the 5-token prompt again computes its last token; that block is a copy of
+    # the cached one, so nothing may be evicted for it: neither the other prompt's block (the
+    # oldest when released first) nor the very block it needs (the oldest otherwise).
+    kv = PrefixCache(6, 1)
+    other, a = _req(0, [(9, 1)]), _req(1, [(7, 5)])
+    for r in ((other, a) if other_first else (a, other)):
+        _admit(kv, r)
+        kv.free(r.id, r.num_prompt_tokens)
+    assert kv.num_evictable == 6 and kv.num_empty == 0
+    assert _admit(kv, _req(2, [(7, 5)])) == (4, 4, 4)      # the last token is computed
+    assert kv.num_evicted_blocks == 0
+    assert kv.num_held(2) == 5 and kv.num_used == 5 and kv.num_evictable == 1
+    assert kv.num_cached_prefix_tokens(_req(3, [(9, 1)])) == 0   # a 1-token prompt never hits
+    assert sorted(n[0] for n in kv.nodes().values()) == [1, 5]  # both prompts still cached
+
+
+def test_one_token_blocks_in_a_run_keep_the_cache_and_the_invariants():
+    cfg = PREFIX_CFG.replace(**{"cache.block_size": 1, "cache.num_blocks": 6})
+    rows = pd.DataFrame({"arrival_at": [0.0, 10.0, 20.0], "num_prompt_tokens": [1, 5, 5],
+                         "num_output_tokens": [1, 1, 1], "prefix_group": [9, 7, 7],
+                         "prefix_len": [1, 5, 5]})
+    res, _ = simulate_checked(cfg, rows)
+    assert res.requests["num_cached_tokens"].tolist() == [0, 0, 4]
+    assert res.iterations["num_evicted_blocks"].sum() == 0
