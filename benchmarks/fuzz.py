@@ -5,10 +5,12 @@ style, preemption, budgets, chunking), a KV cache down to the smallest that fits
 and a small adversarial workload (bursts, identical and zero-gap arrivals, one-token outputs,
 prompts at the budget or a block boundary, impossible requests), then runs it with
 :func:`simsched.api.simulate_checked`. With ``--cluster P`` a share P of the cases also become
-clusters (2-5 replicas, any registered router, fresh or stale load, a queue cap that sheds,
-sometimes prefill/decode roles) and most of those share prompt prefixes with prefix caching on;
-the cluster draws come from their own stream, so a case index means the same base case with or
-without it. Usage::
+clusters (2-5 replicas, any registered router, fresh load or a snapshot of any allowed age, a
+queue cap that sheds, replicas of different caches, limits and GPUs, prefill/decode roles) and
+most of those share prompt prefixes with prefix caching on; the cluster draws come from their
+own stream, so a case index means the same base case with or without it. Every request is then
+checked against what the replicas' sizes and roles allow (:func:`servable`), and some cases check
+that a config refuses a snapshot interval below the bound. Usage::
 
     python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3]
 
@@ -28,8 +30,9 @@ import numpy as np
 import pandas as pd
 
 from simsched.cluster.routers import ROUTERS
-from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
-                             SchedulerConfig, SimConfig)
+from simsched.config import (LINK_PRESETS, PREEMPTION_MODES, ROLES, SCHEDULER_STYLES,
+                             CacheConfig, HardwareConfig, SchedulerConfig, SimConfig)
+from simsched.config.cluster import MIN_REFRESH_INTERVAL
 from simsched.api import simulate_checked
 from simsched.engine.invariants import check_final_state, check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
@@ -117,16 +120,28 @@ def random_case(rng: np.random.Generator) -> tuple[SimConfig, list[tuple]]:
 
 def cluster_variant(rng: np.random.Generator, cfg: SimConfig,
                     requests: list[tuple]) -> tuple[SimConfig, pd.DataFrame]:
-    """The case as a cluster, its requests as a table (with shared prefixes, mostly)."""
-    changes = {"cluster.num_replicas": int(rng.integers(2, 6)),
-               "cluster.router": _choice(rng, sorted(ROUTERS))}
+    """The case as a cluster, its requests as a table (with shared prefixes, mostly).
+
+    Replicas may differ (``cluster.replicas`` overrides of num_blocks, down to a quarter of the
+    cache that fits the largest request, max_num_seqs, max_num_batched_tokens and gpu), have
+    prefill/decode roles, and see load as a snapshot of any allowed age.
+    """
+    n = int(rng.integers(2, 6))
+    changes = {"cluster.num_replicas": n, "cluster.router": _choice(rng, sorted(ROUTERS))}
     if rng.random() < 0.3:
-        changes["cluster.refresh_interval"] = float(_choice(rng, (0.05, 0.5, 2.0)))
+        changes["cluster.refresh_interval"] = float(_choice(rng, REFRESH_INTERVALS))
     if rng.random() < 0.2:
         changes["cluster.max_num_queued_per_replica"] = int(rng.integers(1, 6))
-    if rng.random() < 0.15:
-        changes["cluster.num_prefill_replicas"] = 1
-        changes["cluster.num_decode_replicas"] = changes["cluster.num_replicas"] - 1
+    if rng.random() < 0.4:
+        changes["cluster.replicas"] = _replica_overrides(rng, cfg, n)
+    if rng.random() < 0.3:
+        changes.update(_roles(rng, n))
+    # Both routers take router_options: weights only where no other router is asked them.
+    if changes["cluster.router"] == "weighted" and rng.random() < 0.5 \
+            and changes.get("cluster.decode_router") in (None, "weighted"):
+        weights = {k: float(rng.choice([0.0, 0.5, 1.0, 3.0])) for k in ("prefix", "queue", "kv")}
+        weights["queue"] = weights["queue"] or 1.0      # some weight must be positive
+        changes["cluster.router_options"] = {"weights": weights}
     prefix = rng.random() < 0.7
     if prefix:
         changes["cache.enable_prefix_caching"] = True
@@ -136,6 +151,69 @@ def cluster_variant(rng: np.random.Generator, cfg: SimConfig,
         table["prefix_group"] = rng.integers(0, 4, size=len(table))
         table["prefix_len"] = [int(rng.integers(1, p + 1)) for p in table["num_prompt_tokens"]]
     return cfg.replace(**changes), table
+
+
+# Snapshot ages: the smallest allowed (MIN_REFRESH_INTERVAL), a millisecond, ..., longer than
+# most runs. Values below the bound are refused (check_refusals).
+REFRESH_INTERVALS = (MIN_REFRESH_INTERVAL, 1e-3, 0.05, 0.5, 2.0, 1000.0)
+GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "h200", "l40s")
+
+
+def _replica_overrides(rng: np.random.Generator, cfg: SimConfig, n: int) -> tuple:
+    """Per-replica overrides for up to all ``n`` replicas (some with a count)."""
+    entries, left = [], n
+    while left and (not entries or rng.random() < 0.6):
+        entry: dict = {}
+        if rng.random() < 0.7:
+            fit = cfg.cache.num_blocks
+            entry["num_blocks"] = int(rng.integers(max(1, fit // 4), 2 * fit + 1))
+        if rng.random() < 0.4:
+            seqs = int(rng.integers(1, 17))
+            entry["max_num_seqs"] = seqs
+            entry["max_num_batched_tokens"] = int(rng.integers(seqs, 257))
+        if rng.random() < 0.3:
+            entry["gpu"] = _choice(rng, GPUS)
+        count = int(rng.integers(1, left + 1)) if rng.random() < 0.3 else 1
+        if count > 1:
+            entry["count"] = count
+        entries.append(entry)
+        left -= count
+    return tuple(entries)
+
+
+def _roles(rng: np.random.Generator, n: int) -> dict:
+    """Prefill/decode roles (xPyD or drawn per replica), links and the local-prefill threshold."""
+    out: dict = {}
+    if rng.random() < 0.4:
+        x = int(rng.integers(1, n))
+        out["cluster.num_prefill_replicas"] = x
+        out["cluster.num_decode_replicas"] = int(rng.integers(1, n - x + 1))
+    else:
+        roles = [_choice(rng, ROLES) for _ in range(n)]
+        roles[int(rng.integers(n))] = "prefill"           # disaggregated: a prefill replica,
+        if not any(r != "prefill" for r in roles):         # and a decode or mixed one
+            roles[int(rng.integers(n))] = "decode"
+        out["cluster.roles"] = tuple(roles)
+    if rng.random() < 0.3:
+        out["cluster.decode_router"] = _choice(rng, sorted(ROUTERS))
+    if rng.random() < 0.3:
+        out["cluster.disagg_min_prompt_tokens"] = int(rng.integers(1, 200))
+    out["cluster.link"] = _choice(rng, sorted(LINK_PRESETS))
+    return out
+
+
+def check_refusals(rng: np.random.Generator, cfg: SimConfig) -> None:
+    """Values a config must refuse with a ValueError naming the field: snapshot intervals below
+    the bound (1e-9 s hung a run, 1e-17 s stopped the clock)."""
+    bad = float(_choice(rng, (1e-17, 1e-9, 1e-6, MIN_REFRESH_INTERVAL / 2)))
+    try:
+        cfg.replace(**{"cluster.refresh_interval": bad})
+    except ValueError as exc:
+        if "cluster.refresh_interval" not in str(exc):
+            raise AssertionError(f"refresh_interval={bad} refused without naming the field: "
+                                 f"{exc}") from None
+    else:
+        raise AssertionError(f"refresh_interval={bad} accepted")
 
 
 def livelock_guard(cfg: SimConfig, requests: list[tuple]) -> float:
@@ -163,22 +241,63 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
                                  f"{results.summary()['num_preemptions']} preemptions")
         check_final_state(engine)
         check_results(results)
-    kv = engine.kv
-    limit = min(cfg.hardware.max_model_len or MODEL_CONTEXT, MODEL_CONTEXT)
     df = results.requests
     for row in df.itertuples(index=False):
-        total = row.num_prompt_tokens + row.num_output_tokens
-        fits = (total <= limit and kv.blocks_for(total) <= kv.num_blocks - kv.watermark_blocks)
-        if fits and row.status == "rejected" and not row.reject_reason.startswith("shed"):
+        if row.status == "rejected" and row.reject_reason.startswith("shed"):
+            continue
+        if row.status == "rejected" and servable(engine, row, comfortably=True):
             raise AssertionError(f"request {row.request_id} ({row.num_prompt_tokens}+"
                                  f"{row.num_output_tokens}) fits but was rejected: "
                                  f"{row.reject_reason}")
-        if kv.blocks_for(total - 1) > kv.num_blocks and row.status not in ("rejected",
-                                                                            "pending"):
+        if row.status not in ("rejected", "pending") and not servable(engine, row, False):
             raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
     summary = results.summary()
     if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] != len(df):
         raise AssertionError(f"summary counts do not add up: {summary}")
+
+
+def _holds(replica, kv_tokens: int, total: int, comfortably: bool) -> bool:
+    """Whether ``replica`` can hold ``kv_tokens`` of KV of a request of ``total`` tokens
+    (``comfortably``: beyond its watermark, within the model's context)."""
+    kv = replica.kv
+    limit = replica.scheduler.max_model_len or math.inf
+    if comfortably:
+        return total <= min(limit, MODEL_CONTEXT) \
+            and kv.blocks_for(kv_tokens) <= kv.num_blocks - kv.watermark_blocks
+    return total <= limit and kv.blocks_for(kv_tokens) <= kv.num_blocks
+
+
+def servable(engine, row, comfortably: bool) -> bool:
+    """Whether the request of ``row`` can be served (``comfortably``: with room to spare; else at
+    all), from the replicas' sizes and roles alone.
+
+    A routed request needs its replica to hold it whole (routers know nothing of sizes). In a
+    disaggregated cluster a request needs a mixed replica that holds it whole, or a prefill
+    replica holding its prompt and (with more than one output token) a decode or mixed replica
+    holding its peak KV; a prompt under the local-prefill threshold needs a decode or mixed
+    replica holding it whole.
+    """
+    prompt, output = row.num_prompt_tokens, row.num_output_tokens
+    total = prompt + output
+    peak = total if comfortably else total - 1
+    replicas = engine.replicas
+    d = engine.disagg
+    if d is None:
+        i = getattr(row, "replica", 0)
+        i = i if i >= 0 else 0
+        return _holds(replicas[i], peak, total, comfortably)
+
+    def whole(i: int) -> bool:
+        return _holds(replicas[i], peak, total, comfortably)
+
+    decode = [i for i, role in enumerate(d.roles) if role != "prefill"]
+    if prompt < d.min_prompt:
+        return any(whole(j) for j in decode)
+    if any(whole(i) for i, role in enumerate(d.roles) if role == "mixed"):
+        return True
+    first = [i for i, role in enumerate(d.roles) if role == "prefill"
+             and _holds(replicas[i], prompt + 1 if comfortably else prompt, total, comfortably)]
+    return bool(first) and (output == 1 or any(whole(j) for j in decode))
 
 
 def run_one(args: tuple) -> tuple[int, str]:
@@ -192,6 +311,8 @@ def run_one(args: tuple) -> tuple[int, str]:
         more = np.random.default_rng([seed, index, 1])
         if more.random() < cluster:
             cfg, table = cluster_variant(more, cfg, requests)
+            if more.random() < 0.1:
+                check_refusals(more, cfg)
     except Exception:  # a generator bug, not a simulator bug, but report it all the same
         return index, "case generation failed:\n" + traceback.format_exc()
     try:

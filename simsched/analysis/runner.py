@@ -23,6 +23,8 @@ from simsched.analysis.metrics import Results, build_replicas_frame, rejection_n
 from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
+from simsched.workloads.tables import (INT64_MAX, PREFIX_COLUMNS, numbers as _numbers,
+                                       prefix_columns, session_columns)
 from simsched.workloads.traces import apply_long_prompt_policy, check_hash_ids
 from simsched.workloads.workload import generate
 
@@ -55,58 +57,6 @@ def _as_frame(table: Any) -> pd.DataFrame:
     if missing:
         raise ValueError(f"requests table lacks column(s) {missing}")
     return df
-
-
-INT64_MAX = 2**63 - 1
-
-
-def _reject(df: pd.DataFrame, column: str, bad: np.ndarray, what: str) -> None:
-    i = int(np.argmax(bad))
-    got = df[column].iloc[i]
-    got = got.item() if isinstance(got, np.generic) else got
-    raise ValueError(f"requests[{i}].{column} must be {what}, got {got!r}")
-
-
-def _numbers(df: pd.DataFrame, column: str, integer: bool, low: float) -> np.ndarray:
-    """A numeric column as float64 (int64 if ``integer``); the first bad row raises ValueError
-    naming row and field.
-
-    Rejected: non-numbers, NaN and infinities, values below ``low``, booleans (``True`` is not a
-    token count), and in integer columns fractions and values outside int64.
-    """
-    raw = df[column]
-    bound = f" >= {low:g}" if low > -INT64_MAX else ""
-    what = (f"an integer{bound} within int64" if integer else f"a finite number{bound}")
-    if raw.dtype == bool:
-        _reject(df, column, np.ones(len(raw), dtype=bool), what)
-    if raw.dtype == object:
-        items = raw.tolist()
-        # bool is an int subclass: pandas would read True as 1.
-        flags = np.fromiter((isinstance(v, (bool, np.bool_)) for v in items), bool, len(items))
-        if flags.any():
-            _reject(df, column, flags, what)
-        if integer:
-            # Python ints beyond int64 would wrap or lose digits as floats: check them exactly.
-            huge = np.fromiter((isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX
-                                for v in items), bool, len(items))
-            if huge.any():
-                _reject(df, column, huge, what)
-    if integer and raw.dtype.kind in "iu":
-        values = raw.to_numpy()
-        bad = values < low
-        if raw.dtype.kind == "u":
-            bad |= values > INT64_MAX
-        if bad.any():
-            _reject(df, column, bad, what)
-        return values.astype(np.int64)
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-    bad = ~np.isfinite(values) | (values < low)
-    if integer:
-        # 2**63 is the first float above int64's range.
-        bad |= (values != np.round(values)) | (np.abs(values) >= 2.0**63)
-    if bad.any():
-        _reject(df, column, bad, what)
-    return values.astype(np.int64) if integer else values
 
 
 def _tenants(df: pd.DataFrame) -> list:
@@ -146,6 +96,8 @@ def _validated(df: pd.DataFrame) -> pd.DataFrame:
         out["priority"] = _priorities(df)
     if "tenant" in df.columns:
         out["tenant"] = pd.Series(_tenants(df), index=df.index, dtype=object)
+    for column, values in session_columns(df).items():
+        out[column] = values
     return out
 
 
@@ -156,11 +108,15 @@ def _contents(df: pd.DataFrame, order: np.ndarray, prompt: list,
     ``hash_ids`` give trace blocks; ``prefix_group``/``prefix_len`` a shared system prompt
     followed by the request's own tokens; ``session_id`` alone only labels the request.
     """
-    columns = [c for c in ("hash_ids", "prefix_group", "session_id") if c in df.columns]
+    columns = [c for c in PREFIX_COLUMNS if c in df.columns]
     if not columns:
         return None
 
+    checked = prefix_columns(df)
+
     def values(name, default):
+        if name in checked:
+            return checked[name][order].tolist()
         if name not in df.columns:
             return [default] * len(order)
         col = df[name].to_numpy(dtype=object)[order]
@@ -242,7 +198,7 @@ def _columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tup
         priority[order]
     if tenant is not None:
         tenant = [tenant[i] for i in order.tolist()]
-    if lazy and any(c in df.columns for c in ("hash_ids", "prefix_group", "session_id")):
+    if lazy and any(c in df.columns for c in PREFIX_COLUMNS):
         return arrival, prompt, output, priority, tenant, False
     contents = _contents(df, order, prompt.tolist(), hash_block_size)
     return arrival, prompt, output, priority, tenant, contents

@@ -234,9 +234,13 @@ class Cluster:
             yield env.timeout(interval)
             view.refresh(env.now)
 
-    def _shed(self, req: Request, reason: str) -> None:
+    def reject(self, req: Request, reason: str) -> None:
+        """Reject ``req`` at arrival for ``reason`` (no replica can ever serve it, or shed)."""
         req.status = Status.REJECTED
         req.reject_reason = reason
+
+    def _shed(self, req: Request, reason: str) -> None:
+        self.reject(req, reason)
         self.num_shed += 1
 
     def rate_limited(self, req: Request) -> bool:

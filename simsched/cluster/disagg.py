@@ -25,10 +25,16 @@ A request routed to a mixed replica is served there whole. Prompts shorter than
 decode replica itself (conditional disaggregation, as in Splitwise and vLLM's remote-prefill
 threshold). With a prefix cache on the decode replica, the part of the prefix it already holds
 is not sent.
+
+A request no replica can hold (no prefill replica holds its prompt, no decode replica its peak
+KV, no mixed replica all of it) is rejected at arrival with its reason (:meth:`Disagg.why_not`);
+a router's choice of a replica that can never hold the request is overridden
+(:meth:`Disagg.refit`), so a servable request is never stranded.
 """
 
 from __future__ import annotations
 
+import sys
 from array import array
 
 import simpy
@@ -161,6 +167,13 @@ class Disagg:
         self.links = {i: Link(cluster.env, bandwidth, latency) for i in first
                       if self.roles[i] == "prefill"}
         self.min_prompt = cl.disagg_min_prompt_tokens
+        # What each replica can ever hold (admitted once it is empty): KV tokens, and the longest
+        # prompt + output it may serve (max_model_len); a decode (or whole) stage needs the
+        # peak KV, prompt + output - 1 tokens, a prefill stage handing off only the prompt's.
+        self.kv_tokens = [r.kv.num_blocks * r.kv.block_size for r in cluster.replicas]
+        self.max_len = [r.scheduler.max_model_len or sys.maxsize for r in cluster.replicas]
+        self.whole = [min(c + 1, m) for c, m in zip(self.kv_tokens, self.max_len)]
+        self.decode_limit = max(self.whole[j] for j in second)
         self.kv_bytes = [hardware.kv_bytes_per_token(r.config.hardware) for r in cluster.replicas]
         self.tp = [r.config.hardware.tensor_parallel_size for r in cluster.replicas]
         m = len(cluster.requests)
@@ -169,6 +182,68 @@ class Disagg:
         self.kv_transfer_bytes = array("d", [0.0]) * m
         self.kv_transfer_time = array("d", [0.0]) * m
         self.kv_wait_time = array("d", [0.0]) * m
+
+    def fits(self, i: int, req, handoff: bool) -> bool:
+        """Whether replica ``i`` can take ``req``: its prompt (``handoff``: a prefill replica
+        hands it off, so only the prompt's KV stays there, and a decode replica must take its
+        peak KV) or all of it."""
+        total = req.num_prompt_tokens + req.num_output_tokens
+        if handoff:
+            return req.num_prompt_tokens <= self.kv_tokens[i] and total <= self.max_len[i] \
+                and total <= self.decode_limit
+        return total <= self.whole[i]
+
+    def refit(self, pool: "_Pool", k: int, i: int, req, first: bool) -> tuple[int, int]:
+        """``(k, i)``, the router's choice, if replica ``i`` can take ``req``; else the pool's
+        replica that can with the fewest outstanding requests (lowest index on ties), or
+        ``(-1, -1)`` if none can.
+
+        A router knows nothing of the replicas' sizes (as a gateway does not), and handing a
+        request to one that can never hold it would strand it, so its choice is overridden.
+        """
+        handoff = first and req.num_output_tokens > 1
+        roles = self.roles
+        if self.fits(i, req, handoff and roles[i] == "prefill"):
+            return k, i
+        outstanding = pool.view.outstanding
+        able = [k for k, i in enumerate(pool.members)
+                if self.fits(i, req, handoff and roles[i] == "prefill")]
+        if not able:
+            return -1, -1
+        k = min(able, key=outstanding.__getitem__)
+        return k, pool.members[k]
+
+    def why_not(self, req, local: bool) -> str:
+        """Why no replica can serve ``req`` (its reject reason); ``local``: a short prompt
+        prefilled on a decode replica."""
+        total = req.num_prompt_tokens + req.num_output_tokens
+        decode = self.decode.members
+        if local:
+            return (f"no decode or mixed replica can serve prompt + output = {total} tokens "
+                    f"(a prompt under disagg_min_prompt_tokens is served there whole): "
+                    + self._limits(decode))
+        prefill = [i for i in self.prefill.members if self.roles[i] == "prefill"]
+        if any(req.num_prompt_tokens <= self.kv_tokens[i] and total <= self.max_len[i]
+               for i in prefill):
+            return (f"no decode or mixed replica can hold its peak KV of {total - 1} tokens "
+                    f"(prompt + output = {total}): " + self._limits(decode))
+        mixed = [i for i in self.prefill.members if self.roles[i] == "mixed"]
+        reasons = []
+        if prefill:
+            reasons.append(f"no prefill replica can hold its {req.num_prompt_tokens}-token "
+                           f"prompt within max_model_len (prompt + output = {total} tokens): "
+                           + self._limits(prefill))
+        if mixed:
+            reasons.append(f"no mixed replica can serve prompt + output = {total} tokens: "
+                           + self._limits(mixed))
+        return "; ".join(reasons)
+
+    def _limits(self, members: list[int]) -> str:
+        """The largest KV cache and max_model_len among replicas ``members``, in words."""
+        words = f"the largest KV cache holds {max(self.kv_tokens[i] for i in members)} tokens"
+        longest = max(self.max_len[i] for i in members)
+        return words + (f", the longest max_model_len is {longest}"
+                        if longest < sys.maxsize else "")
 
     def views(self):
         """The pools' snapshots (refreshed by the cluster), if any."""
@@ -223,7 +298,10 @@ def disagg_request(cluster, req):
         return
     local = req.num_prompt_tokens < d.min_prompt
     pool = d.decode if local else d.prefill
-    k, i = pool.choose(req)
+    k, i = d.refit(pool, *pool.choose(req), req, first=not local)
+    if i < 0:
+        cluster.reject(req, d.why_not(req, local))
+        return
     replica = cluster.replicas[i]
     if cluster.queue_full(req, i):
         return
@@ -246,7 +324,7 @@ def disagg_request(cluster, req):
         return
     # Handed off: the prefill replica holds the prompt's KV until the transfer ends.
     pool.load.finished(k, req)
-    kd, j = d.decode.choose(req)
+    kd, j = d.refit(d.decode, *d.decode.choose(req), req, first=False)
     target = cluster.replicas[j]
     d.decode_replica[req.id] = j
     d.decode.load.routed(kd, req)

@@ -20,6 +20,7 @@ x prompt segments), as llm-d's scheduler scores every pod.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -194,14 +195,17 @@ class PowerOfTwo(Router):
 def _check_ratio(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
-        raise ValueError(f"{name} must be a number >= 1{' or None' if allow_none else ''}, "
-                         f"got {value!r}")
+    # Finite: an infinite ratio times a mean load of 0 is NaN, and no replica is under NaN.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 1 <= value < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 1"
+                         f"{' or None (no cap)' if allow_none else ''}, got {value!r}")
 
 
 def _check_slack(value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"load_slack must be a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < math.inf:
+        raise ValueError(f"load_slack must be a finite number >= 0, got {value!r}")
 
 
 def _under_cap(view, i: int, ratio: float | None, slack: float) -> bool:
@@ -302,8 +306,12 @@ class Weighted(Router):
             if name not in self.SCORERS:
                 raise ValueError(f"unknown scorer {name!r} in weights; known: "
                                  f"{list(self.SCORERS)}")
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
-                raise ValueError(f"weights[{name!r}] must be a number >= 0, got {w!r}")
+            # An infinite weight makes inf x 0 = NaN scores (every request to replica 0).
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < math.inf:
+                raise ValueError(f"weights[{name!r}] must be a finite number >= 0, got {w!r}")
+        if not any(weights.values()):
+            raise ValueError(f"weights {dict(weights)!r} must give some scorer a weight > 0 "
+                             "(with none every score is 0: every request to replica 0)")
         self.w_prefix = float(weights.get("prefix", 0.0))
         self.w_queue = float(weights.get("queue", 0.0))
         self.w_kv = float(weights.get("kv", 0.0))

@@ -27,7 +27,10 @@ class ClusterConfig:
     ``count`` (default 1) repeating it; replicas beyond the listed ones use the base settings.
     ``router`` names a router of :mod:`simsched.cluster.routers` (never consulted with one
     replica) and ``router_options`` its options. ``refresh_interval`` is how stale the load the
-    router sees is: 0 gives it the exact state, ``t > 0`` a snapshot taken every ``t`` seconds.
+    router sees is: 0 gives it the exact state, ``t >= 1e-4`` (:data:`MIN_REFRESH_INTERVAL`) a
+    snapshot taken every ``t`` seconds. Each snapshot is one event, so a shorter interval would
+    only slow the run (iterations last milliseconds: such a snapshot is the exact state), and one
+    below the clock's float resolution would stop the clock.
     Admission control sheds (rejects with a ``shed: ...`` reason) a request when the chosen
     replica already has ``max_num_queued_per_replica`` requests waiting, or when the token bucket
     (``rate_limit`` requests/s, ``burst`` requests deep, default ``max(1, rate_limit)``) is empty.
@@ -96,6 +99,12 @@ class ClusterConfig:
         if _router_check is not None:
             _router_check(self.router, self.router_options)
         check_float(o, "refresh_interval", self.refresh_interval, 0.0, finite=True)
+        if 0 < self.refresh_interval < MIN_REFRESH_INTERVAL:
+            raise ValueError(
+                f"{o}.refresh_interval must be 0 (exact state) or >= {MIN_REFRESH_INTERVAL:g} s, "
+                f"got {self.refresh_interval!r}: each refresh is one event, so a shorter interval "
+                "only slows the run (a snapshot fresher than an iteration is the exact state), "
+                "and one below the clock's float resolution would stop the clock")
         if self.max_num_queued_per_replica is not None:
             check_int(o, "max_num_queued_per_replica", self.max_num_queued_per_replica, 1)
         if self.rate_limit is not None:
@@ -182,6 +191,9 @@ class ClusterConfig:
 
 
 ROLES = ("mixed", "prefill", "decode")
+# The shortest positive refresh_interval, in seconds: 10,000 snapshots per simulated second, ten
+# per iteration of a millisecond; gateways scrape engine metrics every 10 ms to seconds.
+MIN_REFRESH_INTERVAL = 1e-4
 # Link presets: (GB/s per GPU in one direction, latency s). NVLink 3 (A100): 600 GB/s both ways;
 # InfiniBand/RoCE NICs at 200 and 400 Gb/s per GPU; PCIe 4.0 x16 ~ 25 GB/s in practice.
 LINK_PRESETS = {

@@ -24,6 +24,12 @@ class HandoffMixin:
         self.running_version += 1
         self.held[req.id] = req
 
+    def _held_fits(self, req: Request, total: int) -> bool:
+        """Whether ``req`` (``total`` tokens with its output), to be handed off after its prefill,
+        fits here: only its prompt's KV is ever held, within ``max_model_len``."""
+        return req.id in self.handoff and req.num_prompt_tokens < self._max_total \
+            and (self.max_model_len is None or total <= self.max_model_len)
+
     def release_held(self, req: Request) -> int:
         """Free a handed-off request's KV blocks (its transfer ended); return how many."""
         del self.held[req.id]

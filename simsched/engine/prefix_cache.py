@@ -3,9 +3,10 @@
 A full KV block has an identity: the content of every token up to its end (a chained hash, from
 :class:`~simsched.request.Content`). Running requests whose prompts start alike reference the
 same blocks; admission reuses the longest run of cached full blocks from the start of the prompt
-and prefills only the rest (always at least one token); a block whose last reference drops stays
-cached in an evictable pool, counted as free, until its memory is needed (least recently released
-first, a request's tail blocks before its head). Recompute preemption releases a request's
+and prefills only the rest (always at least one token; with one-token blocks the block of that
+token is not a hit: it is a duplicate when registered, see below); a block whose last reference
+drops stays cached in an evictable pool, counted as free, until its memory is needed (least
+recently released first, a request's tail blocks before its head). Recompute preemption releases a request's
 references the same way, so its re-admission may hit them.
 
 How it is kept fast (work grows with the segments a request touches, never with the cache):
@@ -30,7 +31,9 @@ How it is kept fast (work grows with the segments a request touches, never with 
 
 Allocation takes never-used ("empty") blocks before evicting cached ones, so a cached block is
 evicted only when its memory is needed (vLLM's single free queue may evict a cached block while
-uncached free blocks remain further back; this model does not).
+uncached free blocks remain further back; this model does not). New blocks are registered before
+anything is evicted for them: one that duplicates a cached block needs no memory, and the cached
+copy it will reference is never evicted to make room for it.
 """
 
 from __future__ import annotations
@@ -213,8 +216,6 @@ class PrefixCache(KVCacheManager):
         if extra > 0:
             if extra > self.num_free:
                 raise KVCacheError(f"request {req_id} needs {extra} blocks, {self.num_free} free")
-            if extra > self.num_free - self.num_evictable:
-                self._evict(extra - self.num_free + self.num_evictable)
             self.num_free -= extra
             self._held[req_id] = held + extra
         else:
@@ -224,6 +225,11 @@ class PrefixCache(KVCacheManager):
             n = num_tokens // self.block_size
             if n > holding.num_registered:
                 self.num_free += self._extend(holding, n, True)
+        # Evict only now, for the new blocks that found no cached copy: a cached block the
+        # request is about to reference (with one-token blocks, a fully cached prompt's last
+        # block, which it recomputes) must not be evicted to make room for its own duplicate.
+        if self.num_free < self.num_evictable:
+            self._evict(self.num_evictable - self.num_free)
         return extra
 
     def add_block(self, req_id: int) -> None:

@@ -189,7 +189,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def add(self, req: Request, now: float) -> bool:
         """Queue an arriving request, or reject it (returns False) if it can never be served."""
         total = req.num_prompt_tokens + req.num_output_tokens
-        if total > self._max_total:
+        if total > self._max_total and not (self.handoff and self._held_fits(req, total)):
             req.status = REJECTED
             req.reject_reason = self._too_long(total)
             return False
