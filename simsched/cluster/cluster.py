@@ -56,17 +56,23 @@ class ReplicaSpec:
     max_model_len: int | None
 
 
-def replica_specs(config, cost_model=None) -> list[ReplicaSpec]:
-    """One spec per replica of ``config``: each replica's own cost model and KV blocks.
+def replica_specs(config, cost_model=None, num_blocks: int | None = None,
+                  max_model_len: int | None | str = "hardware") -> list[ReplicaSpec]:
+    """One spec per replica of ``config``: each replica's own cost model, KV blocks and length
+    limit.
 
     ``cost_model``, if given, serves every replica; otherwise each replica's hardware names its
-    own. KV blocks come from ``cache.num_blocks`` or the replica's hardware.
+    own. KV blocks are ``num_blocks`` if given, else ``cache.num_blocks`` or what the replica's
+    hardware holds. ``max_model_len``: ``"hardware"`` (the default) takes each replica's
+    hardware limit; a number, or None (no limit), applies to every replica.
     """
     out = []
     for rcfg in config.replica_configs():
         model = cost_model if cost_model is not None else factory.make_cost_model(rcfg.hardware)
-        out.append(ReplicaSpec(rcfg, model, _num_blocks(rcfg),
-                               hardware.max_model_len(rcfg.hardware)))
+        out.append(ReplicaSpec(
+            rcfg, model, num_blocks if num_blocks is not None else _num_blocks(rcfg),
+            hardware.max_model_len(rcfg.hardware) if max_model_len == "hardware"
+            else max_model_len))
     return out
 
 
@@ -102,9 +108,9 @@ class _Views:
 class Cluster:
     """Runs one simulation over a list of requests sorted by arrival time (ids 0..n-1).
 
-    ``specs`` (see :func:`replica_specs`) describe the replicas. Without them every replica of
-    ``config`` uses ``cost_model`` and ``num_blocks`` (or its config's) and ``max_model_len``
-    (None: no limit). ``rng``, if given, is replica 0's Generator.
+    ``specs`` (see :func:`replica_specs`) describe the replicas. Without them
+    ``replica_specs(config, cost_model, num_blocks, max_model_len)`` builds them (here
+    ``max_model_len`` defaults to None: no limit). ``rng``, if given, is replica 0's Generator.
     ``replica_of[request id]`` is the replica a request was routed to (-1: shed), or None when
     a single replica served everything. ``sessions``
     (:class:`~simsched.cluster.sessions.SessionPlan` list) adds closed-loop sessions: their
@@ -118,11 +124,7 @@ class Cluster:
         self.config = config
         self.env = simpy.Environment()
         if specs is None:
-            specs = [ReplicaSpec(rcfg, cost_model if cost_model is not None
-                                 else factory.make_cost_model(rcfg.hardware),
-                                 num_blocks if num_blocks is not None else _num_blocks(rcfg),
-                                 max_model_len)
-                     for rcfg in config.replica_configs()]
+            specs = replica_specs(config, cost_model, num_blocks, max_model_len)
         check = self._check if config.check_invariants else None
         self.replicas = [
             Replica(self.env, spec.config, spec.cost_model, spec.num_blocks, spec.max_model_len,

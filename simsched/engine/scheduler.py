@@ -27,6 +27,7 @@ import sys
 
 import numpy as np
 
+from simsched.config.parts import CacheConfig
 from simsched.engine import swap
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
@@ -41,7 +42,8 @@ from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
                                         Status.REJECTED)
-DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
+# The config's default (cache.swap_space_gib), for schedulers built without a config's cache.
+DEFAULT_SWAP_SPACE_BYTES = CacheConfig.swap_space_gib * 2**30
 _new_batch = object.__new__
 _NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
