@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import check_docs
-from experiments.doc_format import Drift, md_table, num, wrap_md
+from tools.docs import check_docs
+from tools.docs.doc_format import Drift, md_table, num, wrap_md
 
 ROOT = Path(__file__).resolve().parent.parent
 

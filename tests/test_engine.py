@@ -41,7 +41,7 @@ def test_preempted_process_receives_interrupt_with_cause_and_finishes():
 def test_request_processes_end_like_simpy_processes_without_an_event_nobody_needs():
     """A request's process (``RequestProcess``) takes interrupts as SimPy's do; its end makes
     no event unless a process waits for it, and one that waits is resumed with its value."""
-    from simsched.cluster.arrivals import RequestProcess
+    from simsched.engine.simpy_fast import RequestProcess
     env = simpy.Environment()
     seen = []
 

@@ -13,7 +13,7 @@ def test_blocks_are_ceil_of_tokens():
     kv = KVCacheManager(num_blocks=10, block_size=16)
     assert kv.allocate(1, 1) == 1
     assert kv.allocate(1, 16) == 0          # still fits in the first block
-    assert kv.append_slot(1, 17) == 1       # the 17th token opens a second block
+    assert kv.allocate(1, 17) == 1          # the 17th token opens a second block
     assert kv.num_held(1) == 2 and kv.num_free == 8 and kv.num_used == 2
     assert kv.free(1) == 2 and kv.num_free == 10
 

@@ -16,8 +16,8 @@ LAYERS = {
     "config": 1.5, "engine": 2, "cluster": 3, "analysis": 4, "api": 6, "cli": 7, "__main__": 8,
     "__init__": 9,
 }
-SIMPY_MODULES = {"simsched.engine.replica", "simsched.cluster.cluster", "simsched.cluster.disagg",
-                 "simsched.cluster.sessions", "simsched.cluster.arrivals"}
+SIMPY_MODULES = {"simsched.engine.replica", "simsched.engine.simpy_fast", "simsched.cluster.cluster",
+                 "simsched.cluster.disagg", "simsched.cluster.sessions"}
 
 
 def _modules():

@@ -21,6 +21,7 @@ import pandas as pd
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
                                   load_toml, parse_pairs, parse_set_value, parse_value,
                                   read_toml, split_values)
+from simsched.cost.factory import COST_MODELS
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WORKLOADS
 
@@ -89,7 +90,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")
-    g.add_argument("--cost-model", choices=["calibrated", "linear", "unit"],
+    g.add_argument("--cost-model", choices=sorted(COST_MODELS),
                    help="iteration cost model (default calibrated)")
     g.add_argument("--policy", choices=sorted(QUEUE_POLICIES), metavar="POLICY",
                    help="waiting-queue order: " + ", ".join(sorted(QUEUE_POLICIES)))

@@ -1,6 +1,7 @@
 """The SimPy side of a run: one clock, arrivals, one process per request, replicas.
 
-Each request's process starts at its arrival time (:mod:`simsched.cluster.arrivals`), hands the
+Each request's process starts at its arrival time (:class:`simsched.engine.simpy_fast.Arrivals`),
+hands the
 request to a replica and then sleeps until its completion, receiving preemption interrupts from
 the replica's GPU loop (:mod:`simsched.engine.replica`) in between. Its first token wakes
 nobody: the replica tells the router's load tracking directly.
@@ -32,7 +33,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from simsched.cluster.arrivals import Arrivals, RequestProcess, Started
 from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
@@ -40,6 +40,7 @@ from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
+from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
 from simsched.request import Request, Status
 
 __all__ = ["Cluster", "ReplicaSpec", "SimulationError", "replica_rng", "replica_specs"]
@@ -55,17 +56,23 @@ class ReplicaSpec:
     max_model_len: int | None
 
 
-def replica_specs(config, cost_model=None) -> list[ReplicaSpec]:
-    """One spec per replica of ``config``: each replica's own cost model and KV blocks.
+def replica_specs(config, cost_model=None, num_blocks: int | None = None,
+                  max_model_len: int | None | str = "hardware") -> list[ReplicaSpec]:
+    """One spec per replica of ``config``: each replica's own cost model, KV blocks and length
+    limit.
 
     ``cost_model``, if given, serves every replica; otherwise each replica's hardware names its
-    own. KV blocks come from ``cache.num_blocks`` or the replica's hardware.
+    own. KV blocks are ``num_blocks`` if given, else ``cache.num_blocks`` or what the replica's
+    hardware holds. ``max_model_len``: ``"hardware"`` (the default) takes each replica's
+    hardware limit; a number, or None (no limit), applies to every replica.
     """
     out = []
     for rcfg in config.replica_configs():
         model = cost_model if cost_model is not None else factory.make_cost_model(rcfg.hardware)
-        out.append(ReplicaSpec(rcfg, model, _num_blocks(rcfg),
-                               hardware.max_model_len(rcfg.hardware)))
+        out.append(ReplicaSpec(
+            rcfg, model, num_blocks if num_blocks is not None else _num_blocks(rcfg),
+            hardware.max_model_len(rcfg.hardware) if max_model_len == "hardware"
+            else max_model_len))
     return out
 
 
@@ -87,9 +94,6 @@ def router_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
 
 
-_new_event = simpy.Event.__new__
-
-
 class _Views:
     """Several snapshots refreshed together (a disaggregated cluster's two pools)."""
 
@@ -104,9 +108,9 @@ class _Views:
 class Cluster:
     """Runs one simulation over a list of requests sorted by arrival time (ids 0..n-1).
 
-    ``specs`` (see :func:`replica_specs`) describe the replicas. Without them every replica of
-    ``config`` uses ``cost_model`` and ``num_blocks`` (or its config's) and ``max_model_len``
-    (None: no limit). ``rng``, if given, is replica 0's Generator.
+    ``specs`` (see :func:`replica_specs`) describe the replicas. Without them
+    ``replica_specs(config, cost_model, num_blocks, max_model_len)`` builds them (here
+    ``max_model_len`` defaults to None: no limit). ``rng``, if given, is replica 0's Generator.
     ``replica_of[request id]`` is the replica a request was routed to (-1: shed), or None when
     a single replica served everything. ``sessions``
     (:class:`~simsched.cluster.sessions.SessionPlan` list) adds closed-loop sessions: their
@@ -120,11 +124,7 @@ class Cluster:
         self.config = config
         self.env = simpy.Environment()
         if specs is None:
-            specs = [ReplicaSpec(rcfg, cost_model if cost_model is not None
-                                 else factory.make_cost_model(rcfg.hardware),
-                                 num_blocks if num_blocks is not None else _num_blocks(rcfg),
-                                 max_model_len)
-                     for rcfg in config.replica_configs()]
+            specs = replica_specs(config, cost_model, num_blocks, max_model_len)
         check = self._check if config.check_invariants else None
         self.replicas = [
             Replica(self.env, spec.config, spec.cost_model, spec.num_blocks, spec.max_model_len,
@@ -144,7 +144,9 @@ class Cluster:
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
-        Arrivals(self.env, self.requests, self._start_request())
+        # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
+        Arrivals(self.env, self.requests, request_starter(
+            self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
             self.env.process(run_sessions(self, sessions))
 
@@ -182,8 +184,8 @@ class Cluster:
             self.env.process(self._refresh(cl.refresh_interval))
         self._request = self._disagg_request
 
-    def _disagg_request(self, req: Request, record=None):
-        yield from disagg_request(self, req)
+    def _disagg_request(self, req: Request, record=None, process=None, done=None, now=None):
+        yield from disagg_request(self, req, process, done)
         if record is not None:
             record(req)
 
@@ -210,29 +212,18 @@ class Cluster:
         check_invariants(self, replica, batch)
 
     # ------------------------------------------------------------------ processes
-    def _start_request(self):
-        """The function that starts an arriving request's process (see :class:`Arrivals`)."""
-        env, request, new = self.env, self._request, RequestProcess.__new__
-        # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
-        record = getattr(self.requests, "record", None)
-        started = Started()
-
-        def start(req: Request) -> None:
-            # simpy.Process(env, generator) without scheduling its Initialize event: the
-            # process takes its first step now, as Initialize would have it do next.
-            process = new(RequestProcess)
-            process.env = env
-            process.callbacks = []
-            process._generator = request(req, record)
-            process._resume(started)
-        return start
-
     def _refresh(self, interval: float):
         """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""
         env, view, total = self.env, self.view, len(self.requests)
         while self.num_arrived < total:
             yield env.timeout(interval)
             view.refresh(env.now)
+
+    def preempted(self, req: Request, interrupt: simpy.Interrupt) -> None:
+        """A request process's wait was interrupted by a recompute preemption: the scheduler
+        already sent ``req`` back to the queue; keep the cause (the process waits again)."""
+        req.note_preemption(interrupt.cause)
+        self.num_events += 1
 
     def reject(self, req: Request, reason: str) -> None:
         """Reject ``req`` at arrival for ``reason`` (no replica can ever serve it, or shed)."""
@@ -272,24 +263,25 @@ class Cluster:
         owners[req.id] = i
         return i
 
-    def _request(self, req: Request, record=None):
+    def _request(self, req: Request, record=None, process=None, done=None, now=None):
         """A request's life: routing (with several replicas or admission control), queueing (or
         rejection), then waiting for completion; ``record(req)``, if given, at the end.
 
-        One generator for the whole life, woken once at completion and once per recompute
-        preemption. Its first token needs no wake-up: the replica tells the router's load
-        tracking itself (:attr:`Replica.on_first_token`).
+        ``process``, ``done`` and ``now`` (this process, its done event and the arrival time)
+        come from :func:`~simsched.engine.simpy_fast.request_starter`; a session's turn, started
+        with ``env.process``, leaves them None. One generator for the whole life, woken once at
+        completion and once per recompute preemption. Its first token needs no wake-up: the
+        replica tells the router's load tracking itself (:attr:`Replica.on_first_token`).
         """
-        env, load = self.env, self.load
+        load = self.load
+        if done is None:
+            env = self.env
+            process, done, now = env.active_process, done_event(env), env.now
         self.num_arrived += 1
         i = 0 if load is None else self._route(req)
         if i >= 0:
-            # The replica's handles on us: this process, no first-token event, the done event
-            # (simpy.Event(env), inlined: one per request).
-            done = _new_event(simpy.Event)
-            done.env = env
-            done.callbacks = []
-            if self.replicas[i].add(req, (env._active_proc, None, done)):
+            # The replica's handles on us: this process, no first-token event, the done event.
+            if self.replicas[i].add(req, (process, None, done), now):
                 if load is not None:
                     load.routed(i, req)
                 while True:
@@ -297,10 +289,7 @@ class Cluster:
                         yield done
                         break
                     except simpy.Interrupt as interrupt:
-                        # Recompute preemption: the scheduler already sent us back to the
-                        # queue; keep the cause and wait again for our tokens.
-                        req.note_preemption(interrupt.cause)
-                        self.num_events += 1
+                        self.preempted(req, interrupt)
                 self.num_events += 1
                 if load is not None:
                     load.finished(i, req)

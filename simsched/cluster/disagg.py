@@ -42,6 +42,7 @@ import simpy
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot
 from simsched.cost import hardware
+from simsched.engine.simpy_fast import done_event
 
 __all__ = ["Link", "Disagg", "disagg_request", "transfer_time"]
 
@@ -282,12 +283,12 @@ def _wait(cluster, req, event):
             cluster.num_events += 1
             return
         except simpy.Interrupt as interrupt:
-            req.note_preemption(interrupt.cause)
-            cluster.num_events += 1
+            cluster.preempted(req, interrupt)
 
 
-def disagg_request(cluster, req):
-    """A request's life in a disaggregated cluster (a SimPy process)."""
+def disagg_request(cluster, req, process=None, done=None):
+    """A request's life in a disaggregated cluster (a SimPy process; ``process`` and ``done``
+    as for :meth:`~simsched.cluster.cluster.Cluster._request`)."""
     env, d = cluster.env, cluster.disagg
     cluster.num_arrived += 1
     owners = cluster.replica_of
@@ -310,8 +311,10 @@ def disagg_request(cluster, req):
     handoff = d.roles[i] == "prefill" and req.num_output_tokens > 1
     if handoff:
         replica.scheduler.handoff.add(req.id)
-    first, done = env.event(), env.event()
-    if not replica.add(req, (env.active_process, first, done)):
+    if done is None:
+        process, done = env.active_process, done_event(env)
+    first = env.event()
+    if not replica.add(req, (process, first, done), env.now):
         replica.scheduler.handoff.discard(req.id)
         return
     pool.load.routed(k, req)
@@ -345,6 +348,6 @@ def disagg_request(cluster, req):
     d.kv_transfer_time[req.id] = env.now - started
     replica.release(req)
     owners[req.id] = j
-    target.receive(req, (env.active_process, first, done))
+    target.receive(req, (process, first, done))
     yield from _wait(cluster, req, done)
     d.decode.load.finished(kd, req)

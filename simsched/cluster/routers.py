@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import simsched.config.cluster as _cluster_config
+from simsched.cluster.state import METRICS
 
 
 def _cached_tokens(replica, req) -> int:
@@ -166,17 +167,14 @@ class LeastKV(Router):
         return view.least("kv_use")
 
 
-_LOADS = ("outstanding", "tokens", "kv_use")
-
-
 @register("power_of_two")
 class PowerOfTwo(Router):
     """Of two distinct random replicas, the less loaded (by ``metric``; the first on ties)."""
 
     def __init__(self, num_replicas, rng, metric: str = "outstanding") -> None:
         super().__init__(num_replicas, rng)
-        if metric not in _LOADS:
-            raise ValueError(f"metric must be one of {list(_LOADS)}, got {metric!r}")
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
         self.metric = metric
         self.reads_kv = metric == "kv_use"
         self.draws = _Uniforms(rng)

@@ -18,6 +18,7 @@ import math
 
 from simsched.engine.prefix_cache import segment_runs
 
+# The load figures a router may ask ``least`` for (routers' ``needs``, power_of_two's metric).
 METRICS = ("outstanding", "tokens", "kv_use")
 
 

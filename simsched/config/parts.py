@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
+from simsched.cost.factory import COST_MODELS
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
 PREEMPTION_MODES = ("recompute", "swap")
-COST_MODELS = ("calibrated", "linear", "unit")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from simsched.cost.base import LinearCostModel, UnitCostModel
 from simsched.cost.calibrated import CalibratedCostModel
@@ -15,15 +16,26 @@ def _cached_cost_model(spec, gpu, tp: int, model: str, engine_overhead: str):
     return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead)
 
 
-def make_cost_model(hw):
-    """The cost model named by ``hw.cost_model``: calibrated, linear or unit."""
-    if hw.cost_model == "unit":
-        return UnitCostModel()
-    if hw.cost_model == "linear":
-        return LinearCostModel()
-    if hw.cost_model != "calibrated":
-        raise ValueError(f"hardware.cost_model must be one of ['calibrated', 'linear', 'unit'], "
-                         f"got {hw.cost_model!r}")
+def _calibrated(hw) -> CalibratedCostModel:
     spec = model_spec(hw)   # the config's own shape, or the catalog's
     return _cached_cost_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model,
                               hw.engine_overhead)
+
+
+# The cost models ``hardware.cost_model`` names (the config, the CLI and make_cost_model read
+# this registry): name -> builder from a hardware config.
+COST_MODELS: dict[str, Callable] = {
+    "calibrated": _calibrated,
+    "linear": lambda hw: LinearCostModel(),
+    "unit": lambda hw: UnitCostModel(),
+}
+
+
+def make_cost_model(hw):
+    """The cost model named by ``hw.cost_model`` (one of :data:`COST_MODELS`)."""
+    try:
+        build = COST_MODELS[hw.cost_model]
+    except (KeyError, TypeError):
+        raise ValueError(f"hardware.cost_model must be one of {sorted(COST_MODELS)}, "
+                         f"got {hw.cost_model!r}") from None
+    return build(hw)

@@ -123,10 +123,6 @@ class KVCacheManager:
         self._held[req_id] = num_blocks
         self.num_free -= num_blocks
 
-    def append_slot(self, req_id: int, num_tokens: int) -> int:
-        """Make room for one more token when ``req_id`` already caches ``num_tokens - 1``."""
-        return self.allocate(req_id, num_tokens)
-
     def add_block(self, req_id: int) -> None:
         """Give ``req_id`` one more block (decode fast path: the caller knows one is due)."""
         if self.num_free < 1:

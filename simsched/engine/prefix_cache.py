@@ -133,11 +133,6 @@ class PrefixCache(KVCacheManager):
         # last (False); a cluster's prefix index listens (KV events, as gateways receive them).
         self.on_node = None
 
-    @property
-    def num_empty(self) -> int:
-        """Blocks holding nothing (free and not cached)."""
-        return self.num_free - self.num_evictable
-
     # ------------------------------------------------------------------ queries
     def match(self, req) -> tuple[int, int, int]:
         """``(cached_tokens, hit_blocks, evictable_hit_blocks)`` if ``req`` were admitted now.

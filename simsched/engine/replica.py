@@ -24,17 +24,13 @@ import numbers
 
 import numpy as np
 import simpy
-from simpy.events import PENDING
 
 from simsched.cost import hardware
 from simsched.engine.prefix_cache import make_kv_cache
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
+from simsched.engine.simpy_fast import LATE, iteration_clock, late
 from simsched.request import Request
-
-
-# SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
-LATE = 2
 
 
 # An iteration must span at least this many float spacings of the clock (relative error <= 0.05 %).
@@ -48,18 +44,6 @@ class SimulationError(RuntimeError):
 class IterationTimeError(ValueError):
     """A cost model's iteration time is unusable: not a number, not finite and positive, or too
     small to advance the clock at the current time (float resolution)."""
-
-
-class _Late(simpy.Event):
-    """A timeout processed after every URGENT and NORMAL event of the instant it fires at."""
-
-    def __init__(self, env: simpy.Environment, delay: float) -> None:
-        # As simpy.Timeout does: already triggered, scheduled ``delay`` from now.
-        self.env = env
-        self.callbacks = []
-        self._value = None
-        self._ok = True
-        env.schedule(self, LATE, delay)
 
 
 class Replica:
@@ -96,33 +80,36 @@ class Replica:
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
         env.process(self._gpu())
 
-    def add(self, req: Request, handles: tuple) -> bool:
-        """Queue ``req`` here (False if it can never be served: it is then marked rejected).
+    def add(self, req: Request, handles: tuple, now: float) -> bool:
+        """Queue ``req``, arriving at ``now`` (the clock's time), here (False if it can never be
+        served: it is then marked rejected).
 
         ``handles`` is ``(process, first_token_event, done_event)`` (the first-token event may be
-        None: nobody waits for it); the replica keeps them only while the request is in flight
-        here.
+        None: nobody waits for it; the done event is a
+        :func:`~simsched.engine.simpy_fast.done_event`); the replica keeps them only while the
+        request is in flight here.
         """
-        if not self.scheduler.add(req, self.env._now):
+        if not self.scheduler.add(req, now):
             return False
         self._live[req.id] = handles
         idle = self._idle                  # self.wake(), inlined: once per request
-        if idle is not None and idle._value is PENDING:
+        if idle is not None:
+            self._idle = None
             idle.succeed()
         return True
 
     def wake(self) -> None:
         """Wake the GPU loop if it idles (new work, or KV memory freed by a transfer)."""
         idle = self._idle
-        if idle is not None and idle._value is PENDING:     # not yet triggered
+        if idle is not None:               # not yet woken: wake it once
+            self._idle = None
             idle.succeed()
 
     def _sleep(self):
         """Idle until :meth:`wake`, then let every arrival of that instant join the batch."""
         self._idle = self.env.event()
         yield self._idle
-        self._idle = None
-        yield _Late(self.env, 0.0)
+        yield late(self.env, 0.0)
 
     def release(self, req: Request) -> None:
         """A handed-off request's KV has left: free its blocks here."""
@@ -153,11 +140,9 @@ class Replica:
         prefix = kv.prefix_caching
         rows, pack = log.values, log.pack    # rows += pack(*row): see IterationLog
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
-        push, eid = heapq.heappush, env._eid
-        # The iteration-end event this loop schedules again and again: triggered, and
-        # processed (callbacks None) until scheduled.
-        late = _Late.__new__(_Late)
-        late.env, late.callbacks, late._value, late._ok = env, None, None, True
+        # The event heap, the event ids and the iteration-end event this loop schedules again
+        # and again (see simpy_fast.iteration_clock).
+        push, (queue, eid, ended) = heapq.heappush, iteration_clock(env)
         swap_rate = self.swap_bytes_per_second
         swapping = sched.swapping            # only swap preemption moves KV over the host link
         on_iteration = self.on_iteration
@@ -165,13 +150,15 @@ class Replica:
         hits = evictions = cached = last_hits = last_evictions = 0
         ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
         ulp_floor = 0.0
+        now = env.now        # the clock, kept here: only this loop and its sleeps move it
         while True:
             if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
                 yield from self._sleep()
+                now = env.now
                 continue
-            started = env._now
+            started = now
             batch = schedule(started)
             preempted = sched.preempted
             num_preempted = len(preempted) if preempted else 0
@@ -189,6 +176,7 @@ class Replica:
                     # KV blocks held for transfers block admissions: wait until one ends.
                     self._interrupt_victims()
                     yield from self._sleep()
+                    now = env.now
                     continue
                 new = batch.prefill_new_tokens
                 if not batch.num_seqs:
@@ -222,21 +210,21 @@ class Replica:
                 duration += swap_time
             else:
                 swap_time = 0.0
-            end = started + duration
-            queue = env._queue
+            now = end = started + duration
             if queue and queue[0][0] <= end:
                 # Another event comes first, or at the same instant (it goes before a batch's
                 # end): wait on the clock, on an iteration-end event of this loop's own. Once
                 # processed, SimPy holds no reference to it: it is scheduled again, with a
                 # fresh callbacks list (SimPy may still be iterating the last one).
-                late.callbacks = []
-                push(queue, (end, LATE, next(eid), late))
-                yield late
+                ended.callbacks = []
+                push(queue, (end, LATE, next(eid), ended))
+                yield ended
             else:
                 # Nothing else can happen before this iteration ends: move the clock there
-                # ourselves, as SimPy would on processing our timeout (no event to make).
+                # ourselves, as SimPy would on processing our timeout (no event to make; the
+                # one SimPy internal written outside simpy_fast, see its docstring).
                 env._now = end
-            firsts, finished = commit(env._now)
+            firsts, finished = commit(end)
             n_dec = batch.num_decode_seqs
             if prefix:
                 rows += pack(started, duration, sum(new) if new else 0, n_dec, len(new) + n_dec,
@@ -259,11 +247,9 @@ class Replica:
                 # Each done event is processed here, at once: SimPy would process it next, as
                 # nothing else is due before it (an iteration ends after every other event of
                 # its instant), and a scheduled event would only make the next iteration wait
-                # on the clock for it.
+                # on the clock for it (simpy_fast.done_event: created triggered).
                 for req in finished:
                     done = live.pop(req.id)[2]
-                    done._ok = True
-                    done._value = None
                     callbacks, done.callbacks = done.callbacks, None
                     for callback in callbacks:
                         callback(done)

@@ -7,9 +7,9 @@ finished requests.
 
 Decodes are advanced lazily (:mod:`simsched.engine.decode`): one step counter for all decoders,
 their last steps in a calendar dict and their KV growth one O(1) grant per group, so an
-iteration costs O(events) rather than O(batch), and never O(waiting queue). A queue policy with a
-per-iteration ``refresh`` hook would add O(running) per iteration (none has one: MLFQ ranks
-lazily).
+iteration costs O(events) rather than O(batch), and never O(waiting queue). A queue policy
+(:class:`~simsched.policies.base.QueuePolicy`) with a per-iteration ``refresh`` hook would add
+O(running) per iteration (none has one: MLFQ ranks lazily).
 
 Partial prefills and admissions are planned in :mod:`simsched.engine.admission`. Preemption
 (:mod:`simsched.engine.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
@@ -27,10 +27,12 @@ import sys
 
 import numpy as np
 
+from simsched.config.parts import CacheConfig
 from simsched.engine import swap
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
+from simsched.policies.base import QueuePolicy, check_queue
 from simsched.policies.queues import HeapQueue
 from simsched.engine.admission import AdmissionMixin
 from simsched.engine.decode import DecodeMixin
@@ -40,7 +42,8 @@ from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
                                         Status.REJECTED)
-DEFAULT_SWAP_SPACE_BYTES = 4 * 2**30
+# The config's default (cache.swap_space_gib), for schedulers built without a config's cache.
+DEFAULT_SWAP_SPACE_BYTES = CacheConfig.swap_space_gib * 2**30
 _new_batch = object.__new__
 _NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
@@ -84,22 +87,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.prefix_caching = kv.prefix_caching
         self.num_cached_tokens = 0                # prompt tokens served from the prefix cache
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
-        if hasattr(self.queue, "bind"):
-            self.queue.bind(self)
-        self.preemptive = bool(getattr(self.queue, "preemptive", False))
-        # With fixed ranks a failed admission preemption fails again until the running set
-        # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan.
-        self._static_ranks = (self._queue_refresh is None
-                              and not getattr(self.queue, "dynamic_ranks", False))
-        # A policy may refuse an admission preemption its ranks would allow (storm guards).
-        self._may_preempt = getattr(self.queue, "may_preempt", None)
-        # Running requests whose ranks can only improve (SJF: remaining work shrinks) keep a
-        # failed admission scan failed until the running set changes, as fixed ranks do.
-        self._memo_failed = self._static_ranks or bool(getattr(self.queue, "ranks_only_improve",
-                                                               False))
         self.running_version = 0
         self._failed_admission: tuple | None = None
-        self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
         self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
         self.swapping = cfg.preemption_mode == "swap"
@@ -153,25 +142,43 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         return self._queue
 
     @queue.setter
-    def queue(self, queue) -> None:
+    def queue(self, queue: QueuePolicy) -> None:
+        # The policy's hooks (see QueuePolicy): those left at their defaults are never called.
+        check_queue(queue)
         self._queue = queue
         queue_type = type(queue)
+        queue.bind(self)
         # HeapQueue.update only notes the time, which only max_wait promotion reads: set it
         # (no call) when there is a max_wait, else skip it.
-        heap_update = getattr(queue_type, "update", None) is HeapQueue.update
+        heap_update = queue_type.update is HeapQueue.update
         self._note_time = heap_update and queue.max_wait is not None
-        self._queue_update = None if heap_update else getattr(queue, "update", None)
-        self._queue_refresh = getattr(queue, "refresh", None)
+        self._queue_update = None if heap_update or queue_type.update is QueuePolicy.update \
+            else queue.update
+        self._queue_refresh = None if queue_type.refresh is QueuePolicy.refresh \
+            else queue.refresh
         self._queue_hooks = bool(self._note_time or self._queue_update is not None
                                  or self._queue_refresh is not None)
+        self.preemptive = bool(queue.preemptive)
+        # A policy may refuse an admission preemption its ranks would allow (storm guards);
+        # without its own rule the scan asks ranks_below directly.
+        self._may_preempt = None if queue_type.may_preempt is QueuePolicy.may_preempt \
+            else queue.may_preempt
+        # With fixed ranks a failed admission preemption fails again until the running set
+        # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan
+        # (and compare the keys inline: only a policy without its own preemption rule).
+        self._static_ranks = (self._queue_refresh is None and not queue.dynamic_ranks
+                              and self._may_preempt is None)
+        # Running requests whose ranks can only improve (SJF: remaining work shrinks) keep a
+        # failed admission scan failed until the running set changes, as fixed ranks do.
+        self._memo_failed = self._static_ranks or bool(queue.ranks_only_improve)
+        self.meter = queue.meter            # per-tenant service, if the policy meters
         # A plain HeapQueue without max_wait keeps its order between pushes and pops.
         self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
         # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
-        self._waiting = queue._live if getattr(queue_type, "__len__", None) \
-            is HeapQueue.__len__ else queue
+        self._waiting = queue._live if queue_type.__len__ is HeapQueue.__len__ else queue
         # HeapQueue.pop() is peek() then forgetting the entry: having peeked, forget it only.
-        self._forget = queue._live if getattr(queue_type, "pop", None) is HeapQueue.pop \
-            and getattr(queue_type, "peek", None) is HeapQueue.peek else None
+        self._forget = queue._live if queue_type.pop is HeapQueue.pop \
+            and queue_type.peek is HeapQueue.peek else None
         if hasattr(self, "_static"):        # a queue set after __init__: flags from it anew
             self._update_special()
 

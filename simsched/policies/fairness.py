@@ -20,6 +20,7 @@ from typing import Any, Hashable, Iterator, Mapping
 
 import numpy as np
 
+from simsched.policies.base import QueuePolicy
 from simsched.policies.queues import check_option_names, option
 from simsched.request import Request
 
@@ -87,7 +88,7 @@ class ServiceMeter:
             self._lift[tenant] = self._lift.get(tenant, 0.0) + gap
 
 
-class VTCQueue:
+class VTCQueue(QueuePolicy):
     """Waiting queue of the virtual token counter policy (see the module docstring)."""
 
     dynamic_ranks = True        # ranks follow the tenants' counters, which change every iteration

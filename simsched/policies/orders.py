@@ -1,19 +1,10 @@
 """Queue-ordering policies, each registered by name.
 
-A *queue policy* is a factory ``make(options, rng) -> WaitingQueue``: ``options`` is
+A *queue policy* is a factory ``make(options, rng) -> QueuePolicy``: ``options`` is
 ``scheduler.policy_options`` and ``rng`` the run's scheduler Generator (for policies that draw
-random numbers, e.g. a noisy length predictor). The waiting queue orders waiting requests
-(push(req, now) / peek / pop / ranks_below(a, b) / __len__ / __iter__) and says whether one request
-ranks below another, which the admission trigger and the ``policy_worst`` victim use. Keys are
-fixed while a request waits; time-dependent rules are written as a fixed key involving the enqueue
-time (aging: ``base - rate * (now - t_enq)`` compared at one ``now`` orders like
-``base + rate * t_enq``). Optional queue hooks the scheduler calls: ``bind(scheduler)`` once,
-``update(now)`` every iteration, ``refresh(running, scheduler)`` every iteration (O(running); no
-policy has one), ``dynamic_ranks = True`` (ranks of running requests change as they are served,
-so the scheduler asks ``ranks_below`` instead of comparing keys), ``may_preempt(running,
-waiting)`` (the admission trigger's decision, where it differs from ``ranks_below``: storm
-guards), ``preemptive = True`` (a better waiting request may also preempt for a sequence slot),
-and ``meter`` (a :class:`~simsched.policies.fairness.ServiceMeter` fed with served tokens).
+random numbers, e.g. a noisy length predictor). The waiting queue it returns derives from
+:class:`~simsched.policies.base.QueuePolicy`, which lists what a queue must do (push, peek, pop,
+ranks_below, len, iter) and the optional hooks the scheduler calls, each with its default.
 
 Adding a policy means adding one function and one line in a registry below.
 """
@@ -24,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from simsched.policies.base import QueuePolicy, check_queue
 from simsched.policies.cache_aware import lpm
 from simsched.policies.fairness import fair
 from simsched.policies.mlfq import mlfq
@@ -31,7 +23,7 @@ from simsched.policies.predictors import predicted_sjf, sjf_oracle
 from simsched.policies.queues import HeapQueue, check_option_names, option
 from simsched.request import Request
 
-__all__ = ["HeapQueue", "QUEUE_POLICIES", "make_queue"]
+__all__ = ["HeapQueue", "QUEUE_POLICIES", "QueuePolicy", "make_queue"]
 
 
 def fcfs(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
@@ -98,7 +90,7 @@ def edf(options: Mapping[str, Any], rng: np.random.Generator) -> HeapQueue:
     return HeapQueue(key)
 
 
-QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], Any]] = {
+QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], QueuePolicy]] = {
     "fcfs": fcfs,
     "spf": spf,
     "spf_aging": spf_aging,
@@ -113,11 +105,16 @@ QUEUE_POLICIES: dict[str, Callable[[Mapping[str, Any], np.random.Generator], Any
 }
 
 
-def make_queue(name: str, options: Mapping[str, Any], rng: np.random.Generator | None = None):
-    """Build the waiting queue of queue policy ``name`` (``rng`` defaults to seed 0)."""
+def make_queue(name: str, options: Mapping[str, Any],
+               rng: np.random.Generator | None = None) -> QueuePolicy:
+    """Build the waiting queue of queue policy ``name`` (``rng`` defaults to seed 0); a factory
+    returning anything but a :class:`~simsched.policies.base.QueuePolicy` is refused
+    (TypeError)."""
     try:
         factory = QUEUE_POLICIES[name]
     except KeyError:
         raise ValueError(f"scheduler.policy must be one of {sorted(QUEUE_POLICIES)}, "
                          f"got {name!r}") from None
-    return factory(options, rng if rng is not None else np.random.default_rng(0))
+    queue = factory(options, rng if rng is not None else np.random.default_rng(0))
+    check_queue(queue, name)
+    return queue

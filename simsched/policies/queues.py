@@ -15,6 +15,7 @@ import math
 from collections import deque
 from typing import Any, Callable, Iterator, Mapping
 
+from simsched.policies.base import QueuePolicy
 from simsched.request import Request
 
 
@@ -41,7 +42,7 @@ def check_option_names(options: Mapping[str, Any], policy: str, allowed) -> None
                          f"it accepts {sorted(allowed)}")
 
 
-class HeapQueue:
+class HeapQueue(QueuePolicy):
     """A waiting queue ordered by a key function (smaller key = served first).
 
     ``key(req, now)`` is evaluated once, when ``req`` is enqueued at ``now``. ``max_wait``

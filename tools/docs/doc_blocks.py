@@ -1,10 +1,10 @@
 """The generated blocks of README.md and docs/: each function returns one block's Markdown text.
 
-Registered in :data:`experiments.check_docs.BLOCKS`; ``runs.get(name, *argv)`` runs an
-experiment once per check. Numbers are formatted by :func:`~experiments.doc_format.num`;
-:func:`~experiments.doc_format.claim` fails the check when a statement next to them stops
+Registered in :data:`tools.docs.check_docs.BLOCKS`; ``runs.get(name, *argv)`` runs an
+experiment once per check. Numbers are formatted by :func:`~tools.docs.doc_format.num`;
+:func:`~tools.docs.doc_format.claim` fails the check when a statement next to them stops
 holding. The blocks of docs/experiments.md and docs/policies.md are in
-:mod:`experiments.doc_studies`.
+:mod:`tools.docs.doc_studies`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from experiments.doc_format import claim, md_table, num
+from tools.docs.doc_format import claim, md_table, num
 
 
 def _ms(seconds: float) -> str:

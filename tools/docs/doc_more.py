@@ -1,11 +1,11 @@
 """The generated blocks of docs/prefix_caching.md and docs/disaggregation.md, and the README
-sentences quoting them (see experiments.check_docs)."""
+sentences quoting them (see tools.docs.check_docs)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from experiments.doc_format import claim, md_table, num
+from tools.docs.doc_format import claim, md_table, num
 
 # The shared-prefix study's shapes (experiments.prefix_caching.shared_prefix): a request is a
 # 2,048-token system prompt + a 128-token question, so at most 2,048 / 2,176 of it can hit.

@@ -1,4 +1,4 @@
-"""Formatting and checking helpers for the generated doc blocks (see experiments.check_docs)."""
+"""Formatting and checking helpers for the generated doc blocks (see tools.docs.check_docs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The generated blocks of docs/experiments.md and docs/policies.md (see experiments.check_docs)."""
+"""The generated blocks of docs/experiments.md and docs/policies.md (see tools.docs.check_docs)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 
-from experiments.doc_blocks import _load_sweep_facts, _ms, _zoo
-from experiments.doc_format import claim, md_table, num
+from tools.docs.doc_blocks import _load_sweep_facts, _ms, _zoo
+from tools.docs.doc_format import claim, md_table, num
 
 
 def experiments_load_sweep(runs) -> str:

@@ -1,11 +1,11 @@
 """The generated blocks of docs/cluster.md and the README's cluster bullets (see
-experiments.check_docs): routing, stale state, cache affinity and deployment search."""
+tools.docs.check_docs): routing, stale state, cache affinity and deployment search."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from experiments.doc_format import claim, md_table, num
+from tools.docs.doc_format import claim, md_table, num
 
 
 def _ms(seconds: float) -> str:

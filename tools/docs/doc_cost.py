@@ -1,11 +1,11 @@
 """The generated blocks of docs/cost_model.md added by the H200 and real-serving calibration, and
-the README's cost-model sentences quoting them (see experiments.check_docs)."""
+the README's cost-model sentences quoting them (see tools.docs.check_docs)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from experiments.doc_format import claim, md_table, num
+from tools.docs.doc_format import claim, md_table, num
 
 GPUS = ("a100-80gb", "h200")
 GPU_NAME = {"a100-80gb": "A100", "h100-sxm": "H100", "h100-sxm-pcap": "H100 capped"}
@@ -228,7 +228,7 @@ def cost_overhead_effect(runs) -> str:
 
 def readme_cost_gpus(runs) -> str:
     """README: which GPUs are measured, and the A100 and H200 fit errors."""
-    from experiments.doc_blocks import _fit_facts
+    from tools.docs.doc_blocks import _fit_facts
 
     fit, s = _fit_facts(runs), _h200(runs)["h200_summary"]
     return (

@@ -1,0 +1,1 @@
+"""Maintainer tools that are not part of the simulator (run from the repository root)."""
