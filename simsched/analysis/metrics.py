@@ -2,7 +2,8 @@
 
 Metric definitions follow ``vllm bench serve``: TTFT = first token - arrival; E2EL = finish -
 arrival; TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = every gap between consecutive output
-tokens, pooled over all tokens of all requests for percentiles.
+tokens, pooled over all tokens of all requests for percentiles. Every percentile uses numpy's
+default rule (linear interpolation, ``np.percentile``), as vLLM's benchmark does.
 
 The request frame itself is built by :mod:`simsched.analysis.frames`.
 """
@@ -81,7 +82,9 @@ class Results:
         """Counts, latency statistics (seconds), throughputs and KV use, as plain Python numbers.
 
         Keys follow one scheme: ``<metric>_mean``, ``<metric>_p50``, ``_p90``, ``_p95``, ``_p99``
-        for ``ttft``, ``tpot``, ``itl``, ``e2el`` and ``queue_time``. Which requests each
+        for ``ttft``, ``tpot``, ``itl``, ``e2el`` and ``queue_time``; percentiles are
+        ``np.percentile``'s (linear interpolation), e.g. ``itl_p99 ==
+        np.percentile(self.itl_samples(), 99)``. Which requests each
         figure covers (its *population*) matters when a run ends at ``max_sim_time`` with
         requests in flight:
 

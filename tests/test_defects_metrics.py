@@ -1,0 +1,51 @@
+"""User-facing metric, export and input defects of issue 24 (items 4-8, 12-14)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import simsched
+from simsched import SimConfig
+
+README_CONFIG = dict(policy="spf", preemption=True, max_num_seqs=16, num_blocks=96, rate=30.0,
+                     num_requests=1000, seed=1)
+
+
+@pytest.fixture(scope="module")
+def readme_run():
+    return simsched.simulate(SimConfig().replace(**README_CONFIG))
+
+
+# Item 4: one percentile rule (numpy's linear) in the summary, the samples and the vLLM export.
+
+def test_summary_itl_percentiles_are_numpys_and_the_exports(readme_run):
+    summary, samples = readme_run.summary(), readme_run.itl_samples()
+    export = readme_run.to_vllm_bench(percentiles=(50, 90, 95, 99))
+    for q in (50, 90, 95, 99):
+        assert summary[f"itl_p{q}"] == np.percentile(samples, q)
+        assert summary[f"itl_p{q}"] * 1000 == pytest.approx(export[f"p{q}_itl_ms"], rel=1e-12)
+
+
+@pytest.mark.parametrize("bisect", [False, True])
+def test_pooled_itl_percentiles_equal_numpy_on_the_expanded_sample(monkeypatch, bisect):
+    from simsched.analysis import itl
+    from simsched.analysis.itl import ItlSamples
+
+    # Both paths: the joined sort (small runs) and the bisection (runs above BISECT_ABOVE).
+    monkeypatch.setattr(itl, "BISECT_ABOVE", 0 if bisect else 10**9)
+    rng = np.random.default_rng(3)
+    qs = (0, 1, 33.3, 50, 90, 95, 99, 99.9, 100)
+    for trial in range(300):
+        n, m = int(rng.integers(0, 25)), int(rng.integers(0, 25))
+        gaps = rng.integers(0, 5, n) / 4 if trial % 2 else rng.random(n) * 10.0 ** (trial % 5 - 2)
+        counts = rng.integers(0, 4, n)
+        other = rng.integers(0, 5, m) / 4 if trial % 3 else rng.random(m)
+        store = ItlSamples(gaps, counts, other)
+        got = store.percentiles(qs)
+        if not len(store):
+            assert all(math.isnan(v) for v in got)
+            continue
+        assert got == [float(v) for v in np.percentile(store.array(), qs)]
