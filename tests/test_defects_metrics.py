@@ -49,3 +49,29 @@ def test_pooled_itl_percentiles_equal_numpy_on_the_expanded_sample(monkeypatch, 
             assert all(math.isnan(v) for v in got)
             continue
         assert got == [float(v) for v in np.percentile(store.array(), qs)]
+
+
+# Item 5: a disaggregated run's replicas frame counts the prefills each replica served.
+
+def test_disaggregated_replicas_count_the_prefills_they_served():
+    cfg = SimConfig().replace(num_replicas=5, num_prefill_replicas=2, num_decode_replicas=2,
+                              rate=10.0, num_requests=200, disagg_min_prompt_tokens=100, seed=3)
+    res = simsched.simulate(cfg)
+    req, rep = res.requests, res.replicas.set_index("replica")
+    prefills = req["prefill_replica"].value_counts()
+    decodes = req["decode_replica"].value_counts()
+    for r in range(5):
+        assert rep.loc[r, "num_prefills"] == prefills.get(r, 0)
+        assert rep.loc[r, "num_decodes"] == decodes.get(r, 0)
+        served = ((req["prefill_replica"] == r) | (req["decode_replica"] == r)).sum()
+        assert rep.loc[r, "num_requests"] == served
+    for r in (0, 1):                      # the prefill replicas served every long prompt's prefill
+        assert rep.loc[r, "num_requests"] == rep.loc[r, "num_prefills"] > 0
+        assert rep.loc[r, "num_decodes"] == 0 and rep.loc[r, "num_finished"] == 0
+    assert rep["num_prefills"].sum() == len(req) == rep["num_decodes"].sum()
+
+
+def test_mixed_replicas_frame_keeps_its_columns():
+    res = simsched.simulate(SimConfig().replace(num_replicas=2, rate=10.0, num_requests=50))
+    assert "num_prefills" not in res.replicas.columns
+    assert res.replicas["num_requests"].sum() == 50

@@ -262,7 +262,8 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     """One row per replica: what it is, what it served, how busy, queued and full it was.
 
     ``replicas`` holds each replica's description (``model``, ``gpu``,
-    ``tensor_parallel_size``, ``num_blocks``). Throughputs and the busy fraction use the
+    ``tensor_parallel_size``, ``num_blocks``). ``num_requests`` counts the requests routed there;
+    a disaggregated run also counts prefills and decodes apart (see :func:`_count_phases`). Throughputs and the busy fraction use the
     cluster's span (first arrival to last finish), as the summary's throughputs do.
     """
     n = len(replicas)
@@ -332,7 +333,31 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     })
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["kv_usage_mean"] = used / busy / blocks
+    if "prefill_replica" in requests.columns:
+        _count_phases(frame, requests, n)
     return frame
+
+
+def _count_phases(frame: pd.DataFrame, requests: pd.DataFrame, n: int) -> None:
+    """A disaggregated run's request counts per replica, by phase (in place).
+
+    ``replica`` says where a request ended, so a prefill replica would show none of the prefills
+    it served. Instead ``num_prefills`` counts the requests routed to a replica for their prefill,
+    ``num_decodes`` those decoded there (handed over, or served whole) and ``num_requests`` those
+    it served any part of, each once; ``num_finished`` stays where requests finished.
+    """
+    prefill = requests["prefill_replica"].to_numpy()
+    decode = requests["decode_replica"].to_numpy()
+
+    def count(owner):
+        return np.bincount(owner[owner >= 0], minlength=n)[:n].astype(np.int64)
+
+    both = count(np.where(prefill == decode, prefill, -1))
+    num_prefills, num_decodes = count(prefill), count(decode)
+    at = frame.columns.get_loc("num_requests")
+    frame["num_requests"] = num_prefills + num_decodes - both
+    frame.insert(at + 1, "num_prefills", num_prefills)
+    frame.insert(at + 2, "num_decodes", num_decodes)
 
 
 def _group_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
