@@ -177,7 +177,8 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
                                                                             "pending"):
             raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
     summary = results.summary()
-    if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] != len(df):
+    if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] \
+            + summary["num_not_arrived"] != len(df):
         raise AssertionError(f"summary counts do not add up: {summary}")
 
 

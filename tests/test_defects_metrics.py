@@ -75,3 +75,31 @@ def test_mixed_replicas_frame_keeps_its_columns():
     res = simsched.simulate(SimConfig().replace(num_replicas=2, rate=10.0, num_requests=50))
     assert "num_prefills" not in res.replicas.columns
     assert res.replicas["num_requests"].sum() == 50
+
+
+# Item 6: requests due after the end of the run are not counted as unfinished.
+
+def _cut_run():
+    from simsched.cost.base import UnitCostModel
+
+    # Request 1 decodes 1,000 tokens and is still running at t=50; request 2 is due at t=100.
+    return simsched.simulate(SimConfig().replace(max_sim_time=50.0, max_num_seqs=4),
+                             requests=[(0.0, 8, 5), (0.0, 8, 1000), (100.0, 8, 5)],
+                             cost_model=UnitCostModel())
+
+
+def test_requests_due_after_the_run_are_reported_apart():
+    res = _cut_run()
+    s = res.summary()
+    assert (s["num_finished"], s["num_unfinished"], s["num_not_arrived"]) == (1, 1, 1)
+    assert s["num_finished"] + s["num_rejected"] + s["num_unfinished"] \
+        + s["num_not_arrived"] == s["num_requests"] == 3
+    assert "1 unfinished, 1 not arrived" in repr(res)
+
+
+def test_saturation_signals_do_not_count_requests_that_never_arrived():
+    from simsched.analysis.slo import saturation_signals
+
+    res = _cut_run()
+    signals = saturation_signals(res.requests, res.iterations)
+    assert signals["num_unfinished"] == 1 and signals["completion"] == 0.5

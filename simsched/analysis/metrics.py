@@ -61,10 +61,13 @@ class Results:
         status = self.requests["status"].value_counts()
         counts = ", ".join(f"{int(status.get(s, 0))} {s}"
                            for s in ("finished", "rejected") if status.get(s, 0)) or "none"
+        pending = int(status.get(Status.PENDING.value, 0))
         unfinished = len(self.requests) - int(status.get("finished", 0)) \
-            - int(status.get("rejected", 0))
+            - int(status.get("rejected", 0)) - pending
         if unfinished:
             counts += f", {unfinished} unfinished"
+        if pending:
+            counts += f", {pending} not arrived"
         return (f"<Results: {len(self.requests)} requests ({counts}), "
                 f"{len(self.iterations)} iterations, {len(self.preemptions)} preemptions, "
                 f"{self.sim_time:.4g} s simulated>")
@@ -100,7 +103,10 @@ class Results:
         * ``kv_usage_mean``: share of KV blocks in use, weighted by iteration time.
 
         When every request finished (no ``max_sim_time`` cut) all latency figures cover the
-        same requests. Rejected requests appear only in ``num_rejected``.
+        same requests. Rejected requests appear only in ``num_rejected``. ``num_unfinished``
+        counts requests that arrived but had not finished when the run ended (waiting, running
+        or swapped out); ``num_not_arrived`` those whose arrival lay after it (``num_finished +
+        num_rejected + num_unfinished + num_not_arrived == num_requests``).
         """
         df = self.requests
         finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
@@ -109,8 +115,10 @@ class Results:
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
-                         [Status.WAITING.value, Status.RUNNING.value, Status.SWAPPED.value,
-                          Status.PENDING.value]).sum())}
+                         [Status.WAITING.value, Status.RUNNING.value,
+                          Status.SWAPPED.value]).sum()),
+                     # Arrival after the run ended (max_sim_time): neither served nor unserved.
+                     "num_not_arrived": int((df["status"] == Status.PENDING.value).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
             values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
             values = values[~np.isnan(values)]

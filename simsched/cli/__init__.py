@@ -188,7 +188,8 @@ def cmd_run(args) -> int:
     print(f"wrote {path}/: {', '.join(written)}")
     if summary["num_finished"] == 0:
         print(f"simsched: error: no request finished ({summary['num_rejected']} rejected, "
-              f"{summary['num_unfinished']} unfinished of {summary['num_requests']})",
+              f"{summary['num_unfinished']} unfinished, {summary['num_not_arrived']} not "
+              f"arrived of {summary['num_requests']})",
               file=sys.stderr)
         return 1
     return 0
