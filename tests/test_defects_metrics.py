@@ -103,3 +103,30 @@ def test_saturation_signals_do_not_count_requests_that_never_arrived():
     res = _cut_run()
     signals = saturation_signals(res.requests, res.iterations)
     assert signals["num_unfinished"] == 1 and signals["completion"] == 0.5
+
+
+# Item 7: the rejection warning describes the whole category, not one request's numbers.
+
+def test_rejection_warning_gives_the_category_with_its_range():
+    from simsched.analysis.runner import RejectionWarning
+
+    # Two over-long requests (4,200 and 5,010 tokens), one too big for a 20-block cache, one fine.
+    requests = [(0.0, 4000, 200), (0.0, 3000, 10), (0.1, 5000, 10), (0.2, 100, 10)]
+    with pytest.warns(RejectionWarning) as caught:
+        simsched.simulate(SimConfig().replace(num_blocks=20), requests=requests)
+    (message,) = [str(w.message) for w in caught if w.category is RejectionWarning]
+    assert message == ("3 of 4 requests rejected; most common reason (2 of them): prompt + "
+                       "output = 4200 to 5010 tokens exceeds max_model_len 4096; 1 for other "
+                       "reasons")
+
+
+def test_rejection_note_keeps_a_number_shared_by_the_whole_category():
+    import pandas as pd
+
+    from simsched.analysis.metrics import rejection_note
+
+    frame = pd.DataFrame({"status": ["rejected"] * 3 + ["finished"],
+                          "reject_reason": ["shed: rate limit of 2.5 requests/s exceeded"] * 3
+                          + [""]})
+    assert rejection_note(frame) == ("3 of 4 requests rejected; most common reason (3 of them): "
+                                     "shed: rate limit of 2.5 requests/s exceeded")

@@ -155,7 +155,7 @@ def test_cli_fails_when_no_request_finishes(tmp_path, capsys):
 def test_partial_rejection_warns_once_with_count():
     requests = [(0.0, 4000, 200), (0.0, 100, 10), (0.1, 5000, 10)]
     with pytest.warns(RejectionWarning, match=r"2 of 3 requests rejected; most common reason "
-                                              r"\(2\): prompt \+ output"):
+                                              r"\(2 of them\): prompt \+ output"):
         res = simsched.simulate(SimConfig(), requests=requests)
     assert res.summary()["num_rejected"] == 2
 

@@ -227,11 +227,19 @@ class Results:
         return result
 
 
+# A number in a rejection reason (token and block counts, replica indices, rates such as 2.5 or
+# 1e+03): what varies between reasons of one kind.
+_NUMBER = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+
+
 def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
     """One line saying how many requests were rejected and the most common reason, or None.
 
-    With ``hint`` (the requests came from a workload config) a context-length rejection adds
-    how to fit such requests.
+    Reasons carry each request's own numbers; those of one kind (the same words) are counted
+    together and the kind is shown with the range of each number over its requests, e.g.
+    ``prompt + output = 4147 to 40166 tokens exceeds max_model_len 4096``. With ``hint`` (the
+    requests came from a workload config) a context-length rejection adds how to fit such
+    requests.
     """
     if "reject_reason" not in requests.columns:
         return None
@@ -240,14 +248,23 @@ def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
     if not num:
         return None
     reasons = requests.loc[rejected, "reject_reason"].astype(str)
-    # Reasons carry the request's own numbers; group them by the words before the first number.
-    kind = reasons.str.replace(r"\d.*$", "", regex=True)
-    top = kind.value_counts().index[0]
-    example = reasons[kind == top].iloc[0]
+    kind = reasons.str.replace(_NUMBER, "\0", regex=True)
+    counts = kind.value_counts()
+    top, num_top = counts.index[0], int(counts.iloc[0])
+    # Every reason of a kind has as many numbers as the kind has slots.
+    numbers = pd.DataFrame(reasons[kind == top].str.findall(_NUMBER).tolist())
+    parts = top.split("\0")
+    text = parts[0]
+    for slot, words in zip(numbers.columns, parts[1:]):
+        texts = numbers[slot]
+        values = texts.astype(float).to_numpy()
+        lo, hi = texts.iloc[int(values.argmin())], texts.iloc[int(values.argmax())]
+        text += (lo if values.min() == values.max() else f"{lo} to {hi}") + words
     hint = (" (set long_prompt_policy='clip' or 'drop' to fit such requests)"
-            if hint and "max_model_len" in example else "")
+            if hint and "max_model_len" in top else "")
+    others = f"; {num - num_top:,} for other reasons" if num > num_top else ""
     return (f"{num:,} of {len(requests):,} requests rejected; most common reason "
-            f"({int((kind == top).sum()):,}): {example}{hint}")
+            f"({num_top:,} of them): {text}{hint}{others}")
 
 
 def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
