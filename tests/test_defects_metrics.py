@@ -130,3 +130,26 @@ def test_rejection_note_keeps_a_number_shared_by_the_whole_category():
                           + [""]})
     assert rejection_note(frame) == ("3 of 4 requests rejected; most common reason (3 of them): "
                                      "shed: rate limit of 2.5 requests/s exceeded")
+
+
+# Item 8: docs/experiments.md's prefix-caching figures come from the study, checked by check_docs.
+
+def test_experiments_doc_quotes_prefix_caching_figures_only_from_a_generated_block():
+    import re
+
+    from experiments import check_docs
+
+    file, body = check_docs.read_blocks()["experiments-prefix-caching"]
+    assert file == "docs/experiments.md" == check_docs.BLOCKS["experiments-prefix-caching"].file
+    assert re.search(r"hit\s+rate\s+\d\.\d\d\s+→\s+\d\.\d\d\s+at\s+2,048\s+blocks", body)
+    outside = check_docs.BLOCK_RE.sub("", (check_docs.ROOT / file).read_text())
+    assert not re.search(r"hit\s+rate[^.]*\d", outside), "a hand-written hit rate can go stale"
+
+
+@pytest.mark.slow
+def test_experiments_doc_prefix_caching_block_matches_the_study():
+    import io
+
+    from experiments import check_docs
+
+    assert not check_docs.check(["experiments-prefix-caching"], out=io.StringIO())
