@@ -153,3 +153,59 @@ def test_experiments_doc_prefix_caching_block_matches_the_study():
     from experiments import check_docs
 
     assert not check_docs.check(["experiments-prefix-caching"], out=io.StringIO())
+
+
+# Item 12: the API refuses what the CLI refuses.
+
+@pytest.mark.parametrize("empty", [[], ()], ids=["list", "tuple"])
+def test_an_empty_request_list_is_refused(empty):
+    with pytest.raises(ValueError, match=r"^requests is empty"):
+        simsched.simulate(SimConfig(), requests=empty)
+
+
+def test_an_empty_request_frame_is_refused():
+    import pandas as pd
+
+    frame = pd.DataFrame(columns=["arrival_at", "num_prompt_tokens", "num_output_tokens"])
+    with pytest.raises(ValueError, match=r"^requests is empty"):
+        simsched.simulate(SimConfig(), requests=frame)
+
+
+@pytest.mark.parametrize("requests, where", [
+    ([("1e3", "100", 10)], r"requests\[0\]\.arrival_at .* got '1e3'"),
+    ([(0.0, 100, 10), (1.0, "100", 10)], r"requests\[1\]\.num_prompt_tokens .* got '100'"),
+    ([{"arrival_at": 0.0, "num_prompt_tokens": 100, "num_output_tokens": "7"}],
+     r"requests\[0\]\.num_output_tokens .* got '7'"),
+    ([(0.0, 100, 10, "2")], r"requests\[0\]\.priority .* got '2'"),
+])
+def test_numeric_strings_are_refused_naming_row_and_column(requests, where):
+    with pytest.raises(ValueError, match=where):
+        simsched.simulate(SimConfig(), requests=requests)
+
+
+def test_a_text_column_of_a_frame_is_refused():
+    import pandas as pd
+
+    frame = pd.DataFrame({"arrival_at": [0.0, 1.0], "num_prompt_tokens": ["5", "6"],
+                          "num_output_tokens": [3, 4]})
+    with pytest.raises(ValueError, match=r"requests\[0\]\.num_prompt_tokens .* got '5'"):
+        simsched.simulate(SimConfig(), requests=frame)
+
+
+def test_an_unsorted_request_list_is_sorted_with_the_trace_loaders_warning():
+    from simsched.workloads.trace_files import TraceWarning
+
+    with pytest.warns(TraceWarning, match="requests: 2 arrival times out of order; sorted by "
+                                          "arrival") as caught:
+        res = simsched.simulate(SimConfig(), requests=[(1.0, 10, 5), (0.5, 10, 5), (0.2, 10, 5)])
+    assert res.requests["arrival_at"].tolist() == [0.2, 0.5, 1.0]
+    # Pointed at the caller's line, not at simsched's insides.
+    assert caught[0].filename == __file__
+
+
+def test_a_sorted_request_list_does_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        simsched.simulate(SimConfig(), requests=[(0.0, 10, 5), (0.0, 10, 5), (0.2, 10, 5)])

@@ -453,6 +453,9 @@ def test_bad_percentiles_are_one_line(capsys):
 
 
 def test_nan_free_summary_of_an_empty_run_has_all_keys():
-    res = _quiet_simulate(SimConfig(), requests=[])
+    from simsched.analysis.runner import run
+
+    # An empty workload table (simulate refuses an empty request list: issue 24 item 12).
+    res = run(SimConfig(), requests=[], from_workload=True)[0]
     s = res.summary()
     assert s["num_requests"] == 0 and math.isnan(s["ttft_p50"])
