@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,3 +210,54 @@ def test_a_sorted_request_list_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         simsched.simulate(SimConfig(), requests=[(0.0, 10, 5), (0.0, 10, 5), (0.2, 10, 5)])
+
+
+# Item 13: the data-bundling scripts have a real command line and never overwrite by accident.
+
+BUNDLERS = {"_bundle_a100_data": "a100-profiling", "_bundle_h200_real": ""}
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"      # the raw data, beside the checkout
+
+
+def _bundle_main(name, argv, capsys):
+    import importlib
+
+    module = importlib.import_module(f"experiments.{name}")
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", BUNDLERS)
+def test_bundlers_refuse_quick_and_missing_or_bad_arguments(name, capsys, tmp_path):
+    code, err = _bundle_main(name, ["--quick"], capsys)
+    assert code == 2 and "--quick" in err and "no quick mode" in err
+    code, err = _bundle_main(name, [], capsys)
+    assert code == 2 and "SOURCE is required" in err
+    code, err = _bundle_main(name, [str(tmp_path / "nope"), "--write"], capsys)
+    assert code == 2 and f"source folder {tmp_path / 'nope'} does not exist" in err
+    code, err = _bundle_main(name, [str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"source folder {tmp_path} lacks" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs the shared raw data folder")
+@pytest.mark.parametrize("name", BUNDLERS)
+def test_bundlers_need_an_explicit_destination_and_reproduce_the_bundle(name, capsys, tmp_path):
+    import filecmp
+    import importlib
+
+    from experiments._common import BUNDLED_DATA
+
+    source = SHARED_DATA / BUNDLERS[name]
+    code, err = _bundle_main(name, [str(source)], capsys)
+    assert code == 2 and "--out DIR, or --write" in err
+    argv = [str(source), "--out", str(tmp_path)]
+    if name == "_bundle_h200_real":
+        argv += ["--iteration-json",
+                 str(ROOT / "benchmarks" / "device" / "h200_iteration_results.json")]
+    assert importlib.import_module(f"experiments.{name}").main(argv) == 0
+    written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) >= 7
+    for rel in written:
+        assert filecmp.cmp(tmp_path / rel, BUNDLED_DATA / rel, shallow=False), rel
