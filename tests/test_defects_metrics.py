@@ -261,3 +261,97 @@ def test_bundlers_need_an_explicit_destination_and_reproduce_the_bundle(name, ca
     assert len(written) >= 7
     for rel in written:
         assert filecmp.cmp(tmp_path / rel, BUNDLED_DATA / rel, shallow=False), rel
+
+
+# Item 14: progress without carriage returns in logs; an opt-in progress display for one run.
+
+SMALL = dict(num_requests=300, rate=20.0, num_blocks=200)
+
+
+def _jobs():
+    from simsched.analysis.executors import Job
+
+    return [Job(SimConfig().replace(**SMALL, seed=s), keep_frames=False) for s in (0, 1)]
+
+
+def test_sweep_progress_writes_no_carriage_returns_into_a_log(capsys):
+    from simsched.analysis.executors import execute
+
+    execute(_jobs(), executor="serial", progress=True)
+    assert "\r" not in capsys.readouterr().err       # stderr is not a terminal here
+
+
+def test_progress_in_a_log_is_plain_periodic_lines(capsys, monkeypatch):
+    from simsched.analysis import progress
+    from simsched.analysis.executors import execute
+
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL", 0.0)
+    execute(_jobs(), executor="serial", progress=True, desc="sweep")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["sweep: 1/2 runs", "sweep: 2/2 runs"]
+
+
+def test_progress_bar_only_where_it_can_be_redrawn(monkeypatch):
+    import io
+
+    from tqdm.auto import tqdm
+
+    from simsched.analysis import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    bar = progress.progress_bar(3, "sweep", "runs")
+    assert isinstance(bar, tqdm)
+    bar.close()
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert isinstance(progress.progress_bar(3, "sweep", "runs"), progress.PlainProgress)
+
+
+def test_simulate_progress_is_opt_in_and_changes_nothing(capsys, monkeypatch):
+    import pandas as pd
+
+    from simsched.analysis import progress
+
+    cfg = SimConfig().replace(**SMALL)
+    off = simsched.simulate(cfg)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "PLAIN_INTERVAL", 0.0)
+    monkeypatch.setattr(progress, "WATCH_INTERVAL", 0.001)
+    on = simsched.simulate(cfg, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines()[-1].startswith("simulate, arrived: 300/300 req, simulated ")
+    for name in ("requests", "iterations", "preemptions", "replicas"):
+        pd.testing.assert_frame_equal(getattr(on, name), getattr(off, name))
+    assert on.summary() == pytest.approx(off.summary(), nan_ok=True)
+
+
+def test_simulate_without_progress_starts_no_watcher(monkeypatch):
+    from simsched.analysis import runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a watcher was started without progress=True")
+
+    monkeypatch.setattr(runner, "RunWatcher", refuse)
+    simsched.simulate(SimConfig().replace(**SMALL))
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_cli_run_shows_progress_only_on_a_terminal(tty, monkeypatch, tmp_path):
+    from simsched.analysis import executors
+    from simsched.cli import main
+
+    asked = []
+    real = executors.run_config
+
+    def spy(config, slos=None, progress=False):
+        asked.append(progress)
+        return real(config, slos, progress=False)
+
+    monkeypatch.setattr(executors, "run_config", spy)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
+    assert main(["run", "--num-requests", "20", "--out", str(tmp_path)]) == 0
+    assert asked == [tty]

@@ -19,6 +19,7 @@ from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
+from simsched.analysis.progress import RunWatcher
 # make_requests is re-exported (simsched.api and callers import it from here).
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
@@ -78,20 +79,23 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None) -> Results:
+             cost_model=None, progress: bool = False) -> Results:
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
     :func:`make_requests`; an empty one raises ValueError); ``cost_model`` overrides the one
-    named by ``config.hardware``.
+    named by ``config.hardware``. ``progress`` shows the requests arrived and the simulated
+    time while the run lasts more than a second (a bar on a terminal, a line every 30 s
+    otherwise; see :mod:`simsched.analysis.progress`); it never changes the results.
     The same config and seed give identical frames.
     """
-    return run(config, requests, cost_model)[0]
+    return run(config, requests, cost_model, progress=progress)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
-        from_workload: bool | None = None) -> tuple[Results, Cluster | None]:
+        from_workload: bool | None = None,
+        progress: bool = False) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -132,7 +136,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
     engine = Cluster(config, reqs, specs=specs, sessions=sessions)
-    engine.run()
+    if progress:
+        # Closed-loop sessions create their turns as they go: no total to show.
+        with RunWatcher(engine, None if sessions is not None else len(reqs)):
+            engine.run()
+    else:
+        engine.run()
     replicas = engine.replicas
     info = {"num_blocks": sum(s.num_blocks for s in specs),
             "replica_num_blocks": [s.num_blocks for s in specs],

@@ -168,7 +168,8 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
-    results, summary = run_config(config, slo)
+    # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
+    results, summary = run_config(config, slo, progress=sys.stderr.isatty())
     row = pd.DataFrame([summary])
     _print_table(row, ())
     path = Path(args.out or "out/run")
