@@ -394,7 +394,13 @@ def test_plot_functions_are_documented():
 # ----------------------------------------------------------------------------- 16: progress
 
 
-def test_sweep_shows_progress_by_default_and_not_when_asked(capsys):
+def _terminal(monkeypatch):
+    # A bar is drawn only where it can be redrawn (issue 24 item 14): pretend stderr is one.
+    monkeypatch.setattr("simsched.analysis.progress._interactive", lambda stream: True)
+
+
+def test_sweep_shows_progress_by_default_and_not_when_asked(capsys, monkeypatch):
+    _terminal(monkeypatch)
     sweep(TINY, executor="serial", rate=[2.0, 4.0])
     assert "sweep" in capsys.readouterr().err
     sweep(TINY, executor="serial", progress=False, rate=[2.0, 4.0])
@@ -409,7 +415,8 @@ def test_capacity_search_shows_progress_by_default():
     assert inspect.signature(capacity_search).parameters["progress"].default is True
 
 
-def test_cli_quiet_turns_the_bar_off(tmp_path, capsys):
+def test_cli_quiet_turns_the_bar_off(tmp_path, capsys, monkeypatch):
+    _terminal(monkeypatch)
     main(["sweep", "--num-requests", "20", "--vary", "rate=2,20", "--executor", "serial",
           "--out", str(tmp_path)])
     assert "sweep" in capsys.readouterr().err
