@@ -355,3 +355,19 @@ def test_cli_run_shows_progress_only_on_a_terminal(tty, monkeypatch, tmp_path):
     monkeypatch.setattr("sys.stderr.isatty", lambda: tty)
     assert main(["run", "--num-requests", "20", "--out", str(tmp_path)]) == 0
     assert asked == [tty]
+
+
+def test_cli_run_prints_requests_not_arrived_apart(tmp_path, capsys):
+    import pandas as pd
+
+    from simsched.cli import main
+
+    # 40 requests at 1/s, cut at 10 s: about 30 are due after the end of the run.
+    assert main(["run", "--num-requests", "40", "--rate", "1", "--max-sim-time", "10",
+                 "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, values = lines[0].split(), lines[1].split()
+    summary = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    assert header[:4] == ["num_finished", "num_rejected", "num_unfinished", "num_not_arrived"]
+    assert int(values[3]) == summary["num_not_arrived"] > 20
+    assert int(values[2]) == summary["num_unfinished"] < 10

@@ -29,9 +29,10 @@ DESCRIPTION = ("Simulate an LLM serving engine's scheduler: run one config, swee
                "configs, find the largest rate that meets latency targets, or plan the "
                "cheapest deployment.")
 
-SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "ttft_p50", "ttft_p99",
-                   "tpot_p99", "itl_p99", "e2el_p99", "request_throughput", "goodput",
-                   "slo_attainment", "num_preemptions", "kv_usage_mean", "saturation")
+SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "num_not_arrived",
+                   "ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99",
+                   "request_throughput", "goodput", "slo_attainment", "num_preemptions",
+                   "kv_usage_mean", "saturation")
 
 
 class _Parser(argparse.ArgumentParser):
