@@ -252,7 +252,8 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
         if row.status not in ("rejected", "pending") and not servable(engine, row, False):
             raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
     summary = results.summary()
-    if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] != len(df):
+    if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] \
+            + summary["num_not_arrived"] != len(df):
         raise AssertionError(f"summary counts do not add up: {summary}")
 
 

@@ -2,7 +2,9 @@
 
 Run once by hand::
 
-    python -m experiments._bundle_h200_real [/work/shared/data] [h200_iteration_results.json]
+    python -m experiments._bundle_h200_real ../shared/data --out /tmp/h200
+    python -m experiments._bundle_h200_real ../shared/data \
+        --iteration-json benchmarks/device/h200_iteration_results.json --write   # the bundle
 
 The package only ever reads the bundled copies. Values are rounded to 6 significant digits (the
 measurements' own run-to-run spread is far larger); the real-serving file keeps only the columns the
@@ -20,7 +22,13 @@ from pathlib import Path
 
 import pandas as pd
 
-OUT = Path(__file__).resolve().parent.parent / "simsched" / "cost" / "data"
+from experiments._common import bundle_args, bundle_parser
+
+# What the source folder must hold.
+NEEDS = ("h200-profiling/linear.csv", "h200-profiling/attn_prefill.csv",
+         "h200-profiling/attn_decode.csv", "h200-profiling/README.md",
+         "real-serving/splitwise-perf-model.csv", "real-serving/LICENSE",
+         "real-serving/README.md")
 
 # Appended to the copied H200 README: what the bundle adds to the shared data.
 ITERATION_NOTE = """
@@ -35,10 +43,10 @@ ITERATION_NOTE = """
 """
 
 
-def main(src: str, iteration_json: str | None = None) -> None:
+def bundle(root: Path, dest: Path, iteration_json: str | None = None) -> None:
     """Write h200/*.csv, real_serving/splitwise.csv and their README/LICENSE files."""
-    root = Path(src)
-    h200 = OUT / "h200"
+    dest = Path(dest)
+    h200 = dest / "h200"
     h200.mkdir(parents=True, exist_ok=True)
     for name in ("linear", "attn_prefill", "attn_decode"):
         df = pd.read_csv(root / "h200-profiling" / f"{name}.csv")
@@ -53,7 +61,7 @@ def main(src: str, iteration_json: str | None = None) -> None:
         with open(h200 / "README.md", "a") as readme:
             readme.write(ITERATION_NOTE)
 
-    real = OUT / "real_serving"
+    real = dest / "real_serving"
     real.mkdir(parents=True, exist_ok=True)
     df = pd.read_csv(root / "real-serving" / "splitwise-perf-model.csv")
     cols = ["model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size",
@@ -63,6 +71,20 @@ def main(src: str, iteration_json: str | None = None) -> None:
     shutil.copy(root / "real-serving" / "README.md", real / "README.md")
 
 
+def main(argv=None) -> int:
+    """Entry point: ``SOURCE [--iteration-json FILE] (--out DIR | --write)``."""
+    p = bundle_parser("_bundle_h200_real", __doc__,
+                      "the shared data folder holding h200-profiling/ and real-serving/ "
+                      "(e.g. ../shared/data)")
+    p.add_argument("--iteration-json", metavar="FILE",
+                   help="benchmarks/device/h200_iteration_results.json: adds h200/iteration.csv")
+    args, source, out = bundle_args(p, argv, NEEDS)
+    if args.iteration_json and not Path(args.iteration_json).is_file():
+        p.error(f"--iteration-json: {args.iteration_json} does not exist")
+    bundle(source, out, args.iteration_json)
+    print(f"wrote {out}/")
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data",
-         sys.argv[2] if len(sys.argv) > 2 else None)
+    sys.exit(main())

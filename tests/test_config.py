@@ -244,7 +244,7 @@ def test_bad_cost_model_and_config_objects():
         simsched.simulate({"rate": 3}, requests=[(0.0, 5, 3)])
 
 
-def test_empty_request_list_runs_to_an_empty_result():
-    res = simsched.simulate(UNIT, requests=[])
-    assert len(res.requests) == 0 and len(res.iterations) == 0
-    assert res.summary()["num_requests"] == 0
+def test_empty_request_list_is_refused():
+    # An empty list is almost surely a mistake (issue 24 item 12): no all-NaN summary.
+    with pytest.raises(ValueError, match="requests is empty"):
+        simsched.simulate(UNIT, requests=[])

@@ -6,10 +6,13 @@ minute on 2 cores) and every experiment's ``--quick`` run are marked slow (``pyt
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,34 @@ def test_every_experiment_runs_quick(name, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() and any(tmp_path.iterdir())
     assert "_ms " not in proc.stdout and "Traceback" not in proc.stderr
+
+
+# Python blocks marked runnable (an HTML comment ``<!-- runnable -->`` on the line above the
+# fence) run as pasted into a fresh interpreter (issue 24 item 14).
+RUNNABLE_RE = re.compile(r"^<!-- runnable -->\n```python\n(.*?)^```", re.S | re.M)
+
+
+def runnable_blocks() -> list[tuple[str, int, str]]:
+    """Every runnable block of README.md and docs/*.md: (file, line of the fence, code)."""
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for m in RUNNABLE_RE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 2
+            out.append((str(path.relative_to(ROOT)), line, m.group(1)))
+    return out
+
+
+def test_the_documented_examples_are_marked_runnable():
+    marked = {file for file, _, _ in runnable_blocks()}
+    assert {"README.md", "docs/workloads.md", "docs/cluster.md"} <= marked
+
+
+@pytest.mark.parametrize("file, line, code", runnable_blocks(),
+                         ids=[f"{f}:{n}" for f, n, _ in runnable_blocks()])
+def test_runnable_doc_blocks_run_as_pasted(file, line, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)          # blocks may write out/...
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        exec(compile(code, f"{file}:{line}", "exec"), {"__name__": "__main__"})

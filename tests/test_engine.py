@@ -113,8 +113,8 @@ def test_pooled_itl_samples_are_consistent_with_request_timestamps():
     stalled = df[(df["num_preemptions"] > 0) & (df["num_output_tokens"] > 1)]
     assert (stalled["itl_max"] >= stalled["tpot"]).all()
     assert res.summary()["itl_p99"] <= samples.max()
-    assert res.summary()["itl_p99"] == pytest.approx(np.percentile(samples, 99,
-                                                                   method="inverted_cdf"))
+    # One percentile rule everywhere: numpy's default (linear), as vLLM's export uses.
+    assert res.summary()["itl_p99"] == np.percentile(samples, 99)
 
 
 def test_same_seed_identical_frames_different_seed_different_arrivals():

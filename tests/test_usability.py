@@ -155,7 +155,7 @@ def test_cli_fails_when_no_request_finishes(tmp_path, capsys):
 def test_partial_rejection_warns_once_with_count():
     requests = [(0.0, 4000, 200), (0.0, 100, 10), (0.1, 5000, 10)]
     with pytest.warns(RejectionWarning, match=r"2 of 3 requests rejected; most common reason "
-                                              r"\(2\): prompt \+ output"):
+                                              r"\(2 of them\): prompt \+ output"):
         res = simsched.simulate(SimConfig(), requests=requests)
     assert res.summary()["num_rejected"] == 2
 
@@ -394,7 +394,13 @@ def test_plot_functions_are_documented():
 # ----------------------------------------------------------------------------- 16: progress
 
 
-def test_sweep_shows_progress_by_default_and_not_when_asked(capsys):
+def _terminal(monkeypatch):
+    # A bar is drawn only where it can be redrawn (issue 24 item 14): pretend stderr is one.
+    monkeypatch.setattr("simsched.analysis.progress._interactive", lambda stream: True)
+
+
+def test_sweep_shows_progress_by_default_and_not_when_asked(capsys, monkeypatch):
+    _terminal(monkeypatch)
     sweep(TINY, executor="serial", rate=[2.0, 4.0])
     assert "sweep" in capsys.readouterr().err
     sweep(TINY, executor="serial", progress=False, rate=[2.0, 4.0])
@@ -409,7 +415,8 @@ def test_capacity_search_shows_progress_by_default():
     assert inspect.signature(capacity_search).parameters["progress"].default is True
 
 
-def test_cli_quiet_turns_the_bar_off(tmp_path, capsys):
+def test_cli_quiet_turns_the_bar_off(tmp_path, capsys, monkeypatch):
+    _terminal(monkeypatch)
     main(["sweep", "--num-requests", "20", "--vary", "rate=2,20", "--executor", "serial",
           "--out", str(tmp_path)])
     assert "sweep" in capsys.readouterr().err
@@ -453,6 +460,9 @@ def test_bad_percentiles_are_one_line(capsys):
 
 
 def test_nan_free_summary_of_an_empty_run_has_all_keys():
-    res = _quiet_simulate(SimConfig(), requests=[])
+    from simsched.analysis.runner import run
+
+    # An empty workload table (simulate refuses an empty request list: issue 24 item 12).
+    res = run(SimConfig(), requests=[], from_workload=True)[0]
     s = res.summary()
     assert s["num_requests"] == 0 and math.isnan(s["ttft_p50"])

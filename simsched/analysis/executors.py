@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
+from simsched.analysis.progress import progress_bar
 from simsched.analysis.slo import summarize
 from simsched.config import SimConfig
 
@@ -59,11 +60,12 @@ def _last_arrival(table: pd.DataFrame) -> float:
     return float(times.max())
 
 
-def run_config(config: SimConfig, slos: Any = None):
+def run_config(config: SimConfig, slos: Any = None, progress: bool = False):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
     Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
     ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
+    ``progress`` as :func:`~simsched.analysis.runner.simulate`'s.
     """
     from simsched.analysis.runner import run, workload_requests
 
@@ -72,7 +74,7 @@ def run_config(config: SimConfig, slos: Any = None):
         last = _last_arrival(table)
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
-    results = run(config, requests=table, from_workload=True)[0]
+    results = run(config, requests=table, from_workload=True, progress=progress)[0]
     row = summarize(results, slos)
     row["max_sim_time"] = config.max_sim_time
     row["num_blocks"] = results.info.get("num_blocks")
@@ -114,13 +116,8 @@ def _chunks(items: Sequence, size: int) -> list[Sequence]:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit="run", leave=False)
+    # A bar on a terminal; plain periodic lines in a log (no carriage returns).
+    return progress_bar(total, desc, "runs") if enabled else None
 
 
 def execute(jobs: Sequence[Job], executor: str = "local", max_workers: int | None = None,

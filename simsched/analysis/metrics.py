@@ -2,7 +2,8 @@
 
 Metric definitions follow ``vllm bench serve``: TTFT = first token - arrival; E2EL = finish -
 arrival; TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = every gap between consecutive output
-tokens, pooled over all tokens of all requests for percentiles.
+tokens, pooled over all tokens of all requests for percentiles. Every percentile uses numpy's
+default rule (linear interpolation, ``np.percentile``), as vLLM's benchmark does.
 
 The request frame itself is built by :mod:`simsched.analysis.frames`.
 """
@@ -60,10 +61,13 @@ class Results:
         status = self.requests["status"].value_counts()
         counts = ", ".join(f"{int(status.get(s, 0))} {s}"
                            for s in ("finished", "rejected") if status.get(s, 0)) or "none"
+        pending = int(status.get(Status.PENDING.value, 0))
         unfinished = len(self.requests) - int(status.get("finished", 0)) \
-            - int(status.get("rejected", 0))
+            - int(status.get("rejected", 0)) - pending
         if unfinished:
             counts += f", {unfinished} unfinished"
+        if pending:
+            counts += f", {pending} not arrived"
         return (f"<Results: {len(self.requests)} requests ({counts}), "
                 f"{len(self.iterations)} iterations, {len(self.preemptions)} preemptions, "
                 f"{self.sim_time:.4g} s simulated>")
@@ -81,7 +85,9 @@ class Results:
         """Counts, latency statistics (seconds), throughputs and KV use, as plain Python numbers.
 
         Keys follow one scheme: ``<metric>_mean``, ``<metric>_p50``, ``_p90``, ``_p95``, ``_p99``
-        for ``ttft``, ``tpot``, ``itl``, ``e2el`` and ``queue_time``. Which requests each
+        for ``ttft``, ``tpot``, ``itl``, ``e2el`` and ``queue_time``; percentiles are
+        ``np.percentile``'s (linear interpolation), e.g. ``itl_p99 ==
+        np.percentile(self.itl_samples(), 99)``. Which requests each
         figure covers (its *population*) matters when a run ends at ``max_sim_time`` with
         requests in flight:
 
@@ -97,7 +103,10 @@ class Results:
         * ``kv_usage_mean``: share of KV blocks in use, weighted by iteration time.
 
         When every request finished (no ``max_sim_time`` cut) all latency figures cover the
-        same requests. Rejected requests appear only in ``num_rejected``.
+        same requests. Rejected requests appear only in ``num_rejected``. ``num_unfinished``
+        counts requests that arrived but had not finished when the run ended (waiting, running
+        or swapped out); ``num_not_arrived`` those whose arrival lay after it (``num_finished +
+        num_rejected + num_unfinished + num_not_arrived == num_requests``).
         """
         df = self.requests
         finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
@@ -106,8 +115,10 @@ class Results:
         out: dict = {"num_requests": len(df), "num_finished": len(done),
                      "num_rejected": int((df["status"] == Status.REJECTED.value).sum()),
                      "num_unfinished": int(df["status"].isin(
-                         [Status.WAITING.value, Status.RUNNING.value, Status.SWAPPED.value,
-                          Status.PENDING.value]).sum())}
+                         [Status.WAITING.value, Status.RUNNING.value,
+                          Status.SWAPPED.value]).sum()),
+                     # Arrival after the run ended (max_sim_time): neither served nor unserved.
+                     "num_not_arrived": int((df["status"] == Status.PENDING.value).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
             values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
             values = values[~np.isnan(values)]
@@ -216,11 +227,19 @@ class Results:
         return result
 
 
+# A number in a rejection reason (token and block counts, replica indices, rates such as 2.5 or
+# 1e+03): what varies between reasons of one kind.
+_NUMBER = r"\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+
+
 def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
     """One line saying how many requests were rejected and the most common reason, or None.
 
-    With ``hint`` (the requests came from a workload config) a context-length rejection adds
-    how to fit such requests.
+    Reasons carry each request's own numbers; those of one kind (the same words) are counted
+    together and the kind is shown with the range of each number over its requests, e.g.
+    ``prompt + output = 4147 to 40166 tokens exceeds max_model_len 4096``. With ``hint`` (the
+    requests came from a workload config) a context-length rejection adds how to fit such
+    requests.
     """
     if "reject_reason" not in requests.columns:
         return None
@@ -229,14 +248,23 @@ def rejection_note(requests: pd.DataFrame, hint: bool = False) -> str | None:
     if not num:
         return None
     reasons = requests.loc[rejected, "reject_reason"].astype(str)
-    # Reasons carry the request's own numbers; group them by the words before the first number.
-    kind = reasons.str.replace(r"\d.*$", "", regex=True)
-    top = kind.value_counts().index[0]
-    example = reasons[kind == top].iloc[0]
+    kind = reasons.str.replace(_NUMBER, "\0", regex=True)
+    counts = kind.value_counts()
+    top, num_top = counts.index[0], int(counts.iloc[0])
+    # Every reason of a kind has as many numbers as the kind has slots.
+    numbers = pd.DataFrame(reasons[kind == top].str.findall(_NUMBER).tolist())
+    parts = top.split("\0")
+    text = parts[0]
+    for slot, words in zip(numbers.columns, parts[1:]):
+        texts = numbers[slot]
+        values = texts.astype(float).to_numpy()
+        lo, hi = texts.iloc[int(values.argmin())], texts.iloc[int(values.argmax())]
+        text += (lo if values.min() == values.max() else f"{lo} to {hi}") + words
     hint = (" (set long_prompt_policy='clip' or 'drop' to fit such requests)"
-            if hint and "max_model_len" in example else "")
+            if hint and "max_model_len" in top else "")
+    others = f"; {num - num_top:,} for other reasons" if num > num_top else ""
     return (f"{num:,} of {len(requests):,} requests rejected; most common reason "
-            f"({int((kind == top).sum()):,}): {example}{hint}")
+            f"({num_top:,} of them): {text}{hint}{others}")
 
 
 def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
@@ -259,7 +287,8 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     """One row per replica: what it is, what it served, how busy, queued and full it was.
 
     ``replicas`` holds each replica's description (``model``, ``gpu``,
-    ``tensor_parallel_size``, ``num_blocks``). Throughputs and the busy fraction use the
+    ``tensor_parallel_size``, ``num_blocks``). ``num_requests`` counts the requests routed there;
+    a disaggregated run also counts prefills and decodes apart (see :func:`_count_phases`). Throughputs and the busy fraction use the
     cluster's span (first arrival to last finish), as the summary's throughputs do.
     """
     n = len(replicas)
@@ -329,7 +358,31 @@ def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,
     })
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["kv_usage_mean"] = used / busy / blocks
+    if "prefill_replica" in requests.columns:
+        _count_phases(frame, requests, n)
     return frame
+
+
+def _count_phases(frame: pd.DataFrame, requests: pd.DataFrame, n: int) -> None:
+    """A disaggregated run's request counts per replica, by phase (in place).
+
+    ``replica`` says where a request ended, so a prefill replica would show none of the prefills
+    it served. Instead ``num_prefills`` counts the requests routed to a replica for their prefill,
+    ``num_decodes`` those decoded there (handed over, or served whole) and ``num_requests`` those
+    it served any part of, each once; ``num_finished`` stays where requests finished.
+    """
+    prefill = requests["prefill_replica"].to_numpy()
+    decode = requests["decode_replica"].to_numpy()
+
+    def count(owner):
+        return np.bincount(owner[owner >= 0], minlength=n)[:n].astype(np.int64)
+
+    both = count(np.where(prefill == decode, prefill, -1))
+    num_prefills, num_decodes = count(prefill), count(decode)
+    at = frame.columns.get_loc("num_requests")
+    frame["num_requests"] = num_prefills + num_decodes - both
+    frame.insert(at + 1, "num_prefills", num_prefills)
+    frame.insert(at + 2, "num_decodes", num_decodes)
 
 
 def _group_max(values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:

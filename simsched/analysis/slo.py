@@ -148,7 +148,7 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
       E2EL (the last arrivals' own service time, which a stable engine needs too);
     * ``throughput_ratio``: achieved / offered (about 1 when the engine keeps up);
     * ``completion``: finished / accepted; ``num_finished``; ``num_unfinished``: accepted but not
-      finished when the run ended;
+      finished when the run ended (accepted: arrived before the run ended and not rejected);
     * ``queue_growth``: see :func:`queue_growth`; ``growth_significant``: whether the pile-up
       over the fitted half-window exceeds three times the count's noise, 3 * sqrt(mean + 1);
     * ``queue_ratio``: mean queue time over mean service time (E2EL minus queue time) of the
@@ -157,7 +157,9 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
     status = requests["status"]
     finished = status == "finished"
     num_finished = int(finished.sum())
-    accepted = len(requests) - int((status == "rejected").sum())
+    # A request due after the run ended (max_sim_time) never arrived: not accepted, not unfinished.
+    accepted = len(requests) - int((status == "rejected").sum()) \
+        - int((status == "pending").sum())
     span = throughput_span(requests)
     if num_finished:
         span -= float(requests.loc[finished, "e2el"].median())

@@ -32,11 +32,12 @@ DESCRIPTION = ("Simulate an LLM serving engine's scheduler: run one config, swee
                "configs, find the largest rate that meets latency targets, or plan the "
                "cheapest deployment.")
 
-SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "ttft_p50", "ttft_p99",
-                   "tpot_p99", "itl_p99", "e2el_p99", "request_throughput", "goodput",
-                   "slo_attainment", "num_preemptions", "kv_usage_mean", "saturation",
-                   "prefix_hit_rate", "num_evicted_blocks", "num_kv_transfers", "kv_transfer_gb",
-                   "kv_transfer_time_mean", "kv_transfer_time_p99", "kv_wait_time_mean")
+SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "num_not_arrived",
+                   "ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99",
+                   "request_throughput", "goodput", "slo_attainment", "num_preemptions",
+                   "kv_usage_mean", "saturation", "prefix_hit_rate", "num_evicted_blocks",
+                   "num_kv_transfers", "kv_transfer_gb", "kv_transfer_time_mean",
+                   "kv_transfer_time_p99", "kv_wait_time_mean")
 
 
 def _version() -> str:
@@ -189,7 +190,8 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
-    results, summary = run_config(config, slo)
+    # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
+    results, summary = run_config(config, slo, progress=sys.stderr.isatty())
     summary.update(feature_figures(results))
     if args.config and Path(args.config).suffix.lower() == ".json":
         _check_derived(args.config, results)
@@ -212,7 +214,8 @@ def cmd_run(args) -> int:
     print(f"wrote {path}/: {', '.join(written)}")
     if summary["num_finished"] == 0:
         print(f"simsched: error: no request finished ({summary['num_rejected']} rejected, "
-              f"{summary['num_unfinished']} unfinished of {summary['num_requests']})",
+              f"{summary['num_unfinished']} unfinished, {summary['num_not_arrived']} not "
+              f"arrived of {summary['num_requests']})",
               file=sys.stderr)
         return 1
     return 0

@@ -8,6 +8,8 @@ string, a boolean or a value out of range is refused, never truncated or ignored
 
 from __future__ import annotations
 
+import numbers as _real_numbers
+
 import numpy as np
 import pandas as pd
 
@@ -29,8 +31,10 @@ def numbers(df: pd.DataFrame, column: str, integer: bool, low: float,
     """A numeric column as float64 (int64 if ``integer``); the first bad row raises ValueError
     naming row and field (``what`` it must be, by default said from the checks).
 
-    Rejected: non-numbers, NaN and infinities, values below ``low``, booleans (``True`` is not a
-    token count), and in integer columns fractions and values outside int64.
+    Rejected: non-numbers (strings too, even ``"1e3"``: the CLI's files are numbers, and a
+    string here is a table read without its types), NaN and infinities, values below ``low``,
+    booleans (``True`` is not a token count), and in integer columns fractions and values outside
+    int64.
     """
     raw = df[column]
     bound = f" >= {low:g}" if low > -INT64_MAX else ""
@@ -38,10 +42,16 @@ def numbers(df: pd.DataFrame, column: str, integer: bool, low: float,
         what = (f"an integer{bound} within int64" if integer else f"a finite number{bound}")
     if raw.dtype == bool:
         reject_row(df, column, np.ones(len(raw), dtype=bool), what)
+    if raw.dtype != object and raw.dtype.kind not in "iuf":
+        # Text (pandas' str dtype), dates, categories: not numbers, whatever they spell.
+        given = raw.notna().to_numpy()
+        reject_row(df, column, given if given.any() else np.ones(len(raw), dtype=bool), what)
     if raw.dtype == object:
         items = raw.tolist()
-        # bool is an int subclass: pandas would read True as 1.
-        flags = np.fromiter((isinstance(v, (bool, np.bool_)) for v in items), bool, len(items))
+        # bool is an int subclass: pandas would read True as 1. Strings would be parsed.
+        flags = np.fromiter((v is not None and (isinstance(v, (bool, np.bool_))
+                                                or not isinstance(v, _real_numbers.Real))
+                             for v in items), bool, len(items))
         if flags.any():
             reject_row(df, column, flags, what)
         if integer:

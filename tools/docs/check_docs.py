@@ -106,6 +106,8 @@ def _blocks() -> dict[str, Block]:
         "prefix-caching-results": Block("docs/prefix_caching.md", m.prefix_caching_results,
                                         False),
         "readme-prefix-caching": Block("README.md", m.readme_prefix_caching, False),
+        "experiments-prefix-caching": Block("docs/experiments.md", m.experiments_prefix_caching,
+                                            False),
         "disagg-capacity": Block("docs/disaggregation.md", m.disagg_capacity, False),
         "disagg-bandwidth": Block("docs/disaggregation.md", m.disagg_bandwidth, False),
         "cost-h200": Block("docs/cost_model.md", k.cost_h200, True),

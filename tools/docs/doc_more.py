@@ -166,25 +166,49 @@ def prefix_caching_results(runs) -> str:
     ])
 
 
-def readme_prefix_caching(runs) -> str:
-    """README: the prefix-caching bullet of "What the experiments show"."""
+def _prefix_summary(runs) -> dict:
+    """The prefix-caching figures the README and docs/experiments.md quote, formatted."""
     f = _prefix(runs)
     gpu, top, never, off0, spx, sex = f["gpu"], f["top"], f["never"], f["off"].iloc[0], \
         f["spx"], f["sex"]
     fc, lp = spx.loc[(2048, "on fcfs")], spx.loc[(2048, "on lpm")]
     claim(lp["prefix_hit_rate"] > 2 * fc["prefix_hit_rate"], "LPM more than doubles FCFS")
-    turns = sex.index.get_level_values(0).max()
+    turns = sex.index.get_level_values(0)
+    return dict(
+        gpu=_pct(gpu["prefix_hit_rate"]), top=_pct(top["prefix_hit_rate"]),
+        top_x=f"{top['cache_x_gpu']:g}", never=_pct(never["prefix_hit_rate"], 3),
+        off_p50=num(off0["ttft_p50"]), top_p50=f"{top['ttft_p50']:.2f}",
+        fcfs=f"{fc['prefix_hit_rate']:.2f}", lpm=f"{lp['prefix_hit_rate']:.2f}",
+        turns_min=int(turns.min()), turns=int(turns.max()),
+        on_p99=f"{sex.loc[(turns.max(), 'on'), 'ttft_p99'] * 1e3:.0f}",
+        off_p99=num(sex.loc[(turns.max(), "off"), "ttft_p99"], 2))
+
+
+def readme_prefix_caching(runs) -> str:
+    """README: the prefix-caching bullet of "What the experiments show"."""
+    s = _prefix_summary(runs)
     return (
         f"- **Prefix caching**: on Mooncake's synthetic trace (Llama-3.1-8B, one A100, 0.5 req/s) "
-        f"the hit rate grows from {_pct(gpu['prefix_hit_rate'])} % with the GPU's cache to "
-        f"{_pct(top['prefix_hit_rate'])} % with {top['cache_x_gpu']:g}× that "
-        f"({_pct(never['prefix_hit_rate'], 3)} % never evicting), TTFT p50 from "
-        f"{num(off0['ttft_p50'])} s (caching off) to {top['ttft_p50']:.2f} s; on 64 shared "
-        f"system prompts that overflow the cache, LPM more than doubles FCFS's hit rate "
-        f"({fc['prefix_hit_rate']:.2f} → {lp['prefix_hit_rate']:.2f} at 2,048 blocks); in "
-        f"{turns}-turn conversations caching keeps TTFT p99 at "
-        f"{sex.loc[(turns, 'on'), 'ttft_p99'] * 1e3:.0f} ms instead of "
-        f"{num(sex.loc[(turns, 'off'), 'ttft_p99'], 2)} s.")
+        f"the hit rate grows from {s['gpu']} % with the GPU's cache to {s['top']} % with "
+        f"{s['top_x']}× that ({s['never']} % never evicting), TTFT p50 from {s['off_p50']} s "
+        f"(caching off) to {s['top_p50']} s; on 64 shared system prompts that overflow the "
+        f"cache, LPM more than doubles FCFS's hit rate ({s['fcfs']} → {s['lpm']} at 2,048 "
+        f"blocks); in {s['turns']}-turn conversations caching keeps TTFT p99 at {s['on_p99']} ms "
+        f"instead of {s['off_p99']} s.")
+
+
+def experiments_prefix_caching(runs) -> str:
+    """docs/experiments.md: the prefix_caching study in one paragraph."""
+    s = _prefix_summary(runs)
+    return (
+        f"`prefix_caching`: prefix caching off vs on on the Mooncake synthetic trace across cache "
+        f"sizes (hit rate {s['gpu']} % with one A100's cache, {s['top']} % with {s['top_x']}× "
+        f"that, {s['never']} % never evicting; TTFT p50 {s['off_p50']} s off → {s['top_p50']} "
+        f"s), FCFS vs LPM on 64 shared system prompts that overflow the cache (hit rate "
+        f"{s['fcfs']} → {s['lpm']} at 2,048 blocks), and closed-loop conversations of "
+        f"{s['turns_min']}–{s['turns']} turns (TTFT p99 grows to {s['off_p99']} s without "
+        f"caching, stays at {s['on_p99']} ms with it). Tables and method in "
+        f"[prefix_caching.md](prefix_caching.md).")
 
 
 WORKLOAD_NAME = {"sharegpt": "ShareGPT", "azure_conv": "Azure conv"}
