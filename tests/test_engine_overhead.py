@@ -84,7 +84,7 @@ def test_default_is_measured_2023_and_bit_identical():
     assert model(choice="none") is not model()
 
 
-@pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none"])
+@pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none", "vllm_v1"])
 def test_positive_finite_for_every_gpu_and_tp(choice):
     batches = [Batch([], [], 1, 1), Batch([1], [0]), Batch([100000], [0]),
                Batch([2048, 64], [4000, 0], 100, 200000), Batch([], [], 20000, 200000)]
