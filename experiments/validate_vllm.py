@@ -54,6 +54,7 @@ METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p90", "e2e_p99"
 NUM_PROMPTS, NUM_GROUPS = 100, 10
 STAGE_DELAY = 1.0          # the first arrival of a stage, after the stage starts (s)
 QUICK_SECONDS = 20.0
+STAGE_GAP = 120.0          # first guess of the idle time between stages (checked, then moved)
 
 
 def stage_arrivals(rate: float, seconds: float, rng: np.random.Generator) -> np.ndarray:
@@ -112,9 +113,11 @@ def simulate_run(run, profile: str, seconds: float | None = None, seed: int = 0,
                                    engine_overhead="vllm_v1", engine_terms=terms)
     lengths = [min(s, seconds) if seconds else s for _, s in run.stages]
     # Stages far apart first; if one would not have finished before the next, move the next.
-    starts = list(np.concatenate([[0.0], np.cumsum([s + 120.0 for s in lengths[:-1]])]))
+    starts = list(np.concatenate([[0.0], np.cumsum([s + STAGE_GAP for s in lengths[:-1]])]))
     for _ in range(len(starts)):
-        reqs = requests_of(run, starts, seconds, seed)
+        # Request ids follow arrival order: sort so that id i is row i (stages may interleave).
+        reqs = requests_of(run, starts, seconds, seed).sort_values(
+            "arrival_at", kind="stable", ignore_index=True)
         res = simulate(cfg, requests=reqs.drop(columns="stage"), cost_model=cost)
         df = res.requests.assign(stage=reqs.stage.to_numpy()[res.requests.request_id])
         ends = df.groupby("stage").finished_at.max()

@@ -76,6 +76,15 @@ def test_iteration_is_its_formula_and_breakdown_sums():
         assert sum(v1.breakdown(b).values()) == pytest.approx(want, rel=1e-12)
     assert v1.output_delay == t["output_delay"] and none.output_delay == 0.0
     assert "vLLM 0.15" in v1.describe()
+    # Sampling is GPU time: reported with the LM head, and slowed by a power cap in prefill.
+    b = Batch([2048], [0])
+    parts, gpu_none = v1.breakdown(b), none.breakdown(b)
+    assert parts["embedding"] == pytest.approx(gpu_none["embedding"] + 152064
+                                               * t["sampler_per_logit"], rel=1e-12)
+    kw = dict(model="llama-2-70b", tensor_parallel_size=4)
+    cap, plain = model(gpu="h100-sxm-pcap", **kw), model(**kw)
+    gpu = sum(v for k, v in plain.breakdown(b).items() if k != "overhead")
+    assert cap.iteration_time(b) - plain.iteration_time(b) == pytest.approx(gpu * 0.3, rel=1e-9)
 
 
 def test_fitted_terms_are_physical_and_the_fit_is_deterministic():
@@ -146,3 +155,18 @@ def test_loo_terms_simulate_through_an_explicit_cost_model():
     cm = CalibratedCostModel(MODELS[run.model], GPUS[run.gpu], 1, run.model,
                              engine_overhead="vllm_v1", engine_terms=terms)
     assert cm.output_delay == 0.0
+
+
+def test_a_stage_starts_only_after_the_last_one_finished(monkeypatch):
+    # With idle time guessed too short the stages would overlap: the run is redone with the
+    # second stage moved past the first one's last finish.
+    run = next(vllm_v1.load_runs().itertuples())
+    for gap in (-4.0, -5.0):            # the second stage starts 1 s after the first, or with it
+        monkeypatch.setattr(validate_vllm, "STAGE_GAP", gap)
+        df = validate_vllm.simulate_run(run, "vllm_v1", seconds=5.0)
+        first, second = df[df.stage == 0], df[df.stage == 1]
+        assert len(first) == 25 and len(second) == 50
+        # Stage 0 holds the first 25 of its own arrivals: 5 req/s from 1 s on.
+        assert first.arrival_at.min() == 1.0 and first.arrival_at.max() < 6.0
+        assert first.finished_at.max() < second.arrival_at.min()
+        assert (df.status == "finished").all()

@@ -92,8 +92,10 @@ class CalibratedCostModel:
         elif engine_overhead == "vllm_v1":
             terms = engine_terms if engine_terms is not None else vllm_v1.terms()
             comm = vllm_v1.comm_table(k, terms["allreduce_latency"])
-            # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head.
-            per_seq = lm_head + terms["sampler_per_logit"] * spec.vocab_size * n
+            # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
+            # (the breakdown's embedding part; a power cap slows it like the other kernels).
+            lm_head = lm_head + terms["sampler_per_logit"] * spec.vocab_size * n
+            per_seq = lm_head
             self._sync = terms["kernel_per_layer"] * spec.num_layers   # per step, GPU time
             floor = cpu.copy()                  # CPU work is hidden unless longer than the GPU
             serial = np.full_like(n, terms["step_gap"])
