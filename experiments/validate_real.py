@@ -17,6 +17,9 @@ Prints the fitted terms, MAPE per (model, GPU, TP, phase) before and after, leav
 the serving-level errors; writes ``runs.csv``, ``groups.csv`` and two plots (log-log parity,
 error against batch size) to ``--out`` and, with ``--img``, to that folder too. ``--quick`` runs
 the serving-level check on the runs with at most 512 output tokens only.
+
+The end-to-end check of a current engine (real vLLM 0.15 serving runs: arrivals, prompt reuse,
+TTFT/ITL/E2E as the client saw them; the ``vllm_v1`` profile) is :mod:`experiments.validate_vllm`.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ BAD = [
     ("scheduler", "max_num_preemptions", -1, {}, "[0, inf]"),
     ("scheduler", "admit_after_preemption", 0, {}, "True or False"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
+    ("scheduler", "async_scheduling", 1, {}, "True, False or None"),
     ("cache", "enable_prefix_caching", "yes", {}, "True or False"),
     ("cache", "block_size", 0, {}, "[1, 4096]"),
     ("cache", "block_size", 16.0, {}, "integer"),

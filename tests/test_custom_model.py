@@ -101,3 +101,30 @@ def test_ray_workers_see_a_custom_model():
         ray.shutdown()
     want = sweep(_base(), executor="serial", **kw)
     pd.testing.assert_frame_equal(got.runs, want.runs)
+
+
+def test_a_config_head_dim_overrides_hidden_over_heads():
+    # Mistral-NeMo: 5,120 hidden, 32 heads of 128 (not 160): the KV per token and the attention
+    # projections follow head_dim.
+    nemo = ModelSpec.from_hf_config({**HF, "num_hidden_layers": 40, "hidden_size": 5120,
+                                     "num_attention_heads": 32, "head_dim": 128,
+                                     "intermediate_size": 14336, "vocab_size": 131072})
+    assert nemo.head_dim == 128 and nemo == hwmod.MODELS["mistral-nemo-12b"]
+    assert nemo.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
+    assert ModelSpec(32, 4096, 32, 8, 14336, 32000).head_dim == 128     # derived when not given
+    with pytest.raises(ValueError, match="ModelSpec.head_dim must be a positive integer"):
+        ModelSpec(32, 4096, 32, 8, 14336, 32000, head_dim=-1)
+    with pytest.raises(ValueError, match="divisible by num_heads .* unless head_dim is given"):
+        ModelSpec(4, 2500, 24, 8, 6912, 32000)
+    ModelSpec(4, 2500, 24, 8, 6912, 32000, head_dim=128)               # given: no divisibility
+
+
+def test_catalog_shapes_give_the_kv_blocks_vllm_logged():
+    # The real vLLM 0.15 runs' start-up logs (simsched/cost/data/vllm_v1/runs.csv) against the
+    # catalog shapes (H100, 90 % memory, max_model_len 4096): within 2 %, a check of the shapes.
+    logged = {("llama-2-7b", 1): 7463, ("llama-3.1-70b", 4): 30251, ("mistral-nemo-12b", 2): 48009,
+              ("mistral-nemo-12b", 1): 19251, ("qwen2.5-7b", 1): 65352, ("yi-34b", 2): 20793}
+    for (model, tp), blocks in logged.items():
+        hw = HardwareConfig(model=model, gpu="h100-sxm", tensor_parallel_size=tp,
+                            max_model_len=4096)
+        assert abs(hwmod.kv_capacity_blocks(hw, 16) / blocks - 1) < 0.02, (model, tp)

@@ -21,10 +21,12 @@ DOCUMENTED = {
     ("a100-80gb", "eager_2023"): (17.91, 56.42, 63.03),
     ("a100-80gb", "overlapped"): (10.23, 36.34, 52.72),
     ("a100-80gb", "none"): (10.13, 36.24, 52.62),
+    ("a100-80gb", "vllm_v1"): (10.24, 36.51, 52.81),
     ("h200", "measured_2023"): (5.48, 15.90, 18.29),
     ("h200", "eager_2023"): (12.27, 29.11, 29.96),
     ("h200", "overlapped"): (4.70, 12.49, 16.17),
     ("h200", "none"): (4.60, 12.39, 16.07),
+    ("h200", "vllm_v1"): (4.70, 12.66, 16.26),
 }
 
 
@@ -84,7 +86,7 @@ def test_default_is_measured_2023_and_bit_identical():
     assert model(choice="none") is not model()
 
 
-@pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none"])
+@pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none", "vllm_v1"])
 def test_positive_finite_for_every_gpu_and_tp(choice):
     batches = [Batch([], [], 1, 1), Batch([1], [0]), Batch([100000], [0]),
                Batch([2048, 64], [4000, 0], 100, 200000), Batch([], [], 20000, 200000)]

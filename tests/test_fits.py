@@ -10,7 +10,7 @@ import pytest
 
 import simsched
 from simsched import SimConfig
-from simsched.cost import factory, fits, linalg, serving  # noqa: F401  (serving registers its fit)
+from simsched.cost import factory, fits, linalg, serving, vllm_v1  # noqa: F401  (register fits)
 from simsched.cost.profiles import PROFILES, get_profile
 
 REL = 1e-9
@@ -47,8 +47,8 @@ def test_shipped_fit_matches_a_refit(name):
     assert not bad, f"{fit.path}: {len(bad)} values differ from a refit ({bad[:3]}); {STALE}"
 
 
-def test_every_profile_and_the_engine_fit_are_registered():
-    assert set(fits.registered()) == set(PROFILES) | {serving.ENGINE_FIT.name}
+def test_every_profile_and_the_engine_fits_are_registered():
+    assert set(fits.registered()) == set(PROFILES) | {serving.ENGINE_FIT.name, vllm_v1.FIT.name}
     for name, profile in PROFILES.items():
         assert profile.name == name and profile.fit.name == name
         assert profile.coefficients() is fits.coefficients(name)
@@ -66,7 +66,7 @@ def test_runs_never_fit(monkeypatch):
     factory._cached_cost_model.cache_clear()
     try:
         for gpu, overhead in (("a100-80gb", "measured_2023"), ("h200", "overlapped"),
-                              ("h100-sxm", "eager_2023")):
+                              ("h100-sxm", "eager_2023"), ("h100-sxm", "vllm_v1")):
             res = simsched.simulate(SimConfig().replace(
                 gpu=gpu, engine_overhead=overhead, num_requests=20, rate=5.0, seed=3))
             assert res.summary()["num_finished"] == 20

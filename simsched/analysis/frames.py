@@ -82,7 +82,8 @@ def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
 
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
                          step_offset: np.ndarray | None = None, prefix: bool = False,
-                         replica: np.ndarray | None = None
+                         replica: np.ndarray | None = None,
+                         output_delay: np.ndarray | None = None
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
@@ -93,6 +94,11 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
     :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
     ``replica``, if given, becomes the second column (each request's replica).
+
+    ``output_delay``, if given (seconds per request: its replica's cost model's delay from a
+    step's end to the client), makes ``first_token_at`` and ``finished_at`` the times the client
+    sees, and keeps the engine's as ``engine_first_token_at`` and ``engine_finished_at``; TTFT,
+    E2EL and TPOT follow the client's times, per-token gaps are the same either way.
 
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
@@ -163,6 +169,11 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     data.clear()
     df.insert(df.columns.get_loc("num_preemptions"), "itl_max", itl_max)
     del itl_max
+    if output_delay is not None:
+        for col in ("first_token_at", "finished_at"):
+            engine = df[col].to_numpy()
+            df.insert(df.columns.get_loc(col) + 1, f"engine_{col}", engine)
+            df[col] = engine + output_delay
     arrival = df["arrival_at"].to_numpy()
     df["ttft"] = df["first_token_at"].to_numpy() - arrival
     df["e2el"] = df["finished_at"].to_numpy() - arrival

@@ -175,9 +175,13 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     release = not (config.check_invariants or keep_engine)
     if release:
         del engine
+    delays = np.array([float(getattr(s.cost_model, "output_delay", 0.0)) for s in specs])
+    # Client-side token times where an engine profile has an output path (vllm_v1); a request
+    # that never reached a replica (shed) has no tokens to delay.
+    delay = delays[np.maximum(owner, 0)] if delays.any() else None
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
                                                step_offset=step_offset, prefix=prefix,
-                                               replica=owner)
+                                               replica=owner, output_delay=delay)
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

@@ -27,6 +27,11 @@ class SchedulerConfig:
     later arrival cannot take a victim's place. ``True`` is vLLM V0's chunked-prefill scheduler.
     Preemptions made by the admission trigger (``preemption=True``) admit the request they were
     made for either way.
+
+    ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs), so
+    an iteration's plan sees only the requests that arrived before the previous iteration
+    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile:
+    on for the calibrated cost model's ``vllm_v1`` engine overhead, off otherwise.
     """
 
     style: str = "stall_free"
@@ -41,6 +46,7 @@ class SchedulerConfig:
     max_num_preemptions: int = 8
     admit_after_preemption: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
@@ -64,6 +70,9 @@ class SchedulerConfig:
         check_bool(o, "enable_chunked_prefill", self.enable_chunked_prefill)
         check_int(o, "max_num_preemptions", self.max_num_preemptions, 0)
         check_bool(o, "admit_after_preemption", self.admit_after_preemption)
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"{o}.async_scheduling must be True, False or None (as the engine "
+                             f"profile does), got {self.async_scheduling!r}")
         if not isinstance(self.policy_options, Mapping):
             raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
         try:  # the policy's factory checks its options: fail here, not at the first run
@@ -114,7 +123,8 @@ class HardwareConfig:
     ``register_model`` call there.
 
     ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
-    ``measured_2023`` (default), ``eager_2023``, ``overlapped`` or ``none``.
+    ``measured_2023`` (default), ``eager_2023``, ``overlapped``, ``none`` or ``vllm_v1`` (a
+    current vLLM V1 deployment: also async scheduling and a client-side output delay).
     """
 
     model: str = "llama-2-7b"

@@ -26,7 +26,7 @@ import numpy as np
 
 from simsched.cost import calibration as cal
 from simsched.cost import overhead
-from simsched.cost import serving
+from simsched.cost import serving, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec
@@ -48,7 +48,9 @@ class CalibratedCostModel:
     may also be a mapping of anchor GPU to fits, or a plain A100 dict as ``fit_all()`` returns;
     ``engine_overhead`` names the overhead choice; ``engine_terms`` overrides the fitted
     ``eager_2023`` terms (a dict as :func:`simsched.cost.serving.engine_terms` gives per measured
-    serving system).
+    serving system) or ``vllm_v1`` terms (as :func:`simsched.cost.vllm_v1.terms` gives).
+    ``output_delay``: seconds from a step's end until the client sees its tokens (``vllm_v1``;
+    0 otherwise); the engine adds it to the reported first-token and finish times.
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
@@ -72,8 +74,10 @@ class CalibratedCostModel:
         # is floor[seqs], or floor_prefill when the batch prefills and that is larger, and the
         # slowdown (a power cap) applies to iterations that prefill.
         self._slowdown = gpu.prefill_slowdown
-        self._general = engine_overhead in ("overlapped", "eager_2023") or self._slowdown != 1.0
+        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1") \
+            or self._slowdown != 1.0
         self._sync = self._floor_prefill = 0.0
+        self.output_delay = 0.0
         floor = serial = np.zeros_like(n)
         if engine_overhead == "measured_2023" and self._general:
             per_seq, serial = lm_head, cpu.copy()  # CPU kept out of the power-capped GPU time
@@ -85,6 +89,17 @@ class CalibratedCostModel:
         elif engine_overhead == "overlapped":
             per_seq, floor = lm_head, cpu.copy()
             serial = np.full_like(n, overhead.overlapped_gap())
+        elif engine_overhead == "vllm_v1":
+            terms = engine_terms if engine_terms is not None else vllm_v1.terms()
+            comm = vllm_v1.comm_table(k, terms["allreduce_latency"])
+            # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
+            # (the breakdown's embedding part; a power cap slows it like the other kernels).
+            lm_head = lm_head + terms["sampler_per_logit"] * spec.vocab_size * n
+            per_seq = lm_head
+            self._sync = terms["kernel_per_layer"] * spec.num_layers   # per step, GPU time
+            floor = cpu.copy()                  # CPU work is hidden unless longer than the GPU
+            serial = np.full_like(n, terms["step_gap"])
+            self.output_delay = terms["output_delay"]
         else:
             terms = engine_terms if engine_terms is not None else \
                 serving.engine_terms()[gpu.serving]
@@ -121,6 +136,9 @@ class CalibratedCostModel:
                 f"{self.engine_overhead}")
         if self.engine_overhead == "eager_2023":
             text += f" (whole-iteration terms {whole})"
+        elif self.engine_overhead == "vllm_v1":
+            text += (" (terms fitted on real vLLM 0.15 H100 runs; output delay "
+                     f"{self.output_delay * 1e3:.1f} ms)")
         return text
 
     def __repr__(self) -> str:

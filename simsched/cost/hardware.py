@@ -20,9 +20,10 @@ TP_SIZES = (1, 2, 4, 8)
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a decoder-only (Llama-family) transformer; ``head_dim = hidden_size / num_heads``.
+    """Shape of a decoder-only (Llama-family) transformer.
 
-    ``rope``: rotary position embedding (an element-wise op per layer); False for ALiBi models
+    ``head_dim``: channels per attention head; 0 (default) means ``hidden_size / num_heads``
+    (set it where a config gives its own, as Mistral-NeMo's 128 with 5,120 / 32 = 160). ``rope``: rotary position embedding (an element-wise op per layer); False for ALiBi models
     (BLOOM), whose position bias is fused into attention. ``tied_embeddings``: the LM head shares
     the embedding matrix (counted once in the weights).
     """
@@ -38,6 +39,7 @@ class ModelSpec:
     max_context: int = 4096
     rope: bool = True
     tied_embeddings: bool = False
+    head_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -45,9 +47,15 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"ModelSpec.hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_heads ({self.num_heads})")
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) \
+                or self.head_dim < 0:
+            raise ValueError(f"ModelSpec.head_dim must be a positive integer (or 0: hidden_size "
+                             f"/ num_heads), got {self.head_dim!r}")
+        if not self.head_dim:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"ModelSpec.hidden_size ({self.hidden_size}) must be divisible "
+                                 f"by num_heads ({self.num_heads}) unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be divisible by "
                              f"num_kv_heads ({self.num_kv_heads})")
@@ -78,15 +86,11 @@ class ModelSpec:
                 gated_mlp=str(config.get("hidden_act", "silu")).lower() in ("silu", "swiglu"),
                 bytes_per_param=bytes_per_param,
                 max_context=int(config.get("max_position_embeddings", 4096)),
+                head_dim=int(config.get("head_dim") or 0),
             )
         except KeyError as exc:
             raise ValueError(f"hf config is missing field {exc.args[0]!r}") from None
         return spec
-
-    @property
-    def head_dim(self) -> int:
-        """Channels per attention head."""
-        return self.hidden_size // self.num_heads
 
     @property
     def num_params(self) -> int:
@@ -161,6 +165,19 @@ MODELS: dict[str, ModelSpec] = {
     # trained at 2,048 tokens, ALiBi runs longer (the real-serving runs use 8,192-token prompts).
     "bloom-176b": ModelSpec(70, 14336, 112, 112, 57344, 250880, gated_mlp=False,
                             max_context=2048, rope=False, tied_embeddings=True),
+    # The dense models of the real vLLM 0.15 runs (simsched/cost/data/vllm_v1/). Shapes written
+    # from the public Hugging Face config.json of each (from memory of those files, not fetched):
+    # meta-llama/Llama-3.1-70B: Llama-3-70B's shape with a 128k context.
+    "llama-3.1-70b": ModelSpec(80, 8192, 64, 8, 28672, 128256, max_context=131072),
+    # codellama/CodeLlama-34b-hf: grouped-query attention (8 KV heads), 16k context.
+    "codellama-34b": ModelSpec(48, 8192, 64, 8, 22016, 32000, max_context=16384),
+    # mistralai/Mistral-Nemo-Base-2407: head_dim 128 (not 5,120 / 32), 128k context.
+    "mistral-nemo-12b": ModelSpec(40, 5120, 32, 8, 14336, 131072, max_context=131072,
+                                  head_dim=128),
+    # Qwen/Qwen2.5-7B-Instruct: 28 layers, 4 KV heads, untied LM head, 32k context.
+    "qwen2.5-7b": ModelSpec(28, 3584, 28, 4, 18944, 152064, max_context=32768),
+    # 01-ai/Yi-34B: 56 heads, 8 KV heads, 4k context.
+    "yi-34b": ModelSpec(60, 7168, 56, 8, 20480, 64000, max_context=4096),
 }
 
 # Dense (non-sparse) bf16 tensor FLOP/s, HBM bandwidth and NVLink bandwidth (total, both

@@ -56,6 +56,8 @@ def check_invariants(cluster, replica, batch) -> None:
         # committed): only its membership is checked now, its KV at its own commits.
         waiting_ids += _check_membership(other.scheduler, other.kv, now,
                                          exact=other is replica)
+        # Async scheduling: arrivals the next plan cannot see yet are waiting too.
+        waiting_ids += [req.id for _, req in getattr(other, "pending", ())]
     _check_requests(cluster, [r.scheduler for r in cluster.replicas], waiting_ids, now)
 
 
@@ -288,7 +290,7 @@ def check_final_state(engine) -> None:
     now = engine.env.now
     for replica in engine.replicas:
         sched, kv = replica.scheduler, replica.kv
-        if sched.has_work() or _swapped(sched):
+        if sched.has_work() or _swapped(sched) or getattr(replica, "pending", None):
             raise InvariantError("drained", now, f"replica {replica.index}: "
                                                  f"{len(sched.running)} running, "
                                                  f"{sched.num_waiting} waiting at the end")
@@ -329,8 +331,9 @@ def check_results(results) -> None:
             raise InvariantError("finished_complete", now,
                                  f"{row.num_generated_tokens}/{row.num_output_tokens}", rid)
         times = (row.arrival_at, row.first_scheduled_at, row.first_token_at, row.finished_at)
+        # The client sees tokens after an output delay (vllm_v1): the engine's finish is <= now.
         if any(t != t for t in times) or any(b < a for a, b in zip(times, times[1:])) \
-                or not row.ttft >= 0 or times[-1] > now:
+                or not row.ttft >= 0 or getattr(row, "engine_finished_at", times[-1]) > now:
             raise InvariantError("monotone_timestamps", now, f"timestamps {times}", rid)
         if row.num_output_tokens > 1 and not row.tpot >= 0:
             raise InvariantError("monotone_timestamps", now, f"tpot {row.tpot}", rid)

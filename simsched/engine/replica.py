@@ -11,6 +11,14 @@ after idling, for the instant it was woken) with an event of lower priority than
 arrival at the instant a batch is formed has joined the queue first and is considered for that
 batch, whatever the order in which SimPy scheduled the events.
 
+With async scheduling (``scheduler.async_scheduling``, on for the ``vllm_v1`` engine profile) the
+replica models vLLM V1's one-step pipeline: the engine plans step k + 1 as step k starts, so the
+plan of an iteration sees only the requests that arrived up to the start of the previous one (a
+request arriving while step k runs joins step k + 2 at the earliest). Arrivals wait in
+``pending`` until an iteration's plan may see them. After idling, or when the planned step would
+be empty, the engine plans at once and sees everything that has arrived. Blocks and sequence slots
+freed by step k are used from step k + 1 here (vLLM: from k + 2); see docs/vllm_v1.md.
+
 Request processes belong to the cluster (:mod:`simsched.cluster.cluster`), which hands each
 admitted request to a replica with :meth:`Replica.add` together with the SimPy handles the replica
 fires: the process to interrupt and the first-token and done events.
@@ -21,16 +29,17 @@ from __future__ import annotations
 import heapq
 import math
 import numbers
+from collections import deque
 
 import numpy as np
 import simpy
 
-from simsched.cost import hardware
+from simsched.cost import hardware, overhead
 from simsched.engine.prefix_cache import make_kv_cache
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
-from simsched.request import Request
+from simsched.request import Request, Status
 
 
 # An iteration must span at least this many float spacings of the clock (relative error <= 0.05 %).
@@ -78,6 +87,9 @@ class Replica:
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
+        # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
+        self.async_scheduling = overhead.async_scheduling(config)
+        self.pending: deque = deque()
         env.process(self._gpu())
 
     def add(self, req: Request, handles: tuple, now: float) -> bool:
@@ -89,6 +101,8 @@ class Replica:
         :func:`~simsched.engine.simpy_fast.done_event`); the replica keeps them only while the
         request is in flight here.
         """
+        if self.async_scheduling:
+            return self._add_pending(req, handles, now)
         if not self.scheduler.add(req, now):
             return False
         self._live[req.id] = handles
@@ -97,6 +111,26 @@ class Replica:
             self._idle = None
             idle.succeed()
         return True
+
+    def _add_pending(self, req: Request, handles: tuple, now: float) -> bool:
+        """:meth:`add` with async scheduling: the request waits in ``pending`` for a plan that
+        may see it (rejected at once, as :meth:`add` does, if it can never be served)."""
+        sched = self.scheduler
+        if req.num_prompt_tokens + req.num_output_tokens > sched._max_total:
+            return sched.add(req, now)          # rejects it, with the reason
+        req.status = Status.WAITING
+        req.queued_at = now
+        self.pending.append((now, req))
+        self._live[req.id] = handles
+        self.wake()
+        return True
+
+    def _release(self, cutoff: float) -> None:
+        """Queue the pending requests that arrived at or before ``cutoff``."""
+        pending, add = self.pending, self.scheduler.add
+        while pending and pending[0][0] <= cutoff:
+            at, req = pending.popleft()
+            add(req, at)
 
     def wake(self) -> None:
         """Wake the GPU loop if it idles (new work, or KV memory freed by a transfer)."""
@@ -151,7 +185,16 @@ class Replica:
         ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
         ulp_floor = 0.0
         now = env.now        # the clock, kept here: only this loop and its sleeps move it
+        asynchronous, pending = self.async_scheduling, self.pending
+        plan_at = now               # async: when the plan of the iteration starting now was made
         while True:
+            if asynchronous:
+                if pending:
+                    self._release(plan_at)
+                    if pending and not sched.running and not has_work():
+                        # The planned step is empty: vLLM plans again at once, seeing everything.
+                        self._release(now)
+                plan_at = now                   # the next iteration is planned as this one starts
             if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
