@@ -1,11 +1,12 @@
 """Prefill planning and admission, as methods the scheduler inherits.
 
 Each iteration first continues the partial prefills of running requests (a chunk each while the
-token budget lasts), then admits waiting requests in queue order: each admission takes the KV
-blocks of its first chunk (with a prefix cache, after reusing the blocks of its cached prefix),
-keeping a watermark of free blocks back while others run, and may preempt lower-ranked running
-requests when the queue policy is preemptive (:mod:`simsched.engine.preemption`). An admission
-that failed for want of KV blocks is remembered, so KV-bound iterations skip the scan while
+token budget lasts), then admits waiting requests in queue order while the admission
+constraints (:mod:`simsched.engine.constraints`) allow: each admission takes the KV blocks of its
+first chunk (with a prefix cache, after reusing the blocks of its cached prefix), keeping a
+watermark of free blocks back while others run, and may preempt lower-ranked running requests
+when the queue policy is preemptive or ``preemption=True`` (:mod:`simsched.engine.preemption`).
+The last refusal of the queue's head is remembered, so KV-bound iterations skip the scan while
 nothing it depends on has changed.
 """
 
@@ -25,7 +26,8 @@ class AdmissionMixin:
         # Swapped requests resume before new admissions, unless the policy ranks them lower.
         return not self.swapped or self.preemptive
 
-    def _budget_left(self) -> int:
+    def budget_left(self) -> int:
+        """Tokens of ``max_num_batched_tokens`` this iteration has not spent yet."""
         used = self.planned_tokens + (len(self.decoding) if self._decodes_count else 0)
         return self.cfg.max_num_batched_tokens - used
 
@@ -40,7 +42,7 @@ class AdmissionMixin:
         """Plan the next chunk of running ``req``'s prefill; False once the iteration is full."""
         if len(self.planned) >= self.max_num_prefills:
             return False
-        budget = self._budget_left()
+        budget = self.budget_left()
         if budget <= 0:
             return False
         kv = self.kv
@@ -51,6 +53,14 @@ class AdmissionMixin:
         kv.allocate(req.id, req.num_computed + chunk)
         self._plan(req, chunk)
         return True
+
+    def _refused(self, constraint) -> None:
+        """Remember that ``constraint`` refused the queue's head, if it can say until when."""
+        if self._memo_heads:
+            stamp = constraint.stamp(self)
+            if stamp is not None:
+                self._blocked = (constraint, self._num_pushed, self.num_admitted, self._queue,
+                                 stamp)
 
     def _plan(self, req: Request, chunk: int) -> None:
         self.planned[req.id] = (req, chunk)
@@ -66,20 +76,31 @@ class AdmissionMixin:
                 self.meter.prefill(req, -entry[1])
 
     def _admit(self) -> None:
+        """Admit waiting requests in queue order while every admission constraint allows
+        (:mod:`simsched.engine.constraints`); the first refusal ends the scan, and is remembered
+        (``_blocked``) when its constraint can say until when.
+
+        The built-in constraints are asked inline, in this order (their ``admits``, copied: a
+        call each per admission would cost more than the rest of it): ``SeqSlots`` (unless a
+        preemptive policy may free a slot), ``PrefillSlots`` and ``TokenBudget``; the head's
+        first chunk is sized; then the added constraints, and last ``KVBlocks`` (with a
+        preemptible ``SeqSlots``), as preemption may lift them.
+        """
         cfg, kv, queue = self.cfg, self.kv, self._queue
         static = self._static
         prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
-        may_preempt, memo_ok = self._admit_flags    # see _update_special
+        kv_blocks = self._kv_blocks
+        added = self._added
         waiting, forget = self._waiting, self._forget
         while waiting:
-            full = len(self.running) >= cfg.max_num_seqs
+            full = len(self.running) >= cfg.max_num_seqs                    # SeqSlots
             if (full and not self.preemptive) or len(self.planned) >= self.max_num_prefills:
-                break
+                return                                                      # PrefillSlots
             budget = cfg.max_num_batched_tokens - self.planned_tokens \
-                - (len(self.decoding) if self._decodes_count else 0)      # _budget_left()
-            if budget <= 0 and not static:
-                break
+                - (len(self.decoding) if self._decodes_count else 0)      # budget_left()
+            if budget <= 0 and not static:                                  # TokenBudget
+                return
             req = queue.peek()
             remaining = req.prefill_target
             if prefix:
@@ -92,21 +113,28 @@ class AdmissionMixin:
             elif not self.planned and not (self._decodes_count and self.decoding):
                 chunk = remaining               # an over-budget prompt runs alone, unchunked
             else:
-                break
+                return                          # the token budget cannot take it whole
             if prefix:
                 # Hit blocks are held already; taking evictable ones uses free blocks.
                 need = kv.blocks_for(cached + (remaining if static else chunk)) - hit \
                     + evictable + reserved
             else:
                 need = -(-(remaining if static else chunk) // self.block_size) + reserved
-            # The watermark keeps headroom for running requests to grow; with none running it
-            # would only block a request that fits the cache forever.
+            if added:
+                for constraint in added:
+                    if not constraint.admits(self, req, need):
+                        self._refused(constraint)
+                        return
+            # KVBlocks (and a preemptible SeqSlots): the watermark keeps headroom for running
+            # requests to grow; with none running it would only block a request that fits.
             if full or kv.num_free - need < (kv.watermark_blocks if self.running else 0):
-                if not (may_preempt and self._preempt_for_admission(req, need, full)):
-                    if not full and memo_ok:
-                        self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
-                                            budget, bool(self.running), queue)
-                    break
+                if not kv_blocks.preemptible:
+                    if self._memo_kv:       # _refused(kv_blocks), with KVBlocks.stamp inlined
+                        self._blocked = (kv_blocks, self._num_pushed, self.num_admitted, queue,
+                                         (kv.num_free, budget, bool(self.running)))
+                    return
+                if not self._preempt_for_admission(req, need, full):
+                    return
                 if prefix:
                     continue        # the victims' released blocks change the match: look again
             if forget is None:

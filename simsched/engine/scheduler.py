@@ -33,6 +33,7 @@ from simsched.engine.kv_cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.queues import HeapQueue
 from simsched.engine.admission import AdmissionMixin
+from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.preemption import PreemptionMixin
@@ -66,7 +67,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
-                 "_num_pushed", "_kv_blocked", "_static", "_special", "_admit_flags",
+                 "_num_pushed", "_blocked", "_static", "_special", "_memo_heads", "_memo_kv",
+                 "constraints", "_kv_blocks", "_added",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
@@ -143,8 +145,16 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.ready: list[Request] = []
         self._prefill_first = cfg.style == "prefill_first"
         self._num_pushed = 0                      # requests ever pushed to the queue
-        self._kv_blocked: tuple | None = None     # see _admit_waiting
         self._static = cfg.style == "static"
+        # Admission constraints (simsched.engine.constraints): the built-in ones, asked inline
+        # by _admit; add_constraint adds more. A preemptive policy may preempt for a sequence
+        # slot, and with preemption=True for KV blocks.
+        may_preempt = bool(cfg.preemption or self.preemptive)
+        self._kv_blocks = KVBlocks(preemptible=may_preempt, memoise=not kv.prefix_caching)
+        self.constraints: list = [SeqSlots(cfg.max_num_seqs, preemptible=self.preemptive),
+                                  PrefillSlots(self.max_num_prefills),
+                                  *(() if self._static else (TokenBudget(),)), self._kv_blocks]
+        self._added: tuple = ()                   # constraints add_constraint added
         self._update_special()
 
     @property
@@ -281,11 +291,22 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def _update_special(self) -> None:
         # Whether every iteration has _prepare's work: swap transfers to reset, queue hooks.
         self._special = bool(self.swapping or self._queue_hooks)
-        # _admit's fixed flags: whether an admission may preempt, and whether a blocked head
-        # can be memoised (fixed-key queues without preemption or prefix reuse).
-        may_preempt = bool(self.cfg.preemption or self.preemptive)
-        self._admit_flags = (may_preempt, not (may_preempt or self.prefix_caching
-                                               or self._static) and self._fixed_order)
+        # Whether a refused queue head stays the head while nothing is pushed or admitted (a
+        # queue of fixed keys; static batching's refusals count blocks reserved in the scan).
+        self._memo_heads = self._fixed_order and not self._static
+        self._memo_kv = self._memo_heads and self._kv_blocks.memoise
+        self._blocked: tuple | None = None      # see _admit_waiting
+
+    def add_constraint(self, constraint) -> None:
+        """Ask ``constraint`` (an :class:`~simsched.engine.constraints.AdmissionConstraint`)
+        before every admission: once the head of the queue's first chunk is sized, after the
+        constraints added before it and before ``KVBlocks``."""
+        if constraint.preemptible:
+            raise ValueError(f"admission constraint {constraint!r}: preemption frees only sequence "
+                             "slots and KV blocks, so an added constraint cannot be preemptible")
+        self.constraints.insert(len(self.constraints) - 1, constraint)   # KVBlocks stays last
+        self._added += (constraint,)
+        self._blocked = None
 
     def _admit_prefill_first(self) -> bool:
         """Prefill-first style: admit (whole prompts) if possible; True if nobody was, so the
@@ -301,19 +322,18 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         return True
 
     def _admit_waiting(self) -> None:
-        """Swap-ins first, then admissions, unless the last one that failed for want of KV
-        blocks would fail again: the queue as it was (nothing pushed or popped, fixed keys), no
-        more blocks free, no smaller budget, the watermark as before. KV-bound runs spend many
-        iterations with a blocked queue head; those skip the admission scan."""
+        """Swap-ins first, then admissions, unless the last refusal of the queue's head would
+        be made again: the queue as it was (nothing pushed or admitted since, fixed keys) and
+        the refusing constraint still refusing (simsched.engine.constraints). KV-bound runs
+        spend many iterations with a refused head; those skip the admission scan."""
         if self.swapped:
             swap.swap_in(self)
         if (not self.swapped or self.preemptive) and self._waiting \
                 and (not self._static or not self.running):
-            memo = self._kv_blocked
-            if memo is not None and memo[0] == self._num_pushed \
-                    and memo[1] == self.num_admitted and self.kv.num_free <= memo[2] \
-                    and self._budget_left() >= memo[3] and memo[4] == bool(self.running) \
-                    and memo[5] is self._queue:
+            blocked = self._blocked
+            if blocked is not None and blocked[1] == self._num_pushed \
+                    and blocked[2] == self.num_admitted and blocked[3] is self._queue \
+                    and blocked[0].still_blocked(self, blocked[4]):
                 return
             self._admit()
 

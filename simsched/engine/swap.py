@@ -66,7 +66,7 @@ def swap_in(sched) -> None:
         if sched.preemptive and sched.queue and sched.queue.ranks_below(req, sched.queue.peek()):
             return  # a preemptive policy (MLFQ) runs a better waiting request first
         decoding = req.num_computed >= req.prefill_target
-        if sched._budget_left() < 1:
+        if sched.budget_left() < 1:
             return
         # A decoder's first step may start a new block: take it now (growth may have run).
         need = kv.blocks_for(req.num_computed + (1 if decoding else 0))
