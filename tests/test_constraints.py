@@ -290,3 +290,4 @@ def test_a_per_tenant_cap_plugs_in_without_editing_the_engine():
     # Refused heads are remembered until the running set changes: far fewer asks than
     # iterations with a waiting queue.
     assert cap.asked < len(most) // 2
+

@@ -17,6 +17,26 @@ from simsched.request import PreemptionCause, Request, Status
 WAITING = Status.WAITING
 
 
+class _VictimSearch:
+    """The owner of a failed admission preemption in the scheduler's memo of refusals
+    (``Scheduler._blocked``, see :mod:`simsched.engine.constraints`).
+
+    Its stamp is ``(request id, blocks needed, slot needed, running-set version, planned ids)``:
+    with ranks that cannot turn against the request (fixed, or only improving), the search for
+    victims fails again while all of these are unchanged, and is skipped. Asked before the
+    admission scan, it cannot tell (the head's need is not known yet).
+    """
+
+    __slots__ = ()
+    name = "admission_preemption"
+
+    def still_blocked(self, sched, stamp) -> bool:
+        return False
+
+
+VICTIM_SEARCH = _VictimSearch()
+
+
 class PreemptionMixin:
     """Preemption triggers and recompute preemption for :class:`~simsched.engine.scheduler.Scheduler`."""
 
@@ -46,7 +66,9 @@ class PreemptionMixin:
         Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
         """
         key = (req.id, need, slot, self.running_version, tuple(self.planned))
-        if self._memo_failed and key == self._failed_admission:
+        blocked = self._blocked
+        if self._memo_failed and blocked is not None and blocked[0] is VICTIM_SEARCH \
+                and blocked[4] == key:
             return False
         cap = self.cfg.max_num_preemptions
         planned = self.planned
@@ -64,7 +86,8 @@ class PreemptionMixin:
         held = kv.num_held
         freeable = sum([held(r.id) for r in candidates])
         if not candidates or kv.num_free - kv.watermark_blocks + freeable < need:
-            self._failed_admission = key
+            if self._memo_failed:
+                self._blocked = (VICTIM_SEARCH, None, None, None, key)
             return False  # preempting would not help: keep their work
         while not kv.can_allocate(need, use_watermark=True) or \
                 (slot and len(self.running) >= self.cfg.max_num_seqs):

@@ -61,7 +61,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "num_cached_tokens", "_queue", "_note_time", "_queue_update", "_queue_refresh",
                  "_queue_hooks", "_fixed_order", "_waiting", "_forget", "preemptive",
                  "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
-                 "_failed_admission", "meter", "choose_victim", "swap", "swapping", "swapped",
+                 "meter", "choose_victim", "swap", "swapping", "swapped",
                  "_swapped_new", "swap_out_bytes", "swap_in_bytes", "chunking",
                  "max_num_prefills", "running", "decoding", "prefilling", "step", "step_ended_at",
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
@@ -100,7 +100,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._memo_failed = self._static_ranks or bool(getattr(self.queue, "ranks_only_improve",
                                                                False))
         self.running_version = 0
-        self._failed_admission: tuple | None = None
         self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
         self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
