@@ -291,3 +291,25 @@ def test_a_per_tenant_cap_plugs_in_without_editing_the_engine():
     # iterations with a waiting queue.
     assert cap.asked < len(most) // 2
 
+
+def test_a_failed_victim_search_is_asked_again_once_more_blocks_are_free():
+    """A handed-off request's KV leaves (disaggregated prefill) without the running set
+    changing: the blocks it frees may let preemption make room, so the remembered failure of
+    the victim search must not hold."""
+    sched, kv = make(num_blocks=10, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                     policy="priority", preemption=True)
+    held = Request(0, 0.0, 16, 5, priority=0)       # 4 blocks, kept for a KV transfer
+    low = Request(1, 0.0, 8, 30, priority=2)        # 2 blocks, 3 once it decodes
+    sched.handoff.add(held.id)
+    sched.add(held, 0.0)
+    sched.add(low, 0.0)
+    step(sched, 0.0)
+    assert held.id in sched.held and kv.num_free == 4
+    urgent = Request(2, 1.0, 36, 2, priority=0)    # 9 blocks: 3 free + low's 3 are too few
+    sched.add(urgent, 1.0)
+    step(sched, 1.0)
+    assert urgent.status is Status.WAITING and low.status is Status.RUNNING
+    sched.release_held(held)                         # 7 free + low's 3: enough
+    sched.schedule(2.0)
+    assert [(v.id, c.reason) for v, c in sched.preempted] == [(1, "admission")]
+    assert urgent.status is Status.RUNNING

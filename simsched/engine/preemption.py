@@ -21,10 +21,12 @@ class _VictimSearch:
     """The owner of a failed admission preemption in the scheduler's memo of refusals
     (``Scheduler._blocked``, see :mod:`simsched.engine.constraints`).
 
-    Its stamp is ``(request id, blocks needed, slot needed, running-set version, planned ids)``:
-    with ranks that cannot turn against the request (fixed, or only improving), the search for
-    victims fails again while all of these are unchanged, and is skipped. Asked before the
-    admission scan, it cannot tell (the head's need is not known yet).
+    Its stamp is ``((request id, blocks needed, slot needed, running-set version, planned ids),
+    free blocks)``: with ranks that cannot turn against the request (fixed, or only improving),
+    the search for victims fails again while the first part is unchanged and no more blocks are
+    free (a candidate's growth takes free blocks but adds as many freeable ones; blocks freed
+    without the running set changing, as a KV transfer's end frees them, may make it succeed).
+    Asked before the admission scan, it cannot tell (the head's need is not known yet).
     """
 
     __slots__ = ()
@@ -68,7 +70,7 @@ class PreemptionMixin:
         key = (req.id, need, slot, self.running_version, tuple(self.planned))
         blocked = self._blocked
         if self._memo_failed and blocked is not None and blocked[0] is VICTIM_SEARCH \
-                and blocked[4] == key:
+                and blocked[4][0] == key and self.kv.num_free <= blocked[4][1]:
             return False
         cap = self.cfg.max_num_preemptions
         planned = self.planned
@@ -87,7 +89,7 @@ class PreemptionMixin:
         freeable = sum([held(r.id) for r in candidates])
         if not candidates or kv.num_free - kv.watermark_blocks + freeable < need:
             if self._memo_failed:
-                self._blocked = (VICTIM_SEARCH, None, None, None, key)
+                self._blocked = (VICTIM_SEARCH, None, None, None, (key, kv.num_free))
             return False  # preempting would not help: keep their work
         while not kv.can_allocate(need, use_watermark=True) or \
                 (slot and len(self.running) >= self.cfg.max_num_seqs):

@@ -90,7 +90,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             self.queue.bind(self)
         self.preemptive = bool(getattr(self.queue, "preemptive", False))
         # With fixed ranks a failed admission preemption fails again until the running set
-        # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan.
+        # changes or blocks are freed: remember it (_blocked, preemption.VICTIM_SEARCH).
         self._static_ranks = (self._queue_refresh is None
                               and not getattr(self.queue, "dynamic_ranks", False))
         # A policy may refuse an admission preemption its ranks would allow (storm guards).
