@@ -88,7 +88,6 @@ class AdmissionMixin:
         """
         cfg, kv, queue = self.cfg, self.kv, self._queue
         static = self._static
-        prefix = self.prefix_caching
         reserved = 0  # static batching admits whole prompts' worth of blocks up front
         kv_blocks = self._kv_blocks
         added = self._added
@@ -103,9 +102,11 @@ class AdmissionMixin:
                 return
             req = queue.peek()
             remaining = req.prefill_target
-            if prefix:
+            cached = 0
+            if req.content is not None:     # without an identity nothing matches: no call
                 cached, hit, evictable = kv.match(req)
-                remaining -= cached
+                if cached:
+                    remaining -= cached
             if self.chunking:
                 chunk = remaining if remaining <= budget else budget if budget > 0 else 0
             elif remaining <= budget:
@@ -114,10 +115,11 @@ class AdmissionMixin:
                 chunk = remaining               # an over-budget prompt runs alone, unchunked
             else:
                 return                          # the token budget cannot take it whole
-            if prefix:
-                # Hit blocks are held already; taking evictable ones uses free blocks.
-                need = kv.blocks_for(cached + (remaining if static else chunk)) - hit \
-                    + evictable + reserved
+            # kv.blocks_for(), inlined, and no arithmetic with a miss's zeros (new int objects,
+            # per admission): hit blocks are held already; taking evictable ones uses free ones.
+            if cached:
+                need = -(-(cached + (remaining if static else chunk)) // self.block_size) \
+                    - hit + evictable + reserved
             else:
                 need = -(-(remaining if static else chunk) // self.block_size) + reserved
             if added:
@@ -135,8 +137,11 @@ class AdmissionMixin:
                     return
                 if not self._preempt_for_admission(req, need, full):
                     return
-                if prefix:
-                    continue        # the victims' released blocks change the match: look again
+                if kv.prefix_caching:
+                    # The victims' released blocks change a shared cache's match: look again.
+                    # (Private blocks keep the chunk as sized, though a decoding victim freed
+                    # a token of budget: results depend on it.)
+                    continue
             if forget is None:
                 queue.pop()
             else:
@@ -146,23 +151,21 @@ class AdmissionMixin:
             self.num_admitted += 1
             if req.first_scheduled_at != req.first_scheduled_at:  # NaN: first admission
                 req.first_scheduled_at = self.now
-                if prefix and req.content is not None:
+                if cached:
                     req.content.num_cached_tokens = cached
-            if prefix:
-                kv.acquire(req, hit)
-                req.num_computed = cached
-                self.num_cached_tokens += cached
             self.running[req.id] = req
             self.running_version += 1
             self.prefilling[req.id] = req
-            if prefix or static:
-                done = req.num_computed            # cached tokens (0 without a prefix cache)
-                if static:
-                    reserved += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
-                if chunk:
-                    kv.allocate(req.id, done + chunk)
-            elif chunk:
-                kv.hold(req.id, need)              # holds nothing yet: its first chunk's blocks
+            if static:
+                reserved += kv.blocks_for(cached + remaining) - kv.blocks_for(cached + chunk)
+            if cached:          # the hit's tokens need no prefill
+                req.num_computed = cached
+                self.num_cached_tokens += cached
+                kv.acquire(req, hit, cached + chunk if chunk else 0)
+            elif req.content is None and chunk and not static:
+                kv.hold(req.id, need)   # the common case: private blocks, as many as need says
+            else:
+                kv.acquire(req, 0, chunk)
             if chunk:
                 self.planned[req.id] = (req, chunk)         # _plan(req, chunk), inlined
                 self.planned_tokens += chunk

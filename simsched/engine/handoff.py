@@ -27,7 +27,7 @@ class HandoffMixin:
     def release_held(self, req: Request) -> int:
         """Free a handed-off request's KV blocks (its transfer ended); return how many."""
         del self.held[req.id]
-        return self.kv.free(req.id, req.num_computed if self.prefix_caching else 0)
+        return self.kv.free(req.id, req.num_computed)
 
     def reserve(self, req: Request) -> int | None:
         """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
@@ -37,17 +37,11 @@ class HandoffMixin:
         """
         kv = self.kv
         num_tokens = req.num_computed
-        if self.prefix_caching:
-            cached, hit, evictable = kv.match(req)
-            need = kv.blocks_for(num_tokens) - hit + evictable
-        else:
-            cached = hit = 0
-            need = kv.blocks_for(num_tokens)
+        cached, hit, evictable = kv.match(req)
+        need = kv.blocks_for(num_tokens) - hit + evictable
         if not kv.can_allocate(need, use_watermark=bool(self.running)):
             return None
-        if self.prefix_caching:
-            kv.acquire(req, hit)
-        kv.allocate(req.id, num_tokens)
+        kv.acquire(req, hit, num_tokens)
         self.incoming[req.id] = req
         return cached
 

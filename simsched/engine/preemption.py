@@ -109,7 +109,7 @@ class PreemptionMixin:
             return
         generated = self.num_generated(victim)
         cached = self.num_cached(victim)
-        self._stop(victim)
+        self._stop(victim, cached)
         victim.num_generated = generated
         victim.num_computed = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
@@ -121,9 +121,9 @@ class PreemptionMixin:
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
-    def _stop(self, victim: Request) -> None:
-        """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
-        cached = self.num_cached(victim) if self.prefix_caching else 0
+    def _stop(self, victim: Request, cached: int) -> None:
+        """Take running ``victim``, with ``cached`` tokens' KV, off the GPU: end its decode run
+        or prefill, free its blocks (a prefix cache keeps those of its cached tokens)."""
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:

@@ -29,7 +29,7 @@ import numpy as np
 
 from simsched.engine import swap
 from simsched.cost.base import Batch
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv_cache import KVManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.queues import HeapQueue
 from simsched.engine.admission import AdmissionMixin
@@ -57,7 +57,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     ``swap_space_bytes`` size swap preemption (the engine passes them from the config).
     """
 
-    __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total", "prefix_caching",
+    __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total",
                  "num_cached_tokens", "_queue", "_note_time", "_queue_update", "_queue_refresh",
                  "_queue_hooks", "_fixed_order", "_waiting", "_forget", "preemptive",
                  "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
@@ -71,7 +71,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "constraints", "_kv_blocks", "_added",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
-    def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
+    def __init__(self, cfg, kv: KVManager, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None, kv_bytes_per_block: float = 0.0,
                  swap_space_bytes: float = DEFAULT_SWAP_SPACE_BYTES) -> None:
         self.cfg = cfg
@@ -83,7 +83,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._max_total = kv.num_blocks * kv.block_size + 1
         if max_model_len is not None:
             self._max_total = min(self._max_total, max_model_len)
-        self.prefix_caching = kv.prefix_caching
         self.num_cached_tokens = 0                # prompt tokens served from the prefix cache
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
         if hasattr(self.queue, "bind"):
@@ -401,13 +400,14 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         req.num_generated = req.num_output_tokens
         del self.running[req.id]
         self.running_version += 1
-        if self.prefix_caching:
-            # Prompt and output blocks stay cached (the last token's KV is never written).
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
-            if req.content is not None:
-                req.content.runs = None
-        else:
+        content = req.content
+        if content is None:         # nothing a prefix cache could keep
             self.kv.free(req.id)
+        else:
+            # A prefix cache keeps the prompt's and output's blocks (the last token's KV is
+            # never written); the content's memo of them is dead weight now.
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
+            content.runs = None
         # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
         # which keeps a million finished requests within memory.
         req.sort_key = None

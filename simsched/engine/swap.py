@@ -36,7 +36,7 @@ def swap_out(sched, victim: Request, reason: str, by: int | None) -> bool:
     num_bytes = sched.kv.blocks_for(cached) * sched.swap.bytes_per_block
     if cached == 0 or not sched.swap.fits(num_bytes):
         return False
-    sched._stop(victim)
+    sched._stop(victim, cached)
     victim.num_computed = cached
     victim.status = Status.SWAPPED
     victim.queued_at = sched.now
@@ -77,9 +77,7 @@ def swap_in(sched) -> None:
         sched.swap.used_bytes -= num_bytes
         sched.swap_in_bytes += num_bytes
         req.swapped_bytes += num_bytes
-        if sched.prefix_caching:
-            kv.acquire(req, 0)          # its blocks are registered again as they come back
-        kv.allocate(req.id, req.num_computed)
+        kv.acquire(req, 0, req.num_computed)   # a prefix cache registers them again
         req.status = Status.RUNNING
         req.admitted_seq = sched.num_admitted
         sched.num_admitted += 1
