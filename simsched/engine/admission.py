@@ -18,7 +18,19 @@ RUNNING = Status.RUNNING
 
 
 class AdmissionMixin:
-    """Prefill chunks and admissions for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """Prefill chunks, swap-ins and admissions for :class:`~simsched.engine.scheduler.Scheduler`.
+
+    The scheduler owns the state (declared in ``Scheduler.__init__``). This layer reads ``cfg``,
+    ``kv``, ``chunking``, ``max_num_prefills``, ``block_size``, ``preemptive``, ``meter``,
+    ``now``, ``decoding``, ``_decodes_count``, ``_static``, the queue (``_queue``, ``_waiting``,
+    ``_forget``, ``_num_pushed``) and the constraints (``_kv_blocks``, ``_added``,
+    ``_memo_heads``, ``_memo_kv``); it changes the plan (``planned``, ``planned_tokens``),
+    ``running``, ``prefilling``, ``num_admitted``, ``running_version``, ``num_cached_tokens``,
+    ``swap_in_bytes`` and the memo ``_blocked``, and takes requests out of the queue and the
+    swap space (``swap``, ``swapped``); ``add_constraint`` adds to ``constraints``. It calls
+    down into preemption (``_make_room``, ``_preempt_for_admission``) and decode
+    (``_start_run``), never up.
+    """
 
     __slots__ = ()
 
@@ -30,6 +42,68 @@ class AdmissionMixin:
         """Tokens of ``max_num_batched_tokens`` this iteration has not spent yet."""
         used = self.planned_tokens + (len(self.decoding) if self._decodes_count else 0)
         return self.cfg.max_num_batched_tokens - used
+
+    def add_constraint(self, constraint) -> None:
+        """Ask ``constraint`` (an :class:`~simsched.engine.constraints.AdmissionConstraint`)
+        before every admission: once the head of the queue's first chunk is sized, after the
+        constraints added before it and before ``KVBlocks``."""
+        if constraint.preemptible:
+            raise ValueError(f"admission constraint {constraint!r}: preemption frees only sequence "
+                             "slots and KV blocks, so an added constraint cannot be preemptible")
+        self.constraints.insert(len(self.constraints) - 1, constraint)   # KVBlocks stays last
+        self._added += (constraint,)
+        self._blocked = None
+
+    def _admit_waiting(self) -> None:
+        """Swap-ins first, then admissions, unless the last refusal of the queue's head would
+        be made again: the queue as it was (nothing pushed or admitted since, fixed keys) and
+        the refusing constraint still refusing (simsched.engine.constraints). KV-bound runs
+        spend many iterations with a refused head; those skip the admission scan."""
+        if self.swapped:
+            self._swap_in()
+        if (not self.swapped or self.preemptive) and self._waiting \
+                and (not self._static or not self.running):
+            blocked = self._blocked
+            if blocked is not None and blocked[1] == self._num_pushed \
+                    and blocked[2] == self.num_admitted and blocked[3] is self._queue \
+                    and blocked[0].still_blocked(self, blocked[4]):
+                return
+            self._admit()
+
+    def _swap_in(self) -> None:
+        """Swap requests back in (:mod:`simsched.engine.swap`), oldest swap first, while
+        sequence slots, KV blocks and budget last.
+
+        A decoder resumes its decode run in this iteration's decode step; a request swapped out
+        in the middle of its prefill continues it. If nothing else runs, the watermark is waived
+        so a swapped request can always come back.
+        """
+        kv, cfg, swapped, queue = self.kv, self.cfg, self.swapped, self._queue
+        while swapped:
+            req = next(iter(swapped.values()))
+            if len(self.running) >= cfg.max_num_seqs:
+                return
+            if self.preemptive and queue and queue.ranks_below(req, queue.peek()):
+                return  # a preemptive policy (MLFQ) runs a better waiting request first
+            decoding = req.num_computed >= req.prefill_target
+            if self.budget_left() < 1:
+                return
+            # A decoder's first step may start a new block: take it now (growth may have run).
+            need = kv.blocks_for(req.num_computed + (1 if decoding else 0))
+            if not kv.can_allocate(need, use_watermark=bool(self.running)):
+                return
+            self.swap_in_bytes += self.swap.swap_in(req, kv.blocks_for(req.num_computed))
+            kv.acquire(req, 0, req.num_computed)   # a prefix cache registers them again
+            req.status = RUNNING
+            req.admitted_seq = self.num_admitted
+            self.num_admitted += 1
+            self.running[req.id] = req
+            self.running_version += 1
+            if decoding:
+                self._start_run(req, resumed=True)
+            else:
+                self.prefilling[req.id] = req
+                self._continue_prefill(req)
 
     def _continue_prefills(self) -> None:
         for req in list(self.prefilling.values()):
@@ -67,13 +141,6 @@ class AdmissionMixin:
         self.planned_tokens += chunk
         if self.meter is not None:
             self.meter.prefill(req, chunk)
-
-    def _unplan(self, req: Request) -> None:
-        entry = self.planned.pop(req.id, None)
-        if entry is not None:
-            self.planned_tokens -= entry[1]
-            if self.meter is not None:
-                self.meter.prefill(req, -entry[1])
 
     def _admit(self) -> None:
         """Admit waiting requests in queue order while every admission constraint allows

@@ -13,7 +13,12 @@ from simsched.request import Request
 
 
 class HandoffMixin:
-    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`.
+
+    The scheduler owns the state. This part reads ``cfg`` and ``kv``; it changes ``running``,
+    ``running_version``, ``num_admitted`` and its own ``handoff``, ``held``, ``incoming`` and
+    ``ready``. It calls down into decode (``_start_run``) only.
+    """
 
     __slots__ = ()
 

@@ -11,13 +11,21 @@ iteration costs O(events) rather than O(batch), and never O(waiting queue). A qu
 per-iteration ``refresh`` hook would add O(running) per iteration (none has one: MLFQ ranks
 lazily).
 
-Partial prefills and admissions are planned in :mod:`simsched.engine.admission`. Preemption
+Partial prefills, swap-ins and admissions are planned in :mod:`simsched.engine.admission`, under
+the admission constraints of :mod:`simsched.engine.constraints`. Preemption
 (:mod:`simsched.engine.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
 with ``preemption_mode="swap"``, swaps the victim's KV to CPU memory
-(:mod:`simsched.engine.swap`).
+(:class:`~simsched.engine.swap.SwapSpace`). The KV cache is asked only through
+:class:`~simsched.engine.kv_cache.KVManager`: with a prefix cache
+(:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached blocks of the
+request's prefix and prefills only the rest, with the cached tokens as context.
 
-With a prefix cache (:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached
-blocks of the request's prefix and prefills only the rest, with the cached tokens as context.
+The scheduler owns all the state (``__init__`` declares every field); its methods live in
+layers that call down only: :mod:`~simsched.engine.decode` (decode runs, the bottom),
+:mod:`~simsched.engine.preemption` (victims, stopping a request, one-by-one KV growth) above it,
+:mod:`~simsched.engine.admission` above that, :mod:`~simsched.engine.handoff` beside them (it
+uses decode only), and this module's ``schedule`` and ``commit`` on top. Each layer's class
+docstring lists the fields it reads and changes.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import sys
 
 import numpy as np
 
-from simsched.engine import swap
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVManager
 from simsched.policies import VICTIM_POLICIES, make_queue
@@ -37,6 +44,7 @@ from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenB
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.preemption import PreemptionMixin
+from simsched.engine.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
@@ -62,7 +70,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "_queue_hooks", "_fixed_order", "_waiting", "_forget", "preemptive",
                  "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
                  "meter", "choose_victim", "swap", "swapping", "swapped",
-                 "_swapped_new", "swap_out_bytes", "swap_in_bytes", "chunking",
+                 "swap_out_bytes", "swap_in_bytes", "chunking",
                  "max_num_prefills", "running", "decoding", "prefilling", "step", "step_ended_at",
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
@@ -101,10 +109,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.running_version = 0
         self.meter = getattr(self.queue, "meter", None)   # per-tenant service, if the policy meters
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
-        self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
+        self.swap = SwapSpace(swap_space_bytes, kv_bytes_per_block)
         self.swapping = cfg.preemption_mode == "swap"
-        self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
-        self._swapped_new: list[Request] = []
+        self.swapped = self.swap.swapped          # the swap space's, tested every iteration
         self.swap_out_bytes = 0.0                 # this iteration's transfers
         self.swap_in_bytes = 0.0
         self.chunking = cfg.enable_chunked_prefill and cfg.style != "prefill_first"
@@ -295,45 +302,18 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._memo_kv = self._memo_heads and self._kv_blocks.memoise
         self._blocked: tuple | None = None      # see _admit_waiting
 
-    def add_constraint(self, constraint) -> None:
-        """Ask ``constraint`` (an :class:`~simsched.engine.constraints.AdmissionConstraint`)
-        before every admission: once the head of the queue's first chunk is sized, after the
-        constraints added before it and before ``KVBlocks``."""
-        if constraint.preemptible:
-            raise ValueError(f"admission constraint {constraint!r}: preemption frees only sequence "
-                             "slots and KV blocks, so an added constraint cannot be preemptible")
-        self.constraints.insert(len(self.constraints) - 1, constraint)   # KVBlocks stays last
-        self._added += (constraint,)
-        self._blocked = None
-
     def _admit_prefill_first(self) -> bool:
         """Prefill-first style: admit (whole prompts) if possible; True if nobody was, so the
         iteration decodes."""
         self._decodes_count = False
         if self.swapped:
-            swap.swap_in(self)
+            self._swap_in()
         if self._may_admit():
             self._admit()
         if self.planned:
             return False
         self._decodes_count = True
         return True
-
-    def _admit_waiting(self) -> None:
-        """Swap-ins first, then admissions, unless the last refusal of the queue's head would
-        be made again: the queue as it was (nothing pushed or admitted since, fixed keys) and
-        the refusing constraint still refusing (simsched.engine.constraints). KV-bound runs
-        spend many iterations with a refused head; those skip the admission scan."""
-        if self.swapped:
-            swap.swap_in(self)
-        if (not self.swapped or self.preemptive) and self._waiting \
-                and (not self._static or not self.running):
-            blocked = self._blocked
-            if blocked is not None and blocked[1] == self._num_pushed \
-                    and blocked[2] == self.num_admitted and blocked[3] is self._queue \
-                    and blocked[0].still_blocked(self, blocked[4]):
-                return
-            self._admit()
 
     def _settle_victims(self, now: float) -> None:
         """Queue this iteration's recomputed victims; file its swapped-out ones."""
@@ -342,10 +322,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                 self._queue.push(req, now)
             self._num_pushed += len(self._requeue)
             self._requeue.clear()
-        if self._swapped_new:
-            for req in self._swapped_new:
-                self.swapped[req.id] = req
-            self._swapped_new.clear()
+        if self.swapping:
+            self.swap.settle()
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
