@@ -85,15 +85,15 @@ class AdmissionMixin:
                 return
             if self.preemptive and queue and queue.ranks_below(req, queue.peek()):
                 return  # a preemptive policy (MLFQ) runs a better waiting request first
-            decoding = req.num_computed >= req.prefill_target
+            decoding = req.num_computed_tokens >= req.prefill_target
             if self.budget_left() < 1:
                 return
             # A decoder's first step may start a new block: take it now (growth may have run).
-            need = kv.blocks_for(req.num_computed + (1 if decoding else 0))
+            need = kv.blocks_for(req.num_computed_tokens + (1 if decoding else 0))
             if not kv.can_allocate(need, use_watermark=bool(self.running)):
                 return
-            self.swap_in_bytes += self.swap.swap_in(req, kv.blocks_for(req.num_computed))
-            kv.acquire(req, 0, req.num_computed)   # a prefix cache registers them again
+            self.swap_in_bytes += self.swap.swap_in(req, kv.blocks_for(req.num_computed_tokens))
+            kv.acquire(req, 0, req.num_computed_tokens)   # a prefix cache registers them again
             req.status = RUNNING
             req.admitted_seq = self.num_admitted
             self.num_admitted += 1
@@ -120,11 +120,11 @@ class AdmissionMixin:
         if budget <= 0:
             return False
         kv = self.kv
-        chunk = min(req.prefill_target - req.num_computed, budget)
-        need = kv.num_new_blocks(req.id, req.num_computed + chunk)
+        chunk = min(req.prefill_target - req.num_computed_tokens, budget)
+        need = kv.num_new_blocks(req.id, req.num_computed_tokens + chunk)
         if need > kv.num_free and not self._make_room(req, need):
             return True
-        kv.allocate(req.id, req.num_computed + chunk)
+        kv.allocate(req.id, req.num_computed_tokens + chunk)
         self._plan(req, chunk)
         return True
 
@@ -226,7 +226,7 @@ class AdmissionMixin:
             if static:
                 reserved += kv.blocks_for(cached + remaining) - kv.blocks_for(cached + chunk)
             if cached:          # the hit's tokens need no prefill
-                req.num_computed = cached
+                req.num_computed_tokens = cached
                 self.num_cached_tokens += cached
                 kv.acquire(req, hit, cached + chunk if chunk else 0)
             elif req.content is None and chunk and not static:

@@ -39,12 +39,12 @@ class DecodeMixin:
         """Tokens of ``req`` whose KV is in the cache."""
         if req.run_start_step >= 0:
             return req.ctx_base + self.step + 1
-        return req.num_computed
+        return req.num_computed_tokens
 
     def _start_run(self, req: Request, resumed: bool = False) -> None:
         """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
         s1 = self.step + 1
-        cached = req.num_computed
+        cached = req.num_computed_tokens
         rid = req.id
         req.run_start_step = s1
         req.ctx_base = ctx_base = cached - s1
@@ -86,4 +86,4 @@ class DecodeMixin:
         """Freeze lazy progress of requests still running when the run stops."""
         for req in list(self.decoding.values()):
             self._close_run(req, self.step)
-            req.num_computed = req.num_prompt_tokens + req.num_generated - 1
+            req.num_computed_tokens = req.num_prompt_tokens + req.num_generated - 1

@@ -32,7 +32,7 @@ class HandoffMixin:
     def release_held(self, req: Request) -> int:
         """Free a handed-off request's KV blocks (its transfer ended); return how many."""
         del self.held[req.id]
-        return self.kv.free(req.id, req.num_computed)
+        return self.kv.free(req.id, req.num_computed_tokens)
 
     def reserve(self, req: Request) -> int | None:
         """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
@@ -41,7 +41,7 @@ class HandoffMixin:
         None: not enough free blocks now (beyond the watermark while requests run).
         """
         kv = self.kv
-        num_tokens = req.num_computed
+        num_tokens = req.num_computed_tokens
         cached, hit, evictable = kv.match(req)
         need = kv.blocks_for(num_tokens) - hit + evictable
         if not kv.can_allocate(need, use_watermark=bool(self.running)):

@@ -172,10 +172,11 @@ def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
     # A request whose KV waits for (or is in) a transfer holds exactly its prompt's blocks.
     for group in (getattr(sched, "held", {}), getattr(sched, "incoming", {})):
         for rid, req in group.items():
-            if rid in sched.running or kv.num_held(rid) != kv.blocks_for(req.num_computed):
+            if rid in sched.running or kv.num_held(rid) != kv.blocks_for(req.num_computed_tokens):
                 raise InvariantError("kv_transfer_blocks", now,
-                                     f"holds {kv.num_held(rid)} blocks for {req.num_computed} "
-                                     f"tokens in transfer (running: {rid in sched.running})", rid)
+                                     f"holds {kv.num_held(rid)} blocks for "
+                                     f"{req.num_computed_tokens} tokens in transfer (running: "
+                                     f"{rid in sched.running})", rid)
     for rid, req in sched.running.items():
         if req.status is not Status.RUNNING:
             raise InvariantError("running_status", now, f"status {req.status.value}", rid)

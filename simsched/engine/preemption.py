@@ -142,7 +142,7 @@ class PreemptionMixin:
         cached = self.num_cached(victim)
         self._stop(victim, cached)
         victim.num_generated = generated
-        victim.num_computed = 0
+        victim.num_computed_tokens = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
         victim.prefill_target = victim.num_prompt_tokens + generated
         victim.status = WAITING
@@ -160,7 +160,7 @@ class PreemptionMixin:
         if cached == 0 or not self.swap.fits(num_blocks):
             return False
         self._stop(victim, cached)
-        victim.num_computed = cached
+        victim.num_computed_tokens = cached
         victim.status = SWAPPED
         victim.queued_at = self.now
         victim.num_preemptions += 1

@@ -265,7 +265,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         planned = self.planned
         if planned:
             batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
-            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
+            batch.prefill_cached_tokens = [req.num_computed_tokens for req, _ in planned.values()]
         else:
             batch.prefill_new_tokens = []
             batch.prefill_cached_tokens = []
@@ -348,8 +348,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         if finished is _NONE:
             finished = []
         for req, chunk in planned.values():
-            req.num_computed += chunk
-            if req.num_computed < req.prefill_target:
+            req.num_computed_tokens += chunk
+            if req.num_computed_tokens < req.prefill_target:
                 continue
             del self.prefilling[req.id]
             req.num_generated += 1
@@ -389,5 +389,5 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
         # which keeps a million finished requests within memory.
         req.sort_key = None
-        req.prefill_target = req.num_computed = req.ctx_base = req.finish_step = 0
+        req.prefill_target = req.num_computed_tokens = req.ctx_base = req.finish_step = 0
         finished.append(req)
