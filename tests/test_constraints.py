@@ -88,9 +88,10 @@ def test_prefill_slots_cap_the_prefills_of_an_iteration():
     reqs = [Request(i, 0.0, 20, 5) for i in range(2)]
     for r in reqs:
         sched.add(r, 0.0)
-    assert step(sched, 0.0).prefill_new_tokens == [20]
+    assert sched.schedule(0.0).prefill_new_tokens == [20]
     assert reqs[1].status is Status.WAITING
-    assert not PrefillSlots(1).admits(sched, reqs[1], 0) or not sched.planned
+    assert not PrefillSlots(1).admits(sched, reqs[1], 0) and PrefillSlots(2).admits(sched, None, 0)
+    sched.commit(1.0)
     assert step(sched, 1.0).prefill_new_tokens == [20]
     assert reqs[1].status is Status.RUNNING
 
@@ -163,7 +164,12 @@ def test_a_kv_refusal_skips_the_scan_until_blocks_are_freed():
     scans = []
     admit = sched._admit
     sched._admit = lambda: (scans.append(1), admit())[1]
-    now = 1.0
+    sched.schedule(1.0)
+    # the refusal's stamp, made inline by _admit, is the one KVBlocks.stamp defines
+    assert sched._blocked[0] is sched.constraints[-1]
+    assert sched._blocked[4] == sched.constraints[-1].stamp(sched)
+    sched.commit(2.0)
+    now = 2.0
     while a.status is Status.RUNNING:
         step(sched, now)
         now += 1
