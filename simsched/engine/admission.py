@@ -206,8 +206,8 @@ class AdmissionMixin:
                     return
                 if kv.prefix_caching:
                     # The victims' released blocks change a shared cache's match: look again.
-                    # (Private blocks keep the chunk as sized, though a decoding victim freed
-                    # a token of budget: results depend on it.)
+                    # With private blocks the chunk stays as sized (resizing it to the budget a
+                    # decoding victim frees would change results).
                     continue
             if forget is None:
                 queue.pop()

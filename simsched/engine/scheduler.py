@@ -63,6 +63,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
 
     ``rng`` feeds randomised queue policies (a noisy length predictor); ``kv_bytes_per_block`` and
     ``swap_space_bytes`` size swap preemption (the engine passes them from the config).
+    ``constraints`` lists the admission constraints in the order they are asked;
+    :meth:`add_constraint` adds one.
     """
 
     __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total",
