@@ -208,12 +208,18 @@ def test_kv_blocks_stamp_covers_free_blocks_budget_and_watermark():
     assert KVBlocks(memoise=False).stamp(sched) is None
 
 
-def test_a_constraint_refusal_is_remembered_until_its_stamp_changes():
+def gated(stamped=True):
+    """A scheduler with a closed Gate added, and one small request waiting."""
     sched, _ = make(max_num_batched_tokens=64)
-    gate = Gate()
+    gate = Gate(stamped)
     sched.add_constraint(gate)
     req = Request(0, 0.0, 10, 2)
     sched.add(req, 0.0)
+    return sched, gate, req
+
+
+def test_a_constraint_refusal_is_remembered_until_its_stamp_changes():
+    sched, gate, req = gated()
     for t in range(5):
         step(sched, float(t))
     assert req.status is Status.WAITING and gate.asked == 1      # later iterations: the memo
@@ -224,19 +230,12 @@ def test_a_constraint_refusal_is_remembered_until_its_stamp_changes():
 
 
 def test_the_memo_trusts_the_stamp_and_an_unstamped_refusal_is_asked_every_iteration():
-    sched, _ = make(max_num_batched_tokens=64)
-    gate = Gate()
-    sched.add_constraint(gate)
-    req = Request(0, 0.0, 10, 2)
-    sched.add(req, 0.0)
+    sched, gate, req = gated()
     step(sched, 0.0)
     gate.open = True                         # a change its stamp does not show: unseen
     step(sched, 1.0)
     assert req.status is Status.WAITING and gate.asked == 1
-    sched, _ = make(max_num_batched_tokens=64)
-    gate = Gate(stamped=False)
-    sched.add_constraint(gate)
-    sched.add(req := Request(0, 0.0, 10, 2), 0.0)
+    sched, gate, req = gated(stamped=False)
     for t in range(3):
         step(sched, float(t))
     assert gate.asked == 3
