@@ -62,7 +62,7 @@ def check_invariants(cluster, replica, batch) -> None:
 def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     cfg = sched.cfg
     held = kv.holders()
-    if kv.prefix_caching:
+    if kv.prefix_caching:       # its own structure (segments, reference counts, LRU) too
         _check_prefix_cache(sched, kv, held, now)
     elif kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
         raise InvariantError("kv_conservation", now,
@@ -293,8 +293,7 @@ def check_final_state(engine) -> None:
             raise InvariantError("drained", now, f"replica {replica.index}: "
                                                  f"{len(sched.running)} running, "
                                                  f"{sched.num_waiting} waiting at the end")
-        if kv.num_free != kv.num_blocks or kv.holders() \
-                or (kv.prefix_caching and kv.registered()):
+        if kv.num_free != kv.num_blocks or kv.holders() or kv.registered():
             raise InvariantError("kv_all_free", now,
                                  f"replica {replica.index}: {kv.num_free} of {kv.num_blocks} "
                                  f"blocks free, held {kv.holders()}")
