@@ -65,9 +65,17 @@ class AdmissionMixin:
                 and (not self._static or not self.running):
             blocked = self._blocked
             if blocked is not None and blocked[1] == self._num_pushed \
-                    and blocked[2] == self.num_admitted and blocked[3] is self._queue \
-                    and blocked[0].still_blocked(self, blocked[4]):
-                return
+                    and blocked[2] == self.num_admitted and blocked[3] is self._queue:
+                if blocked[0] is self._kv_blocks:
+                    # KVBlocks.still_blocked, inlined: asked in every iteration of a KV-bound
+                    # stretch, where the call costs more than the question.
+                    free, budget, running = blocked[4]
+                    if self.kv.num_free <= free and bool(self.running) == running \
+                            and self.cfg.max_num_batched_tokens - self.planned_tokens \
+                            - (len(self.decoding) if self._decodes_count else 0) >= budget:
+                        return
+                elif blocked[0].still_blocked(self, blocked[4]):
+                    return
             self._admit()
 
     def _swap_in(self) -> None:
