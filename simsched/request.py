@@ -25,16 +25,19 @@ class Request:
     ``num_output_tokens`` is the true output length: the simulator knows it, but only oracle
     policies may read it. Timestamps are simulated seconds, NaN until set.
 
-    Decoding progress is kept lazily (the scheduler advances all decoders with one counter), so
-    read ``num_generated`` and ``num_cached`` through :class:`~simsched.engine.scheduler.Scheduler`
-    helpers while a request runs; after it stops they are exact.
+    ``num_computed_tokens`` (vLLM V1's name) counts the tokens whose KV is computed, prompt and
+    output alike (a prefix-cache hit counts as computed); each iteration grants a request some
+    tokens: a prefill chunk or one decode token. Decoding progress is kept lazily (the scheduler
+    advances all decoders with one counter), so read ``num_generated`` and the computed tokens
+    through :class:`~simsched.engine.scheduler.Scheduler` helpers (``num_generated``,
+    ``num_cached``) while a request decodes; after it stops they are exact.
     """
 
     __slots__ = (
         "id", "arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant",
         "status", "reject_reason", "sort_key", "queued_at", "admitted_seq",
         # progress
-        "num_generated", "num_computed", "prefill_target", "run_start_step", "ctx_base",
+        "num_generated", "num_computed_tokens", "prefill_target", "run_start_step", "ctx_base",
         "finish_step", "epoch",
         # accounting
         "num_preemptions", "num_recomputed_tokens", "num_swaps", "swapped_bytes",
@@ -59,7 +62,7 @@ class Request:
         self.queued_at = NAN
         self.admitted_seq = -1
         self.num_generated = 0          # output tokens emitted so far (exact unless decoding)
-        self.num_computed = 0           # tokens whose KV is computed (exact unless decoding)
+        self.num_computed_tokens = 0    # tokens whose KV is computed (exact unless decoding)
         self.prefill_target = self.num_prompt_tokens
         self.run_start_step = -1        # first decode step of the current decode run
         self.ctx_base = 0               # cached tokens at run start minus run_start_step

@@ -341,7 +341,7 @@ def disagg_request(cluster, req, process=None, done=None):
         target.kv_waiters.append(wake)
         yield wake
     d.kv_wait_time[req.id] = env.now - asked
-    shard_bytes = (req.num_computed - cached) * d.kv_bytes[i]
+    shard_bytes = (req.num_computed_tokens - cached) * d.kv_bytes[i]
     d.kv_transfer_bytes[req.id] = shard_bytes * d.tp[i]
     started = env.now
     yield d.links[i].transfer(shard_bytes)

@@ -8,7 +8,7 @@ block every ``block_size`` steps, at steps of one residue modulo ``block_size``:
 grouped by that residue (``growing``), and when the cache has the blocks a whole group grows in
 O(1) (:meth:`~simsched.engine.kv_cache.KVCacheManager.grow_group`); otherwise its members take
 one block each, in the order they started decoding, preempting (victim policy) when none is
-free.
+free (:meth:`~simsched.engine.preemption.PreemptionMixin._grow_each`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from simsched.request import Request
 
 
 class DecodeMixin:
-    """Decode runs and their KV growth for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """Decode runs and lazy progress for :class:`~simsched.engine.scheduler.Scheduler`.
+
+    The bottom layer: it calls no other part of the scheduler. It reads ``kv``, ``block_size``,
+    ``meter``, ``step``, ``step_ended_at`` and ``_grown_step``, and changes the decode state:
+    ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` and ``_late`` (and a request's
+    own run fields). Growing decoders one by one, which may preempt, is preemption's
+    (``PreemptionMixin._grow_each``).
+    """
 
     __slots__ = ()
 
@@ -32,29 +39,12 @@ class DecodeMixin:
         """Tokens of ``req`` whose KV is in the cache."""
         if req.run_start_step >= 0:
             return req.ctx_base + self.step + 1
-        return req.num_computed
-
-    def _grow_late(self) -> None:
-        """Give decoders that joined after their group's turn this step their block (the
-        scheduler grows whole groups itself, once per step)."""
-        late, self._late = self._late, []
-        # Only runs that still go on (a run stopped and restarted since has its own blocks).
-        self._grow_each([req for req, epoch in late if req.epoch == epoch])
-
-    def _grow_each(self, decoders: list) -> None:
-        """One block each, in order, preempting (victim policy) when the cache has none free."""
-        kv, decoding = self.kv, self.decoding
-        for req in decoders:
-            if req.id not in decoding:
-                continue                        # preempted by an earlier one's need
-            if kv.num_free < 1 and not self._make_room(req, 1):
-                continue                        # req itself was the victim
-            kv.add_block(req.id)
+        return req.num_computed_tokens
 
     def _start_run(self, req: Request, resumed: bool = False) -> None:
         """Make ``req`` a decoder from the next decode step on (``resumed``: after a swap-in)."""
         s1 = self.step + 1
-        cached = req.num_computed
+        cached = req.num_computed_tokens
         rid = req.id
         req.run_start_step = s1
         req.ctx_base = ctx_base = cached - s1
@@ -96,4 +86,4 @@ class DecodeMixin:
         """Freeze lazy progress of requests still running when the run stops."""
         for req in list(self.decoding.values()):
             self._close_run(req, self.step)
-            req.num_computed = req.num_prompt_tokens + req.num_generated - 1
+            req.num_computed_tokens = req.num_prompt_tokens + req.num_generated - 1

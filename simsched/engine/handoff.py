@@ -13,7 +13,13 @@ from simsched.request import Request
 
 
 class HandoffMixin:
-    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`.
+
+    The scheduler owns the state. This part reads ``cfg``, ``kv``, ``max_model_len`` and
+    ``_max_total`` (whether a handed-off prompt fits); it changes ``running``,
+    ``running_version``, ``num_admitted`` and its own ``handoff``, ``held``, ``incoming`` and
+    ``ready``. It calls down into decode (``_start_run``) only.
+    """
 
     __slots__ = ()
 
@@ -33,7 +39,7 @@ class HandoffMixin:
     def release_held(self, req: Request) -> int:
         """Free a handed-off request's KV blocks (its transfer ended); return how many."""
         del self.held[req.id]
-        return self.kv.free(req.id, req.num_computed if self.prefix_caching else 0)
+        return self.kv.free(req.id, req.num_computed_tokens)
 
     def reserve(self, req: Request) -> int | None:
         """Reserve KV blocks for ``req``'s incoming prompt KV; the cached prefix tokens or None.
@@ -42,18 +48,12 @@ class HandoffMixin:
         None: not enough free blocks now (beyond the watermark while requests run).
         """
         kv = self.kv
-        num_tokens = req.num_computed
-        if self.prefix_caching:
-            cached, hit, evictable = kv.match(req)
-            need = kv.blocks_for(num_tokens) - hit + evictable
-        else:
-            cached = hit = 0
-            need = kv.blocks_for(num_tokens)
+        num_tokens = req.num_computed_tokens
+        cached, hit, evictable = kv.match(req)
+        need = kv.blocks_for(num_tokens) - hit + evictable
         if not kv.can_allocate(need, use_watermark=bool(self.running)):
             return None
-        if self.prefix_caching:
-            kv.acquire(req, hit)
-        kv.allocate(req.id, num_tokens)
+        kv.acquire(req, hit, num_tokens)
         self.incoming[req.id] = req
         return cached
 

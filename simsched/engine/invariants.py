@@ -64,7 +64,7 @@ def check_invariants(cluster, replica, batch) -> None:
 def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     cfg = sched.cfg
     held = kv.holders()
-    if kv.prefix_caching:
+    if kv.prefix_caching:       # its own structure (segments, reference counts, LRU) too
         _check_prefix_cache(sched, kv, held, now)
     elif kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
         raise InvariantError("kv_conservation", now,
@@ -174,10 +174,11 @@ def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
     # A request whose KV waits for (or is in) a transfer holds exactly its prompt's blocks.
     for group in (getattr(sched, "held", {}), getattr(sched, "incoming", {})):
         for rid, req in group.items():
-            if rid in sched.running or kv.num_held(rid) != kv.blocks_for(req.num_computed):
+            if rid in sched.running or kv.num_held(rid) != kv.blocks_for(req.num_computed_tokens):
                 raise InvariantError("kv_transfer_blocks", now,
-                                     f"holds {kv.num_held(rid)} blocks for {req.num_computed} "
-                                     f"tokens in transfer (running: {rid in sched.running})", rid)
+                                     f"holds {kv.num_held(rid)} blocks for "
+                                     f"{req.num_computed_tokens} tokens in transfer (running: "
+                                     f"{rid in sched.running})", rid)
     for rid, req in sched.running.items():
         if req.status is not Status.RUNNING:
             raise InvariantError("running_status", now, f"status {req.status.value}", rid)
@@ -294,8 +295,7 @@ def check_final_state(engine) -> None:
             raise InvariantError("drained", now, f"replica {replica.index}: "
                                                  f"{len(sched.running)} running, "
                                                  f"{sched.num_waiting} waiting at the end")
-        if kv.num_free != kv.num_blocks or kv.holders() \
-                or (kv.prefix_caching and kv.registered()):
+        if kv.num_free != kv.num_blocks or kv.holders() or kv.registered():
             raise InvariantError("kv_all_free", now,
                                  f"replica {replica.index}: {kv.num_free} of {kv.num_blocks} "
                                  f"blocks free, held {kv.holders()}")

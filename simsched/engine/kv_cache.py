@@ -1,8 +1,9 @@
-"""Paged KV-cache block managers: private blocks (the default) or a shared prefix cache.
+"""Paged KV-cache block managers: one interface, private blocks (the default) or a prefix cache.
 
 A request holding ``n`` cached tokens holds exactly ``ceil(n / block_size)`` blocks. Only block
-counts are tracked (which physical block holds what does not affect scheduling).
-:class:`KVCacheManager` never shares a block; :class:`~simsched.engine.prefix_cache.PrefixCache`
+counts are tracked (which physical block holds what does not affect scheduling). The scheduler
+asks a manager only what :class:`KVManager` lists. :class:`KVCacheManager` never shares a block
+(its ``match`` never hits); :class:`~simsched.engine.prefix_cache.PrefixCache`
 (``cache.enable_prefix_caching``) shares full blocks of equal content between requests and keeps
 released ones cached until their memory is needed;
 :func:`~simsched.engine.prefix_cache.make_kv_cache` picks one.
@@ -10,13 +11,98 @@ released ones cached until their memory is needed;
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
+_NO_HIT = (0, 0, 0)
+
+
+@runtime_checkable
+class KVManager(Protocol):
+    """What the scheduler asks of a KV-cache manager (vLLM V1's ``KVCacheManager`` calls, by
+    block counts): a request's life is ``match`` (what of its prompt is cached), ``acquire``
+    (admission: the hit blocks plus its first chunk's), ``allocate`` / ``add_block`` and the
+    growth groups (prefill chunks, decode tokens), ``free`` (finished, preempted or handed off).
+
+    ``num_free`` counts every allocatable block (a prefix cache's evictable cached blocks
+    included); ``watermark_blocks`` are kept back by admissions while requests run;
+    ``prefix_caching`` says whether ``match`` can hit at all (the iteration log, routers and
+    cache-aware policies skip asking when it cannot).
+    """
+
+    num_blocks: int
+    block_size: int
+    num_free: int
+    watermark_blocks: int
+    num_evictable: int          # cached blocks nobody holds (part of num_free)
+    num_evicted_blocks: int     # cumulative evictions of cached blocks
+    prefix_caching: bool
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by requests (a shared block counts once)."""
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+
+    def num_held(self, req_id: int) -> int:
+        """Blocks held by request ``req_id`` (0 if none)."""
+
+    def num_new_blocks(self, req_id: int, num_tokens: int) -> int:
+        """Extra blocks ``req_id`` needs to hold ``num_tokens`` tokens in total."""
+
+    def can_allocate(self, num_new_blocks: int, use_watermark: bool = False) -> bool:
+        """Whether ``num_new_blocks`` more blocks are free (beyond the watermark if asked)."""
+
+    def match(self, req) -> tuple[int, int, int]:
+        """``(cached_tokens, hit_blocks, evictable_hit_blocks)`` if ``req`` were admitted now:
+        its first ``cached_tokens`` tokens need no prefill, ``hit_blocks`` blocks are reused and
+        ``evictable_hit_blocks`` of them now count as free. No side effects."""
+
+    def num_cached_prefix_tokens(self, req) -> int:
+        """``match(req)[0]``: what admission would reuse now (routers, cache-aware policies)."""
+
+    def acquire(self, req, num_hit_blocks: int, num_tokens: int = 0) -> None:
+        """Admit ``req``, which holds nothing: reference its first ``num_hit_blocks`` cached
+        blocks (from :meth:`match`) and hold blocks for its first ``num_tokens`` tokens."""
+
+    def hold(self, req_id: int, num_blocks: int) -> None:
+        """Give ``req_id``, which holds nothing, ``num_blocks`` private blocks (never shared:
+        for a request without a content identity, whose blocks nobody could reuse)."""
+
+    def allocate(self, req_id: int, num_tokens: int) -> int:
+        """Grow ``req_id``'s holding to cover ``num_tokens`` tokens; return the blocks added."""
+
+    def add_block(self, req_id: int) -> None:
+        """Give ``req_id`` one more block (decode: the caller knows one is due)."""
+
+    def join_group(self, req_id: int, group: int) -> None:
+        """Make ``req_id`` a member of decode growth group ``group``."""
+
+    def leave_group(self, req_id: int) -> None:
+        """Take ``req_id`` out of its growth group."""
+
+    def grow_group(self, group: int, num_members: int) -> bool:
+        """One more block for each of the ``num_members`` members of ``group``, in O(1); False
+        (nothing done) if that many are not free without evicting cached blocks."""
+
+    def free(self, req_id: int, num_tokens: int = 0) -> int:
+        """Release ``req_id``'s blocks (the KV of its first ``num_tokens`` tokens was computed:
+        a prefix cache keeps those blocks cached); return how many it held."""
+
+    def holders(self) -> dict[int, int]:
+        """A copy of request id -> blocks held."""
+
+    def registered(self) -> dict:
+        """Request id -> the cached blocks it references (empty without sharing)."""
+
 
 class KVCacheError(RuntimeError):
     """An allocation the manager cannot satisfy, or a free of something not held."""
 
 
 class KVCacheManager:
-    """Counts free and held KV blocks; admission keeps a watermark of free blocks back.
+    """A :class:`KVManager` of private blocks: counts free and held KV blocks, never shares one
+    (``match`` never hits); admission keeps a watermark of free blocks back.
 
     Decoders grow in *groups* (:meth:`join_group`): :meth:`grow_group` gives every member of a
     group one more block in O(1), and each member's count catches up when it is read or freed.
@@ -116,12 +202,28 @@ class KVCacheManager:
         return extra
 
     def hold(self, req_id: int, num_blocks: int) -> None:
-        """Give ``req_id``, which holds no blocks, ``num_blocks`` blocks (an admission's first
-        chunk: :meth:`allocate` without the bookkeeping of an existing holding)."""
+        """Give ``req_id``, which holds nothing, ``num_blocks`` blocks (an admission's first
+        chunk whose block count the caller knows: :meth:`acquire` without counting them)."""
         if num_blocks > self.num_free:
             raise KVCacheError(f"request {req_id} needs {num_blocks} blocks, {self.num_free} free")
         self._held[req_id] = num_blocks
         self.num_free -= num_blocks
+
+    def match(self, req) -> tuple[int, int, int]:
+        """``(0, 0, 0)``: nothing is cached for another request to reuse."""
+        return _NO_HIT
+
+    def acquire(self, req, num_hit_blocks: int, num_tokens: int = 0) -> None:
+        """Admit ``req``, which holds nothing: hold the blocks of its first ``num_tokens``
+        tokens (:meth:`allocate` without the bookkeeping of an existing holding).
+        ``num_hit_blocks`` is 0 (:meth:`match` never hits)."""
+        num_blocks = -(-num_tokens // self.block_size)
+        if num_blocks:
+            if num_blocks > self.num_free:
+                raise KVCacheError(f"request {req.id} needs {num_blocks} blocks, "
+                                   f"{self.num_free} free")
+            self._held[req.id] = num_blocks
+            self.num_free -= num_blocks
 
     def add_block(self, req_id: int) -> None:
         """Give ``req_id`` one more block (decode fast path: the caller knows one is due)."""
@@ -145,6 +247,10 @@ class KVCacheManager:
     def num_cached_prefix_tokens(self, req) -> int:
         """Prompt tokens of ``req`` the cache would serve if it were admitted now (none here)."""
         return 0
+
+    def registered(self) -> dict:
+        """Request id -> cached blocks referenced: none (no block is shared)."""
+        return {}
 
     def holders(self) -> dict[int, int]:
         """A copy of request id -> blocks held."""

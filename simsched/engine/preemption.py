@@ -7,18 +7,54 @@ that cannot get KV may preempt running requests the queue policy ranks below it 
 use it to guard against preemption storms). A request
 preempted ``max_num_preemptions`` times is protected while unprotected candidates exist, and when
 every running request is protected the newest is evicted, so the oldest always finishes.
+
+Decoders that need a block each (their group could not grow at once) take one by one here, as
+the first trigger may fire for any of them (``_grow_each``). A victim is stopped (``_stop``: its
+decode run closed or its planned chunk dropped, its blocks freed) and then recomputed (back to
+the queue) or swapped out (:mod:`simsched.engine.swap`).
 """
 
 from __future__ import annotations
 
-from simsched.engine import swap
 from simsched.request import PreemptionCause, Request, Status
 
-WAITING = Status.WAITING
+WAITING, SWAPPED = Status.WAITING, Status.SWAPPED
+
+
+class _VictimSearch:
+    """The owner of a failed admission preemption in the scheduler's memo of refusals
+    (``Scheduler._blocked``, see :mod:`simsched.engine.constraints`).
+
+    Its stamp is ``((request id, blocks needed, slot needed, running-set version, planned ids),
+    free blocks)``: with ranks that cannot turn against the request (fixed, or only improving),
+    the search for victims fails again while the first part is unchanged and no more blocks are
+    free (a candidate's growth takes free blocks but adds as many freeable ones; blocks freed
+    without the running set changing, as a KV transfer's end frees them, may make it succeed).
+    Asked before the admission scan, it cannot tell (the head's need is not known yet).
+    """
+
+    __slots__ = ()
+    name = "admission_preemption"
+
+    def still_blocked(self, sched, stamp) -> bool:
+        return False
+
+
+VICTIM_SEARCH = _VictimSearch()
 
 
 class PreemptionMixin:
-    """Preemption triggers and recompute preemption for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """Preemption triggers, victims and stopping a request for
+    :class:`~simsched.engine.scheduler.Scheduler`.
+
+    The scheduler owns the state. This layer reads ``cfg``, ``kv``, ``choose_victim``, ``now``,
+    ``step``, ``meter``, ``decoding``, ``swapping``, ``_queue`` and the rank flags
+    (``_static_ranks``, ``_memo_failed``, ``_may_preempt``); it changes ``running``,
+    ``prefilling``, the plan (``planned``, ``planned_tokens``), ``running_version``,
+    ``preempted``, ``_requeue``, ``_late``, ``swap_out_bytes``, the memo ``_blocked`` and the
+    swap space (``swap``). It calls down into decode (``num_generated``, ``num_cached``,
+    ``_close_run``) only.
+    """
 
     __slots__ = ()
 
@@ -40,13 +76,32 @@ class PreemptionMixin:
                 return False
         return True
 
+    def _grow_late(self) -> None:
+        """Give decoders that joined after their group's turn this step their block (the
+        scheduler grows whole groups itself, once per step)."""
+        late, self._late = self._late, []
+        # Only runs that still go on (a run stopped and restarted since has its own blocks).
+        self._grow_each([req for req, epoch in late if req.epoch == epoch])
+
+    def _grow_each(self, decoders: list) -> None:
+        """One block each, in order, preempting (victim policy) when the cache has none free."""
+        kv, decoding = self.kv, self.decoding
+        for req in decoders:
+            if req.id not in decoding:
+                continue                        # preempted by an earlier one's need
+            if kv.num_free < 1 and not self._make_room(req, 1):
+                continue                        # req itself was the victim
+            kv.add_block(req.id)
+
     def _preempt_for_admission(self, req: Request, need: int, slot: bool = False) -> bool:
         """Preempt requests ranked below ``req`` so it can be admitted; False if impossible.
 
         Frees ``need`` KV blocks beyond the watermark and, if ``slot``, a sequence slot.
         """
         key = (req.id, need, slot, self.running_version, tuple(self.planned))
-        if self._memo_failed and key == self._failed_admission:
+        blocked = self._blocked
+        if self._memo_failed and blocked is not None and blocked[0] is VICTIM_SEARCH \
+                and blocked[4][0] == key and self.kv.num_free <= blocked[4][1]:
             return False
         cap = self.cfg.max_num_preemptions
         planned = self.planned
@@ -57,14 +112,15 @@ class PreemptionMixin:
                           if r.sort_key > key_req and r.num_preemptions < cap
                           and r.id not in planned]
         else:
-            below = self._may_preempt or self.queue.ranks_below
+            below = self._may_preempt or self._queue.ranks_below
             candidates = [r for r in self.running.values()
                           if r.num_preemptions < cap and r.id not in planned and below(r, req)]
         kv = self.kv
         held = kv.num_held
         freeable = sum([held(r.id) for r in candidates])
         if not candidates or kv.num_free - kv.watermark_blocks + freeable < need:
-            self._failed_admission = key
+            if self._memo_failed:
+                self._blocked = (VICTIM_SEARCH, None, None, None, (key, kv.num_free))
             return False  # preempting would not help: keep their work
         while not kv.can_allocate(need, use_watermark=True) or \
                 (slot and len(self.running) >= self.cfg.max_num_seqs):
@@ -80,13 +136,13 @@ class PreemptionMixin:
 
         Recompute frees the victim's blocks and sends it back to the queue.
         """
-        if self.swapping and swap.swap_out(self, victim, reason, by):
+        if self.swapping and self._swap_out(victim, reason, by):
             return
         generated = self.num_generated(victim)
         cached = self.num_cached(victim)
-        self._stop(victim)
+        self._stop(victim, cached)
         victim.num_generated = generated
-        victim.num_computed = 0
+        victim.num_computed_tokens = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
         victim.prefill_target = victim.num_prompt_tokens + generated
         victim.status = WAITING
@@ -96,9 +152,26 @@ class PreemptionMixin:
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
-    def _stop(self, victim: Request) -> None:
-        """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
-        cached = self.num_cached(victim) if self.prefix_caching else 0
+    def _swap_out(self, victim: Request, reason: str, by: int | None) -> bool:
+        """Swap ``victim`` out to the CPU swap space (:mod:`simsched.engine.swap`); False
+        (nothing done) if it has no KV or the swap space is full."""
+        cached = self.num_cached(victim)
+        num_blocks = self.kv.blocks_for(cached)
+        if cached == 0 or not self.swap.fits(num_blocks):
+            return False
+        self._stop(victim, cached)
+        victim.num_computed_tokens = cached
+        victim.status = SWAPPED
+        victim.queued_at = self.now
+        victim.num_preemptions += 1
+        self.swap_out_bytes += self.swap.swap_out(victim, num_blocks)
+        self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, 0,
+                                                       mode="swap")))
+        return True
+
+    def _stop(self, victim: Request, cached: int) -> None:
+        """Take running ``victim``, with ``cached`` tokens' KV, off the GPU: end its decode run
+        or prefill, free its blocks (a prefix cache keeps those of its cached tokens)."""
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:
@@ -109,3 +182,10 @@ class PreemptionMixin:
         self.kv.free(victim.id, cached)
         victim.epoch += 1
         victim.finish_step = -1
+
+    def _unplan(self, req: Request) -> None:
+        entry = self.planned.pop(req.id, None)
+        if entry is not None:
+            self.planned_tokens -= entry[1]
+            if self.meter is not None:
+                self.meter.prefill(req, -entry[1])

@@ -181,22 +181,27 @@ class PrefixCache(KVCacheManager):
         return self.match(req)[0]
 
     # ------------------------------------------------------------------ holding blocks
-    def acquire(self, req, num_hit_blocks: int) -> None:
-        """Admit ``req``: reference its first ``num_hit_blocks`` cached blocks (from :meth:`match`).
+    def acquire(self, req, num_hit_blocks: int, num_tokens: int = 0) -> None:
+        """Admit ``req``: reference its first ``num_hit_blocks`` cached blocks (from :meth:`match`)
+        and hold blocks for its first ``num_tokens`` tokens (:meth:`allocate`).
 
         Also records the request's content, so the blocks it computes later are registered.
         ``req`` must hold nothing yet.
         """
         content = req.content
-        if content is None:
-            return
-        runs = segment_runs(content, self.block_size)
-        if runs is None:
-            return
-        holding = self._holding[req.id] = _Holding(runs)
-        if num_hit_blocks:
-            self.num_free += self._extend(holding, num_hit_blocks, False)
-            self._held[req.id] = num_hit_blocks
+        runs = None if content is None else segment_runs(content, self.block_size)
+        if runs is not None:
+            holding = self._holding[req.id] = _Holding(runs)
+            if num_hit_blocks:
+                self.num_free += self._extend(holding, num_hit_blocks, False)
+                self._held[req.id] = num_hit_blocks
+        if num_tokens:
+            self.allocate(req.id, num_tokens)
+
+    def hold(self, req_id: int, num_blocks: int) -> None:
+        """Give ``req_id``, which holds nothing and has no content identity, ``num_blocks``
+        private blocks (evicting cached ones if the empty ones are too few)."""
+        self.allocate(req_id, num_blocks * self.block_size)
 
     def allocate(self, req_id: int, num_tokens: int) -> int:
         """Grow ``req_id``'s holding to ``num_tokens`` tokens and register its full blocks.

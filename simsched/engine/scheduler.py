@@ -11,13 +11,21 @@ iteration costs O(events) rather than O(batch), and never O(waiting queue). A qu
 (:class:`~simsched.policies.base.QueuePolicy`) with a per-iteration ``refresh`` hook would add
 O(running) per iteration (none has one: MLFQ ranks lazily).
 
-Partial prefills and admissions are planned in :mod:`simsched.engine.admission`. Preemption
+Partial prefills, swap-ins and admissions are planned in :mod:`simsched.engine.admission`, under
+the admission constraints of :mod:`simsched.engine.constraints`. Preemption
 (:mod:`simsched.engine.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
 with ``preemption_mode="swap"``, swaps the victim's KV to CPU memory
-(:mod:`simsched.engine.swap`).
+(:class:`~simsched.engine.swap.SwapSpace`). The KV cache is asked only through
+:class:`~simsched.engine.kv_cache.KVManager`: with a prefix cache
+(:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached blocks of the
+request's prefix and prefills only the rest, with the cached tokens as context.
 
-With a prefix cache (:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached
-blocks of the request's prefix and prefills only the rest, with the cached tokens as context.
+The scheduler owns all the state (``__init__`` declares every field); its methods live in
+layers that call down only: :mod:`~simsched.engine.decode` (decode runs, the bottom),
+:mod:`~simsched.engine.preemption` (victims, stopping a request, one-by-one KV growth) above it,
+:mod:`~simsched.engine.admission` above that, :mod:`~simsched.engine.handoff` beside them (it
+uses decode only), and this module's ``schedule`` and ``commit`` on top. Each layer's class
+docstring lists the fields it reads and changes.
 """
 
 from __future__ import annotations
@@ -28,16 +36,17 @@ import sys
 import numpy as np
 
 from simsched.config.parts import CacheConfig
-from simsched.engine import swap
 from simsched.cost.base import Batch
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv_cache import KVManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.base import QueuePolicy, check_queue
 from simsched.policies.queues import HeapQueue
 from simsched.engine.admission import AdmissionMixin
+from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.preemption import PreemptionMixin
+from simsched.engine.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
@@ -57,22 +66,25 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
 
     ``rng`` feeds randomised queue policies (a noisy length predictor); ``kv_bytes_per_block`` and
     ``swap_space_bytes`` size swap preemption (the engine passes them from the config).
+    ``constraints`` lists the admission constraints in the order they are asked;
+    :meth:`add_constraint` adds one.
     """
 
-    __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total", "prefix_caching",
+    __slots__ = ("cfg", "kv", "block_size", "max_model_len", "_max_total",
                  "num_cached_tokens", "_queue", "_note_time", "_queue_update", "_queue_refresh",
                  "_queue_hooks", "_fixed_order", "_waiting", "_forget", "preemptive",
                  "_static_ranks", "_may_preempt", "_memo_failed", "running_version",
-                 "_failed_admission", "meter", "choose_victim", "swap", "swapping", "swapped",
-                 "_swapped_new", "swap_out_bytes", "swap_in_bytes", "chunking",
+                 "meter", "choose_victim", "swap", "swapping", "swapped",
+                 "swap_out_bytes", "swap_in_bytes", "chunking",
                  "max_num_prefills", "running", "decoding", "prefilling", "step", "step_ended_at",
                  "ctx_base_sum", "growing", "_late", "finish_due", "num_admitted", "planned",
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
-                 "_num_pushed", "_kv_blocked", "_static", "_special", "_admit_flags",
+                 "_num_pushed", "_blocked", "_static", "_special", "_memo_heads", "_memo_kv",
+                 "constraints", "_kv_blocks", "_added",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
-    def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
+    def __init__(self, cfg, kv: KVManager, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None, kv_bytes_per_block: float = 0.0,
                  swap_space_bytes: float = DEFAULT_SWAP_SPACE_BYTES) -> None:
         self.cfg = cfg
@@ -84,16 +96,13 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._max_total = kv.num_blocks * kv.block_size + 1
         if max_model_len is not None:
             self._max_total = min(self._max_total, max_model_len)
-        self.prefix_caching = kv.prefix_caching
         self.num_cached_tokens = 0                # prompt tokens served from the prefix cache
         self.queue = make_queue(cfg.policy, cfg.policy_options, rng)
         self.running_version = 0
-        self._failed_admission: tuple | None = None
         self.choose_victim = VICTIM_POLICIES[cfg.victim_policy]
-        self.swap = swap.SwapSpace(swap_space_bytes, kv_bytes_per_block)
+        self.swap = SwapSpace(swap_space_bytes, kv_bytes_per_block)
         self.swapping = cfg.preemption_mode == "swap"
-        self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
-        self._swapped_new: list[Request] = []
+        self.swapped = self.swap.swapped          # the swap space's, tested every iteration
         self.swap_out_bytes = 0.0                 # this iteration's transfers
         self.swap_in_bytes = 0.0
         self.chunking = cfg.enable_chunked_prefill and cfg.style != "prefill_first"
@@ -132,8 +141,16 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self.ready: list[Request] = []
         self._prefill_first = cfg.style == "prefill_first"
         self._num_pushed = 0                      # requests ever pushed to the queue
-        self._kv_blocked: tuple | None = None     # see _admit_waiting
         self._static = cfg.style == "static"
+        # Admission constraints (simsched.engine.constraints): the built-in ones, asked inline
+        # by _admit; add_constraint adds more. A preemptive policy may preempt for a sequence
+        # slot, and with preemption=True for KV blocks.
+        may_preempt = bool(cfg.preemption or self.preemptive)
+        self._kv_blocks = KVBlocks(preemptible=may_preempt, memoise=not kv.prefix_caching)
+        self.constraints: list = [SeqSlots(cfg.max_num_seqs, preemptible=self.preemptive),
+                                  PrefillSlots(self.max_num_prefills),
+                                  *(() if self._static else (TokenBudget(),)), self._kv_blocks]
+        self._added: tuple = ()                   # constraints add_constraint added
         self._update_special()
 
     @property
@@ -257,7 +274,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         planned = self.planned
         if planned:
             batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
-            batch.prefill_cached_tokens = [req.num_computed for req, _ in planned.values()]
+            batch.prefill_cached_tokens = [req.num_computed_tokens for req, _ in planned.values()]
         else:
             batch.prefill_new_tokens = []
             batch.prefill_cached_tokens = []
@@ -288,41 +305,24 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def _update_special(self) -> None:
         # Whether every iteration has _prepare's work: swap transfers to reset, queue hooks.
         self._special = bool(self.swapping or self._queue_hooks)
-        # _admit's fixed flags: whether an admission may preempt, and whether a blocked head
-        # can be memoised (fixed-key queues without preemption or prefix reuse).
-        may_preempt = bool(self.cfg.preemption or self.preemptive)
-        self._admit_flags = (may_preempt, not (may_preempt or self.prefix_caching
-                                               or self._static) and self._fixed_order)
+        # Whether a refused queue head stays the head while nothing is pushed or admitted (a
+        # queue of fixed keys; static batching's refusals count blocks reserved in the scan).
+        self._memo_heads = self._fixed_order and not self._static
+        self._memo_kv = self._memo_heads and self._kv_blocks.memoise
+        self._blocked: tuple | None = None      # see _admit_waiting
 
     def _admit_prefill_first(self) -> bool:
         """Prefill-first style: admit (whole prompts) if possible; True if nobody was, so the
         iteration decodes."""
         self._decodes_count = False
         if self.swapped:
-            swap.swap_in(self)
+            self._swap_in()
         if self._may_admit():
             self._admit()
         if self.planned:
             return False
         self._decodes_count = True
         return True
-
-    def _admit_waiting(self) -> None:
-        """Swap-ins first, then admissions, unless the last one that failed for want of KV
-        blocks would fail again: the queue as it was (nothing pushed or popped, fixed keys), no
-        more blocks free, no smaller budget, the watermark as before. KV-bound runs spend many
-        iterations with a blocked queue head; those skip the admission scan."""
-        if self.swapped:
-            swap.swap_in(self)
-        if (not self.swapped or self.preemptive) and self._waiting \
-                and (not self._static or not self.running):
-            memo = self._kv_blocked
-            if memo is not None and memo[0] == self._num_pushed \
-                    and memo[1] == self.num_admitted and self.kv.num_free <= memo[2] \
-                    and self._budget_left() >= memo[3] and memo[4] == bool(self.running) \
-                    and memo[5] is self._queue:
-                return
-            self._admit()
 
     def _settle_victims(self, now: float) -> None:
         """Queue this iteration's recomputed victims; file its swapped-out ones."""
@@ -331,10 +331,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                 self._queue.push(req, now)
             self._num_pushed += len(self._requeue)
             self._requeue.clear()
-        if self._swapped_new:
-            for req in self._swapped_new:
-                self.swapped[req.id] = req
-            self._swapped_new.clear()
+        if self.swapping:
+            self.swap.settle()
 
     # ----------------------------------------------------------------- end of iteration
     def commit(self, now: float) -> tuple[list[Request], list[Request]]:
@@ -359,8 +357,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         if finished is _NONE:
             finished = []
         for req, chunk in planned.values():
-            req.num_computed += chunk
-            if req.num_computed < req.prefill_target:
+            req.num_computed_tokens += chunk
+            if req.num_computed_tokens < req.prefill_target:
                 continue
             del self.prefilling[req.id]
             req.num_generated += 1
@@ -389,15 +387,16 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         req.num_generated = req.num_output_tokens
         del self.running[req.id]
         self.running_version += 1
-        if self.prefix_caching:
-            # Prompt and output blocks stay cached (the last token's KV is never written).
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
-            if req.content is not None:
-                req.content.runs = None
-        else:
+        content = req.content
+        if content is None:         # nothing a prefix cache could keep
             self.kv.free(req.id)
+        else:
+            # A prefix cache keeps the prompt's and output's blocks (the last token's KV is
+            # never written); the content's memo of them is dead weight now.
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
+            content.runs = None
         # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
         # which keeps a million finished requests within memory.
         req.sort_key = None
-        req.prefill_target = req.num_computed = req.ctx_base = req.finish_step = 0
+        req.prefill_target = req.num_computed_tokens = req.ctx_base = req.finish_step = 0
         finished.append(req)

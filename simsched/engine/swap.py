@@ -1,21 +1,31 @@
-"""Swap preemption: a victim's KV blocks move to CPU memory over PCIe instead of being dropped.
+"""Swap preemption's CPU swap space: where a victim's KV blocks go instead of being dropped.
 
 vLLM V0's ``preemption_mode="swap"``: the victim's blocks are copied to a CPU swap space of
 ``cache.swap_space_gib`` (if they fit; otherwise the scheduler falls back to recomputation), the
 request becomes ``SWAPPED`` and keeps all its progress, and swapped requests are swapped back in,
 oldest swap first, before any new request is admitted (under a preemptive policy, MLFQ, only
-while they rank at least as high as the best waiting request). Transfers are charged to the iteration
-that makes them: the scheduler reports the bytes on the batch (``swap_out_bytes``,
+while they rank at least as high as the best waiting request). Transfers are charged to the
+iteration that makes them: the scheduler reports the bytes on the batch (``swap_out_bytes``,
 ``swap_in_bytes``) and the engine adds ``bytes / (swap_bandwidth_gbps * 1e9)`` seconds.
+
+:class:`SwapSpace` keeps the bytes and the swapped-out requests; the scheduler decides who goes
+and who comes back (``PreemptionMixin._swap_out``, ``AdmissionMixin._swap_in``) and moves the
+request between its own states.
 """
 
 from __future__ import annotations
 
-from simsched.request import PreemptionCause, Request, Status
+from simsched.request import Request
 
 
 class SwapSpace:
-    """CPU swap space: capacity and bytes in use."""
+    """CPU swap space: capacity, bytes in use and the swapped-out requests, oldest swap first.
+
+    A request swapped out in an iteration (:meth:`swap_out`) may be swapped back in from the
+    next one on, once the scheduler has filed the iteration's victims (:meth:`settle`).
+    """
+
+    __slots__ = ("capacity_bytes", "bytes_per_block", "used_bytes", "swapped", "_new")
 
     def __init__(self, capacity_bytes: float, bytes_per_block: float) -> None:
         if capacity_bytes < 0 or bytes_per_block < 0:
@@ -24,69 +34,33 @@ class SwapSpace:
         self.capacity_bytes = float(capacity_bytes)
         self.bytes_per_block = float(bytes_per_block)
         self.used_bytes = 0.0
+        self.swapped: dict[int, Request] = {}     # swapped out, oldest swap first
+        self._new: list[Request] = []             # swapped out in this iteration
 
-    def fits(self, num_bytes: float) -> bool:
-        """Whether ``num_bytes`` more bytes fit."""
-        return self.used_bytes + num_bytes <= self.capacity_bytes
+    def fits(self, num_blocks: int) -> bool:
+        """Whether ``num_blocks`` more KV blocks fit."""
+        return self.used_bytes + num_blocks * self.bytes_per_block <= self.capacity_bytes
 
-
-def swap_out(sched, victim: Request, reason: str, by: int | None) -> bool:
-    """Swap ``victim`` out to CPU memory; False (nothing done) if it has no KV or space is full."""
-    cached = sched.num_cached(victim)
-    num_bytes = sched.kv.blocks_for(cached) * sched.swap.bytes_per_block
-    if cached == 0 or not sched.swap.fits(num_bytes):
-        return False
-    sched._stop(victim)
-    victim.num_computed = cached
-    victim.status = Status.SWAPPED
-    victim.queued_at = sched.now
-    victim.num_preemptions += 1
-    victim.num_swaps += 1
-    victim.swapped_bytes += num_bytes
-    sched.swap.used_bytes += num_bytes
-    sched.swap_out_bytes += num_bytes
-    sched._swapped_new.append(victim)
-    sched.preempted.append((victim, PreemptionCause(victim.id, reason, by, sched.now, 0,
-                                                    mode="swap")))
-    return True
-
-
-def swap_in(sched) -> None:
-    """Swap requests back in, oldest swap first, while sequence slots, KV blocks and budget last.
-
-    A decoder resumes its decode run in this iteration's decode step; a request swapped out in the
-    middle of its prefill continues it. If nothing else runs, the watermark is waived so a swapped
-    request can always come back.
-    """
-    kv, cfg, swapped = sched.kv, sched.cfg, sched.swapped
-    while swapped:
-        req = next(iter(swapped.values()))
-        if len(sched.running) >= cfg.max_num_seqs:
-            return
-        if sched.preemptive and sched.queue and sched.queue.ranks_below(req, sched.queue.peek()):
-            return  # a preemptive policy (MLFQ) runs a better waiting request first
-        decoding = req.num_computed >= req.prefill_target
-        if sched._budget_left() < 1:
-            return
-        # A decoder's first step may start a new block: take it now (growth may have run).
-        need = kv.blocks_for(req.num_computed + (1 if decoding else 0))
-        if not kv.can_allocate(need, use_watermark=bool(sched.running)):
-            return
-        del swapped[req.id]
-        num_bytes = kv.blocks_for(req.num_computed) * sched.swap.bytes_per_block
-        sched.swap.used_bytes -= num_bytes
-        sched.swap_in_bytes += num_bytes
+    def swap_out(self, req: Request, num_blocks: int) -> float:
+        """Take ``req``'s ``num_blocks`` KV blocks (they fit); return the bytes moved."""
+        num_bytes = num_blocks * self.bytes_per_block
+        req.num_swaps += 1
         req.swapped_bytes += num_bytes
-        if sched.prefix_caching:
-            kv.acquire(req, 0)          # its blocks are registered again as they come back
-        kv.allocate(req.id, req.num_computed)
-        req.status = Status.RUNNING
-        req.admitted_seq = sched.num_admitted
-        sched.num_admitted += 1
-        sched.running[req.id] = req
-        sched.running_version += 1
-        if decoding:
-            sched._start_run(req, resumed=True)
-        else:
-            sched.prefilling[req.id] = req
-            sched._continue_prefill(req)
+        self.used_bytes += num_bytes
+        self._new.append(req)
+        return num_bytes
+
+    def settle(self) -> None:
+        """File this iteration's swapped-out requests: they may come back from now on."""
+        swapped = self.swapped
+        for req in self._new:
+            swapped[req.id] = req
+        self._new.clear()
+
+    def swap_in(self, req: Request, num_blocks: int) -> float:
+        """Give back swapped-out ``req``'s ``num_blocks`` blocks; the bytes moved."""
+        del self.swapped[req.id]
+        num_bytes = num_blocks * self.bytes_per_block
+        self.used_bytes -= num_bytes
+        req.swapped_bytes += num_bytes
+        return num_bytes

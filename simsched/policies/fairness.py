@@ -164,7 +164,7 @@ class VTCQueue(QueuePolicy):
         tenant never preempt each other.
         """
         meter = self.meter
-        prefill = (meter.prompt_weight * (waiting.prefill_target - waiting.num_computed)
+        prefill = (meter.prompt_weight * (waiting.prefill_target - waiting.num_computed_tokens)
                    / meter.tenant_weights.get(waiting.tenant, 1.0))
         return self.counter(running.tenant) > self.counter(waiting.tenant) + prefill
 

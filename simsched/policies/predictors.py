@@ -42,7 +42,8 @@ def remaining_tokens(req: Request, output_tokens: float) -> float:
 
     A preempted request counts its re-prefill; at least one output token always remains.
     """
-    return (req.prefill_target - req.num_computed) + max(1.0, output_tokens - req.num_generated)
+    return (req.prefill_target - req.num_computed_tokens) \
+        + max(1.0, output_tokens - req.num_generated)
 
 
 class SJFQueue(HeapQueue):
@@ -76,8 +77,8 @@ class SJFQueue(HeapQueue):
         """Tokens ``req`` still has to compute now (prefill left plus output left)."""
         view = self._view
         generated = view.num_generated(req) if view is not None else req.num_generated
-        # A decoder's num_computed is lazy, but its prefill is done: prefill_target reached.
-        prefill = 0 if req.run_start_step >= 0 else req.prefill_target - req.num_computed
+        # A decoder's num_computed_tokens is lazy, but its prefill is done: prefill_target reached.
+        prefill = 0 if req.run_start_step >= 0 else req.prefill_target - req.num_computed_tokens
         return prefill + max(1.0, self._output_tokens(req) - generated)
 
     def ranks_below(self, req: Request, other: Request) -> bool:
