@@ -59,11 +59,12 @@ def _last_arrival(table: pd.DataFrame) -> float:
     return float(times.max())
 
 
-def run_config(config: SimConfig, slos: Any = None):
+def run_config(config: SimConfig, slos: Any = None, record_steps: bool = False):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
     Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
     ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
+    ``record_steps`` also records the per-step frame (``Results.steps``).
     """
     from simsched.analysis.runner import run, workload_requests
 
@@ -72,7 +73,7 @@ def run_config(config: SimConfig, slos: Any = None):
         last = _last_arrival(table)
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
-    results = run(config, requests=table, from_workload=True)[0]
+    results = run(config, requests=table, from_workload=True, record_steps=record_steps)[0]
     row = summarize(results, slos)
     row["max_sim_time"] = config.max_sim_time
     row["num_blocks"] = results.info.get("num_blocks")

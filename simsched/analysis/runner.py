@@ -21,6 +21,7 @@ from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT, build_sessions, is_
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.engine.log import concat_frames, decode_step_ends
+from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
 from simsched.workloads.tables import (INT64_MAX, PREFIX_COLUMNS, numbers as _numbers,
@@ -251,19 +252,22 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None) -> Results:
+             cost_model=None, record_steps: bool = False) -> Results:
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
     :func:`make_requests`); ``cost_model`` overrides the one named by ``config.hardware``.
+    ``record_steps`` also records every scheduling step (``Results.steps``: one row per request
+    per step, see :mod:`simsched.engine.steps`); off, it costs nothing.
     The same config and seed give identical frames.
     """
-    return run(config, requests, cost_model)[0]
+    return run(config, requests, cost_model, record_steps=record_steps)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
-        from_workload: bool | None = None) -> tuple[Results, Cluster | None]:
+        from_workload: bool | None = None,
+        record_steps: bool = False) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -300,7 +304,14 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
     engine = Cluster(config, reqs, specs=specs, sessions=sessions)
+    # Installed before the run starts (the GPU loops look the scheduler's methods up once).
+    recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas] \
+        if record_steps else None
     engine.run()
+    steps = None
+    if recorders is not None:
+        steps = steps_frame([row for rec in recorders for row in rec.rows])
+        del recorders
     replicas = engine.replicas
     info = {"num_blocks": sum(s.num_blocks for s in specs),
             "replica_num_blocks": [s.num_blocks for s in specs],
@@ -342,7 +353,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         for k, (name, values) in enumerate(disagg.items()):
             req_df.insert(2 + k, name, np.asarray(values)[ids])
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
-                      info=info, replicas=build_replicas_frame(req_df, iterations, described))
+                      info=info, replicas=build_replicas_frame(req_df, iterations, described),
+                      steps=steps)
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

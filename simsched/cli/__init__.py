@@ -133,6 +133,9 @@ def make_parser() -> argparse.ArgumentParser:
                      metavar="P1,P2,...", help="percentiles in the --vllm-json file (default 99)")
     run.add_argument("--gantt", type=_positive_int, nargs="?", const=50, metavar="N",
                      help="also draw gantt.png: the first N requests' phases (default N=50)")
+    run.add_argument("--record-steps", action="store_true",
+                     help="also write steps.csv: one row per request per scheduling step "
+                          "(tokens scheduled, cache hits, preemptions, completions)")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
@@ -189,7 +192,7 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
-    results, summary = run_config(config, slo)
+    results, summary = run_config(config, slo, record_steps=args.record_steps)
     summary.update(feature_figures(results))
     if args.config and Path(args.config).suffix.lower() == ".json":
         _check_derived(args.config, results)
@@ -200,7 +203,7 @@ def cmd_run(args) -> int:
     row.to_csv(path / "summary.csv", index=False)
     results.to_csv(path)
     written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
-               "config.json"]
+               "config.json"] + (["steps.csv"] if results.steps is not None else [])
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")
