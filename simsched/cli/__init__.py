@@ -21,6 +21,7 @@ import pandas as pd
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
                                   load_toml, parse_pairs, parse_set_value, parse_value,
                                   read_toml, split_values)
+from simsched.config.presets import PRESETS
 from simsched.cost.factory import COST_MODELS
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WORKLOADS
@@ -87,6 +88,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         f"[{name}]" for name in (*SECTIONS, "run", "slo")) + ", or flat keys; see examples/) "
         "or the config.json a run wrote")
     g = p.add_argument_group("engine")
+    g.add_argument("--preset", choices=sorted(PRESETS),
+                   help="engine preset: vllm_v1 schedules as vLLM V1 does (docs/parity.md); "
+                        "other flags and settings apply on top")
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")

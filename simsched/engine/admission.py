@@ -99,10 +99,16 @@ class AdmissionMixin:
                     + evictable + reserved
             else:
                 need = -(-(remaining if static else chunk) // self.block_size) + reserved
+            # reserve_full_isl (vLLM's scheduler_reserve_full_isl): admit only if the whole
+            # prompt's blocks are free, though only the first chunk's are taken now.
+            check = need
+            if cfg.reserve_full_isl and not static and chunk < remaining:
+                done = cached if prefix else 0
+                check += kv.blocks_for(done + remaining) - kv.blocks_for(done + chunk)
             # The watermark keeps headroom for running requests to grow; with none running it
             # would only block a request that fits the cache forever.
-            if full or kv.num_free - need < (kv.watermark_blocks if self.running else 0):
-                if not (may_preempt and self._preempt_for_admission(req, need, full)):
+            if full or kv.num_free - check < (kv.watermark_blocks if self.running else 0):
+                if not (may_preempt and self._preempt_for_admission(req, check, full)):
                     if not full and memo_ok:
                         self._kv_blocked = (self._num_pushed, self.num_admitted, kv.num_free,
                                             budget, bool(self.running), queue)

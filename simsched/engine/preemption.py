@@ -14,7 +14,7 @@ from __future__ import annotations
 from simsched.engine import swap
 from simsched.request import PreemptionCause, Request, Status
 
-WAITING = Status.WAITING
+WAITING, FINISHED = Status.WAITING, Status.FINISHED
 
 
 class PreemptionMixin:
@@ -80,6 +80,13 @@ class PreemptionMixin:
 
         Recompute frees the victim's blocks and sends it back to the queue.
         """
+        if victim.status is FINISHED:
+            # plan_ahead: a request that finished in the running batch still holds its blocks
+            # (vLLM's async scheduler preempts it, then drops it as finished): release them. It
+            # counts as this step's preemption for the admission rule until the plan is made.
+            self._release(victim)
+            self.preempted.append((victim, None))
+            return
         if self.swapping and swap.swap_out(self, victim, reason, by):
             return
         generated = self.num_generated(victim)
@@ -99,6 +106,10 @@ class PreemptionMixin:
     def _stop(self, victim: Request) -> None:
         """Take running ``victim`` off the GPU: end its decode run or prefill, free its blocks."""
         cached = self.num_cached(victim) if self.prefix_caching else 0
+        if cached and self._plan_ahead and 0 <= victim.run_start_step <= self.step:
+            # vLLM's async scheduler caches a decode block only once the token after it is
+            # known: the KV of the last step's token is not cached yet.
+            cached -= 1
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:

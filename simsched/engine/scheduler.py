@@ -37,6 +37,7 @@ from simsched.policies.queues import HeapQueue
 from simsched.engine.admission import AdmissionMixin
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
+from simsched.engine.plan_ahead import PlanAheadMixin
 from simsched.engine.preemption import PreemptionMixin
 from simsched.request import PreemptionCause, Request, Status
 
@@ -48,7 +49,7 @@ _new_batch = object.__new__
 _NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
 
-class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
+class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, PreemptionMixin):
     """Stall-free continuous batching (Sarathi-Serve style) with a paged KV cache.
 
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
@@ -70,6 +71,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
                  "_num_pushed", "_kv_blocked", "_static", "_special", "_admit_flags",
+                 "_plan_ahead", "_unseen", "_zombies",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVCacheManager, max_model_len: int | None = None,
@@ -134,6 +136,11 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         self._num_pushed = 0                      # requests ever pushed to the queue
         self._kv_blocked: tuple | None = None     # see _admit_waiting
         self._static = cfg.style == "static"
+        # plan_ahead (vLLM's async scheduling): arrivals not yet seen by a plan, and finished
+        # requests still holding their blocks and slots until the next plan is made.
+        self._plan_ahead = getattr(cfg, "plan_ahead", False)
+        self._unseen: list[Request] = []
+        self._zombies: list[Request] = []
         self._update_special()
 
     @property
@@ -185,12 +192,12 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
         return bool(self.running or self._waiting or self._requeue or self.swapped
-                    or self.ready)
+                    or self.ready or self._unseen)
 
     @property
     def num_waiting(self) -> int:
         """Requests in the waiting queue."""
-        return len(self._waiting) + len(self._requeue)
+        return len(self._waiting) + len(self._requeue) + len(self._unseen)
 
     # ----------------------------------------------------------------- arrivals
     def add(self, req: Request, now: float) -> bool:
@@ -202,6 +209,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             return False
         req.status = WAITING
         req.queued_at = now
+        if self._plan_ahead:
+            self._unseen.append(req)    # the plan being made now (or made already) missed it
+            return True
         self._queue.push(req, now)
         self._num_pushed += 1
         return True
@@ -244,6 +254,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                     self._admit_waiting()
         if self.preempted:
             self._settle_victims(now)
+        if self._plan_ahead:
+            self._plan_made()
         n_dec = len(self.decoding) if self._decodes_count else 0
         # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
         # rest of an idle-queue iteration's scheduling.
@@ -387,6 +399,16 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         req.status = FINISHED
         req.finished_at = now
         req.num_generated = req.num_output_tokens
+        if self._plan_ahead:
+            # Its blocks and slot go after the next plan; its blocks stop growing now.
+            self.kv.leave_group(req.id)
+            self._zombies.append(req)
+        else:
+            self._release(req)
+        finished.append(req)
+
+    def _release(self, req: Request) -> None:
+        """Give a finished request's sequence slot and KV blocks back."""
         del self.running[req.id]
         self.running_version += 1
         if self.prefix_caching:
@@ -400,4 +422,3 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         # which keeps a million finished requests within memory.
         req.sort_key = None
         req.prefill_target = req.num_computed = req.ctx_base = req.finish_step = 0
-        finished.append(req)
