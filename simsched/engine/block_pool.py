@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from simsched.engine.kv_cache import KVCacheError, KVCacheManager
+from simsched.engine.kv_cache import KVCacheManager
 from simsched.engine.prefix_cache import segment_runs
 
 
@@ -142,27 +142,11 @@ class BlockPool(KVCacheManager):
             table.blocks.append(block)
         self._held[req.id] = num_hit_blocks
 
-    def _take(self, n: int) -> None:
-        """Take ``n`` blocks from the free pool: empty ones first, then the oldest evictable."""
-        empty = self.num_free - self.num_evictable
-        if n > empty:
-            self._evict(n - empty)
-        self.num_free -= n
-
     def allocate(self, req_id: int, num_tokens: int) -> int:
         """Grow ``req_id``'s holding to ``num_tokens`` tokens and cache its full blocks (new
         copies, even of blocks cached already); return the blocks added."""
-        if req_id in self._members:
-            self._settle(req_id)
-        held = self._held.get(req_id, 0)
-        extra = -(-num_tokens // self.block_size) - held
-        if extra > 0:
-            if extra > self.num_free:
-                raise KVCacheError(f"request {req_id} needs {extra} blocks, {self.num_free} free")
-            self._take(extra)
-            self._held[req_id] = held + extra
-        else:
-            extra = 0
+        extra = super().allocate(req_id, num_tokens)
+        self._evict_for_allocation()
         table = self._tables.get(req_id)
         if table is not None:
             self._register(table, num_tokens // self.block_size)
@@ -170,10 +154,8 @@ class BlockPool(KVCacheManager):
 
     def add_block(self, req_id: int) -> None:
         """Give ``req_id`` one more block (a decode's; cached when the request stops)."""
-        if self.num_free < 1:
-            raise KVCacheError(f"request {req_id} needs 1 block, none free")
-        self._take(1)
-        self._held[req_id] += 1
+        super().add_block(req_id)
+        self._evict_for_allocation()
 
     def free(self, req_id: int, num_tokens: int = 0) -> int:
         """Release ``req_id``'s blocks, last first; its full blocks of ``num_tokens`` tokens (and
@@ -214,6 +196,11 @@ class BlockPool(KVCacheManager):
             segments[key[0]] = count + 1
             if not count and self.on_node is not None:
                 self.on_node(key[0], True)
+
+    def _evict_for_allocation(self) -> None:
+        """The blocks just taken came from the empty ones first, then the oldest evictable."""
+        if self.num_free < self.num_evictable:
+            self._evict(self.num_evictable - self.num_free)
 
     def _evict(self, k: int) -> None:
         """Evict the ``k`` oldest cached blocks nobody holds."""
