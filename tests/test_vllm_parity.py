@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.parity.cases import Case
+from benchmarks.parity.cases import FAMILIES, Case
 from benchmarks.parity.compare import compare, unpack
 from benchmarks.parity.sim import run_sim
 from simsched.config import field_names
@@ -44,9 +44,7 @@ def test_fixtures_say_what_made_them(mode):
     cases = [Case.from_json(r["case"]) for r in data["cases"]]
     assert len(cases) >= 150 and all(c.async_scheduling == (mode == "async") for c in cases)
     # Every family, both prefix-caching settings, both admission rules, both queue policies.
-    assert {c.family for c in cases} == {"light", "token_budget", "seq_bound", "kv_bound",
-                                         "shared_prefix", "tiny_budget", "block_sizes",
-                                         "priority"}
+    assert {c.family for c in cases} == set(FAMILIES)
     for knob in ("enable_prefix_caching", "reserve_full_isl"):
         assert {getattr(c, knob) for c in cases} == {True, False}
     assert {c.policy for c in cases} == {"fcfs", "priority"}

@@ -8,8 +8,8 @@ same token identities (vLLM gets token ids derived from them, simsched the ids t
 prefix-cache hits mean the same thing on both sides.
 
 Families (:data:`FAMILIES`) stress one limit each: ``light`` (nothing binds), ``token_budget``
-(chunked prefills), ``seq_bound`` (``max_num_seqs``), ``kv_bound`` (too few blocks: preemption
-storms), ``shared_prefix`` (prefix caching with shared prompt heads, exact repeats and heavy
+(chunked prefills), ``seq_bound`` (``max_num_seqs``), ``kv_bound`` (too few blocks),
+``preemption_storm`` (many long decodes at once in a cache that fits few), ``shared_prefix`` (prefix caching with shared prompt heads, exact repeats and heavy
 eviction), ``tiny_budget`` (token budgets down to 1), ``block_sizes`` (blocks of 1 to 64 tokens)
 and ``priority`` (vLLM's priority policy).
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FAMILIES = ("light", "token_budget", "seq_bound", "kv_bound", "shared_prefix", "tiny_budget",
-            "block_sizes", "priority")
+FAMILIES = ("light", "token_budget", "seq_bound", "kv_bound", "preemption_storm",
+            "shared_prefix", "tiny_budget", "block_sizes", "priority")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_MODEL_LEN = 4096          # the default model's context: every request fits well within it
 
@@ -191,6 +191,9 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
     elif family in ("kv_bound", "priority"):
         prompt, output = (10, 300), (20, 120)
         tight = True
+    elif family == "preemption_storm":
+        n, seqs, budget = int(rng.integers(16, 31)), int(rng.integers(16, 65)), 1024
+        prompt, output = (10, 120), (60, 200)
     elif family == "shared_prefix":
         prompt, output = (1, 400), (1, 40)
         tight = rng.random() < 0.7
@@ -201,8 +204,13 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
     elif family == "block_sizes":
         tight = rng.random() < 0.6
     prompts, outputs = _lengths(rng, n, prompt, output, block_size)
-    blocks = _tight_blocks(rng, prompts, outputs, block_size) if tight \
-        else _ample_blocks(prompts, outputs, block_size)
+    if family == "preemption_storm":
+        least = max(-(-(p + o) // block_size) for p, o in zip(prompts, outputs)) + 1
+        blocks = int(least + rng.integers(0, least // 2 + 1))
+    elif tight:
+        blocks = _tight_blocks(rng, prompts, outputs, block_size)
+    else:
+        blocks = _ample_blocks(prompts, outputs, block_size)
     prefix = family == "shared_prefix" or bool(rng.random() < 0.5)
     hash_block_size = _pick(rng, (block_size, block_size, max(1, block_size // 2),
                                   2 * block_size, int(rng.integers(1, 33))))
@@ -216,7 +224,7 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
         # (its null block included), so these are where the rounding decides.
         watermark = float(_pick(rng, (0.01, 0.02, 0.05, 0.1))) if rng.random() < 0.5 \
             else int(rng.integers(1, 4)) / (blocks + 1)
-    arrivals = _arrivals(rng, n)
+    arrivals = [0] * n if family == "preemption_storm" else _arrivals(rng, n)
     reqs = tuple(Request(a, p, o, int(pr), ids) for a, p, o, pr, ids
                  in zip(arrivals, prompts, outputs, priorities, hashes))
     return Case(case_id=case_id, family=family, block_size=block_size,
