@@ -23,10 +23,16 @@ class PlanAheadMixin:
 
     __slots__ = ()
 
+    def _schedule_ahead(self, now: float):
+        """``schedule`` with plan_ahead (installed on the instance, so the plain one is
+        untouched): plan, then let what the plan could not know become known."""
+        batch = type(self).schedule(self, now)
+        self._plan_made()
+        return batch
+
     def _plan_made(self) -> None:
-        """A plan was made: what it could not know becomes known (called at the end of every
-        ``schedule`` with plan_ahead). Finished requests give their blocks and slots back; the
-        requests that arrived meanwhile join the queue."""
+        """A plan was made: what it could not know becomes known. Finished requests give their
+        blocks and slots back; the requests that arrived meanwhile join the queue."""
         if self._zombies:
             for req in self._zombies:
                 if req.id in self.running:          # not released early for another's blocks

@@ -141,6 +141,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
         self._plan_ahead = getattr(cfg, "plan_ahead", False)
         self._unseen: list[Request] = []
         self._zombies: list[Request] = []
+        if self._plan_ahead:
+            self.schedule = self._schedule_ahead    # off, schedule() pays nothing for it
         self._update_special()
 
     @property
@@ -254,8 +256,6 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
                     self._admit_waiting()
         if self.preempted:
             self._settle_victims(now)
-        if self._plan_ahead:
-            self._plan_made()
         n_dec = len(self.decoding) if self._decodes_count else 0
         # A Batch built field by field: Batch.__init__'s copies and checks cost more than the
         # rest of an idle-queue iteration's scheduling.
