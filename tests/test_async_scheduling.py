@@ -103,3 +103,12 @@ def test_vllm_v1_profile_turns_both_on():
     assert engine.replicas[0].async_scheduling and 1e-3 < delay < 0.05
     df = res.requests
     np.testing.assert_allclose(df.first_token_at - df.engine_first_token_at, delay)
+
+
+def test_plan_ahead_and_the_arrival_rule_are_one_model_not_two():
+    # plan_ahead decides what each plan sees; the replica's arrival rule must not delay again.
+    with pytest.raises(ValueError, match="plan_ahead and scheduler.async_scheduling"):
+        SimConfig().replace(plan_ahead=True, async_scheduling=True)
+    cfg = SimConfig().replace(engine_overhead="vllm_v1", plan_ahead=True)
+    assert not overhead.async_scheduling(cfg)
+    assert overhead.async_scheduling(SimConfig().replace(engine_overhead="vllm_v1"))

@@ -347,9 +347,9 @@ def test_cli_run_shows_progress_only_on_a_terminal(tty, monkeypatch, tmp_path):
     asked = []
     real = executors.run_config
 
-    def spy(config, slos=None, progress=False):
+    def spy(config, slos=None, progress=False, record_steps=False):
         asked.append(progress)
-        return real(config, slos, progress=False)
+        return real(config, slos, progress=False, record_steps=record_steps)
 
     monkeypatch.setattr(executors, "run_config", spy)
     monkeypatch.setattr("sys.stderr.isatty", lambda: tty)

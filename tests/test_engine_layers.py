@@ -10,7 +10,9 @@ ENGINE = Path(__file__).resolve().parent.parent / "simsched" / "engine"
 # module -> (class, layer): a part may call only parts of lower layers (and itself)
 PARTS = {"decode": ("DecodeMixin", 0), "preemption": ("PreemptionMixin", 1),
          "handoff": ("HandoffMixin", 1), "admission": ("AdmissionMixin", 2),
-         "scheduler": ("Scheduler", 3)}
+         "scheduler": ("Scheduler", 3),
+         # plan_ahead's schedule wraps the class's (type(self).schedule, not a call up)
+         "plan_ahead": ("PlanAheadMixin", 2)}
 
 
 def _class(module):

@@ -60,12 +60,14 @@ def _last_arrival(table: pd.DataFrame) -> float:
     return float(times.max())
 
 
-def run_config(config: SimConfig, slos: Any = None, progress: bool = False):
+def run_config(config: SimConfig, slos: Any = None, progress: bool = False,
+               record_steps: bool = False):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
     Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
     ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
     ``progress`` as :func:`~simsched.analysis.runner.simulate`'s.
+    ``record_steps`` also records the per-step frame (``Results.steps``).
     """
     from simsched.analysis.runner import run, workload_requests
 
@@ -74,7 +76,8 @@ def run_config(config: SimConfig, slos: Any = None, progress: bool = False):
         last = _last_arrival(table)
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
-    results = run(config, requests=table, from_workload=True, progress=progress)[0]
+    results = run(config, requests=table, from_workload=True, progress=progress,
+                  record_steps=record_steps)[0]
     row = summarize(results, slos)
     row["max_sim_time"] = config.max_sim_time
     row["num_blocks"] = results.info.get("num_blocks")

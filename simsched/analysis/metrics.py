@@ -42,14 +42,18 @@ class Results:
     ``requests`` (one row per request), ``iterations`` (one row per GPU iteration),
     ``preemptions`` (one row per preemption) and ``replicas`` (one row per replica) are
     DataFrames; ``config`` is the run's :class:`~simsched.config.SimConfig`; ``info`` holds what
-    the run derived (``num_blocks``) and its end state.
+    the run derived (``num_blocks``) and its end state. ``steps`` (one row per request per
+    scheduling step, :mod:`simsched.engine.steps`) is None unless the run recorded steps
+    (``simulate(..., record_steps=True)``).
     """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame, itl: ItlSamples,
                  preemptions: pd.DataFrame, config=None, sim_time: float = math.nan,
-                 info: dict | None = None, replicas: pd.DataFrame | None = None) -> None:
+                 info: dict | None = None, replicas: pd.DataFrame | None = None,
+                 steps: pd.DataFrame | None = None) -> None:
         self.requests = requests
         self.replicas = replicas
+        self.steps = steps
         self.iterations = iterations
         self.preemptions = preemptions
         self.config = config
@@ -177,11 +181,14 @@ class Results:
         return pd.DataFrame([self.summary()])
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` by name."""
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` and ``steps``
+        by name."""
         out = {"requests": self.requests, "iterations": self.iterations,
                "preemptions": self.preemptions}
         if self.replicas is not None:
             out["replicas"] = self.replicas
+        if self.steps is not None:
+            out["steps"] = self.steps
         return out
 
     def resolved_config(self) -> dict:

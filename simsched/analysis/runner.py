@@ -24,6 +24,7 @@ from simsched.analysis.progress import RunWatcher
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
 from simsched.engine.log import concat_frames, decode_step_ends
+from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
 
@@ -79,7 +80,7 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None, progress: bool = False) -> Results:
+             cost_model=None, progress: bool = False, record_steps: bool = False) -> Results:
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
@@ -87,15 +88,17 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     named by ``config.hardware``. ``progress`` shows the requests arrived and the simulated
     time while the run lasts more than a second (a bar on a terminal, a line every 30 s
     otherwise; see :mod:`simsched.analysis.progress`); it never changes the results.
+    ``record_steps`` also records every scheduling step (``Results.steps``: one row per request
+    per step, see :mod:`simsched.engine.steps`); off, it costs nothing.
     The same config and seed give identical frames.
     """
-    return run(config, requests, cost_model, progress=progress)[0]
+    return run(config, requests, cost_model, progress=progress, record_steps=record_steps)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
         from_workload: bool | None = None,
-        progress: bool = False) -> tuple[Results, Cluster | None]:
+        progress: bool = False, record_steps: bool = False) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -136,12 +139,19 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
     engine = Cluster(config, reqs, specs=specs, sessions=sessions)
+    # Installed before the run starts (the GPU loops look the scheduler's methods up once).
+    recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas] \
+        if record_steps else None
     if progress:
         # Closed-loop sessions create their turns as they go: no total to show.
         with RunWatcher(engine, None if sessions is not None else len(reqs)):
             engine.run()
     else:
         engine.run()
+    steps = None
+    if recorders is not None:
+        steps = steps_frame([row for rec in recorders for row in rec.rows])
+        del recorders
     replicas = engine.replicas
     info = {"num_blocks": sum(s.num_blocks for s in specs),
             "replica_num_blocks": [s.num_blocks for s in specs],
@@ -187,7 +197,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         for k, (name, values) in enumerate(disagg.items()):
             req_df.insert(2 + k, name, np.asarray(values)[ids])
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
-                      info=info, replicas=build_replicas_frame(req_df, iterations, described))
+                      info=info, replicas=build_replicas_frame(req_df, iterations, described),
+                      steps=steps)
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -21,6 +21,7 @@ import pandas as pd
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
                                   load_toml, parse_pairs, parse_set_value, parse_value,
                                   read_toml, split_values)
+from simsched.config.presets import PRESETS
 from simsched.cost.factory import COST_MODELS
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WORKLOADS
@@ -88,6 +89,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         f"[{name}]" for name in (*SECTIONS, "run", "slo")) + ", or flat keys; see examples/) "
         "or the config.json a run wrote")
     g = p.add_argument_group("engine")
+    g.add_argument("--preset", choices=sorted(PRESETS),
+                   help="engine preset: vllm_v1 schedules as vLLM V1 does (docs/parity.md); "
+                        "other flags and settings apply on top")
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")
@@ -134,6 +138,9 @@ def make_parser() -> argparse.ArgumentParser:
                      metavar="P1,P2,...", help="percentiles in the --vllm-json file (default 99)")
     run.add_argument("--gantt", type=_positive_int, nargs="?", const=50, metavar="N",
                      help="also draw gantt.png: the first N requests' phases (default N=50)")
+    run.add_argument("--record-steps", action="store_true",
+                     help="also write steps.csv: one row per request per scheduling step "
+                          "(tokens scheduled, cache hits, preemptions, completions)")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
@@ -191,7 +198,8 @@ def cmd_run(args) -> int:
 
     config, slo = config_from_args(args)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
-    results, summary = run_config(config, slo, progress=sys.stderr.isatty())
+    results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
+                                  record_steps=args.record_steps)
     summary.update(feature_figures(results))
     if args.config and Path(args.config).suffix.lower() == ".json":
         _check_derived(args.config, results)
@@ -202,7 +210,7 @@ def cmd_run(args) -> int:
     row.to_csv(path / "summary.csv", index=False)
     results.to_csv(path)
     written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
-               "config.json"]
+               "config.json"] + (["steps.csv"] if results.steps is not None else [])
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")

@@ -16,6 +16,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
 from simsched.analysis.slo import SLO
 from simsched.config import (CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig,
                              SimConfig, field_names)
+from simsched.config.presets import preset_changes
 from simsched.workloads.workload import WorkloadConfig
 
 SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster")
@@ -228,4 +229,6 @@ def config_from_args(args) -> tuple[SimConfig, SLO | None]:
     unknown = set(slo) - {"ttft", "tpot", "e2el"}
     if unknown:
         raise ValueError(f"unknown [slo] key(s) {sorted(unknown)}; known: ttft, tpot, e2el")
+    if getattr(args, "preset", None):
+        changes = preset_changes(args.preset, changes)
     return build_config(changes, base), (SLO(**slo) if slo else None)

@@ -148,6 +148,19 @@ class SimConfig:
                 top[part] = dataclasses.replace(top.get(part, getattr(self, part)), **sub)
         return dataclasses.replace(self, **top)
 
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> "SimConfig":
+        """The default config with engine preset ``name``'s scheduler and cache settings, then
+        ``changes`` (flat or dotted names, as :meth:`replace`).
+
+        ``SimConfig.preset("vllm_v1", max_num_seqs=64, enable_prefix_caching=True)`` schedules
+        as vLLM V1 does (:mod:`simsched.config.presets`; under ``policy="priority"`` its victim
+        is vLLM's too). The limits (budget, sequences, blocks) stay the config's.
+        """
+        from simsched.config.presets import preset_changes
+
+        return cls().replace(**preset_changes(name, changes))
+
     def to_dict(self) -> dict[str, Any]:
         """This config as JSON data (what a run's ``config.json`` holds, less ``derived``)."""
         return serialize.to_dict(self)

@@ -11,6 +11,8 @@ from simsched.cost.factory import COST_MODELS
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
 PREEMPTION_MODES = ("recompute", "swap")
+PREFIX_HIT_RULES = ("token", "block")
+PREFIX_CACHE_MODELS = ("segments", "blocks")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,15 @@ class SchedulerConfig:
     an iteration's plan sees only the requests that arrived before the previous iteration
     started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile:
     on for the calibrated cost model's ``vllm_v1`` engine overhead, off otherwise.
+    ``reserve_full_isl`` (vLLM V1's ``scheduler_reserve_full_isl``, on by default there) admits a
+    request only when the blocks of its whole prompt are free, though a chunked prefill takes
+    only its first chunk's now; ``False`` (default) checks the first chunk's blocks only.
+    ``plan_ahead`` makes the decisions of vLLM V1's async scheduler (``async_scheduling``): the
+    next batch is planned while the current one runs, so a plan does not see the requests that
+    arrived since the previous plan, and a request finishing in the running batch keeps its
+    blocks and sequence slot through that plan (a plan that schedules nothing is made again at
+    once with both known). Iteration times are unchanged: it changes decisions, not timing.
+    :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
     """
 
     style: str = "stall_free"
@@ -45,6 +56,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     max_num_preemptions: int = 8
     admit_after_preemption: bool = False
+    reserve_full_isl: bool = False
+    plan_ahead: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     async_scheduling: bool | None = None
 
@@ -73,6 +86,12 @@ class SchedulerConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"{o}.async_scheduling must be True, False or None (as the engine "
                              f"profile does), got {self.async_scheduling!r}")
+        check_bool(o, "reserve_full_isl", self.reserve_full_isl)
+        check_bool(o, "plan_ahead", self.plan_ahead)
+        if self.plan_ahead and self.async_scheduling:
+            raise ValueError(f"{o}.plan_ahead and {o}.async_scheduling both model vLLM's async "
+                             "pipeline (plan_ahead its exact decisions, async_scheduling only when "
+                             "an arrival becomes visible): set one, not both")
         if not isinstance(self.policy_options, Mapping):
             raise ValueError(f"{o}.policy_options must be a mapping, got {self.policy_options!r}")
         try:  # the policy's factory checks its options: fail here, not at the first run
@@ -91,6 +110,17 @@ class CacheConfig:
     of equal content between requests and keeps released ones cached until their memory is needed
     (vLLM's automatic prefix caching; see :mod:`simsched.engine.prefix_cache`). Off by default:
     results are then exactly those of a cache without sharing.
+
+    ``prefix_hit_rule`` says how much of a fully cached prompt is served from the cache: ``"token"``
+    (default) all but its last token; ``"block"`` (vLLM V1's rule) all but the last token
+    rounded down to whole blocks, so a block-aligned prompt recomputes its whole last block.
+    ``watermark_counts_null_block`` rounds the watermark as vLLM does: its pool holds one more
+    block than it can give out (the reserved null block), so it holds back
+    ``int(watermark * (num_blocks + 1))`` blocks rather than ``int(watermark * num_blocks)``.
+    ``prefix_cache_model`` picks the prefix cache's model: ``"segments"`` (default; one shared
+    copy of each block, tracked per prompt segment, fast at any scale) or ``"blocks"`` (vLLM V1's
+    block pool block by block: a block a request recomputes is its own copy even when an
+    identical one is cached, as in vLLM; see :mod:`simsched.engine.block_pool`).
     """
 
     block_size: int = 16
@@ -99,6 +129,9 @@ class CacheConfig:
     swap_space_gib: float = 4.0
     swap_bandwidth_gbps: float = 25.0
     enable_prefix_caching: bool = False
+    prefix_hit_rule: str = "token"
+    watermark_counts_null_block: bool = False
+    prefix_cache_model: str = "segments"
 
     def __post_init__(self) -> None:
         plain(self)
@@ -110,6 +143,9 @@ class CacheConfig:
         check_float(o, "swap_space_gib", self.swap_space_gib, 0.0)
         check_float(o, "swap_bandwidth_gbps", self.swap_bandwidth_gbps, 0.0, low_open=True)
         check_bool(o, "enable_prefix_caching", self.enable_prefix_caching)
+        check_choice(o, "prefix_hit_rule", self.prefix_hit_rule, PREFIX_HIT_RULES)
+        check_bool(o, "watermark_counts_null_block", self.watermark_counts_null_block)
+        check_choice(o, "prefix_cache_model", self.prefix_cache_model, PREFIX_CACHE_MODELS)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,11 @@ def check(name: str) -> None:
 def async_scheduling(config) -> bool:
     """Whether the replicas of ``config`` (a ``SimConfig``) schedule asynchronously:
     ``scheduler.async_scheduling`` if set, else whether the calibrated cost model's engine
-    overhead is one of :data:`ASYNC_SCHEDULING`."""
+    overhead is one of :data:`ASYNC_SCHEDULING`. Off under ``scheduler.plan_ahead``, which models
+    the same pipeline's decisions exactly (what a plan sees and frees; docs/parity.md): one rule
+    for when an arrival becomes visible, not two."""
+    if config.scheduler.plan_ahead:
+        return False
     flag = config.scheduler.async_scheduling
     if flag is not None:
         return flag

@@ -202,15 +202,20 @@ class AdmissionMixin:
                     if not constraint.admits(self, req, need):
                         self._refused(constraint)
                         return
+            # reserve_full_isl (vLLM's scheduler_reserve_full_isl): admit only if the whole
+            # prompt's blocks are free, though only the first chunk's are taken now.
+            check = need
+            if cfg.reserve_full_isl and not static and chunk < remaining:
+                check += kv.blocks_for(cached + remaining) - kv.blocks_for(cached + chunk)
             # KVBlocks (and a preemptible SeqSlots): the watermark keeps headroom for running
             # requests to grow; with none running it would only block a request that fits.
-            if full or kv.num_free - need < (kv.watermark_blocks if self.running else 0):
+            if full or kv.num_free - check < (kv.watermark_blocks if self.running else 0):
                 if not kv_blocks.preemptible:
                     if self._memo_kv:       # _refused(kv_blocks), with KVBlocks.stamp inlined
                         self._blocked = (kv_blocks, self._num_pushed, self.num_admitted, queue,
                                          (kv.num_free, budget, bool(self.running)))
                     return
-                if not self._preempt_for_admission(req, need, full):
+                if not self._preempt_for_admission(req, check, full):
                     return
                 if kv.prefix_caching:
                     # The victims' released blocks change a shared cache's match: look again.

@@ -92,6 +92,11 @@ def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
 
 def _check_prefix_cache(sched, kv, held: dict, now: float) -> None:
     """Reference counts, the evictable pool and block conservation of a prefix cache."""
+    if not hasattr(kv, "nodes"):        # a block-by-block pool (block_pool.py) checks its books
+        problem = kv.inconsistency(held)
+        if problem:
+            raise InvariantError("kv_conservation", now, problem)
+        return
     nodes = kv.nodes()
     registered = kv.registered()
     expected: dict = {}
@@ -152,7 +157,9 @@ def _check_prefix_cache(sched, kv, held: dict, now: float) -> None:
 
 
 def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
-    waiting_ids = [r.id for r in sched.queue] + [r.id for r in sched._requeue]
+    # plan_ahead: arrivals not yet seen by a plan are waiting too.
+    waiting_ids = [r.id for r in sched.queue] + [r.id for r in sched._requeue] \
+        + [r.id for r in sched._unseen]
     if len(waiting_ids) != len(set(waiting_ids)):
         dup = min(i for i in waiting_ids if waiting_ids.count(i) > 1)
         raise InvariantError("unique_waiting", now, "request queued twice", dup)
@@ -179,8 +186,14 @@ def _check_membership(sched, kv, now: float, exact: bool = True) -> list[int]:
                                      f"holds {kv.num_held(rid)} blocks for "
                                      f"{req.num_computed_tokens} tokens in transfer (running: "
                                      f"{rid in sched.running})", rid)
+    zombies = {r.id for r in sched._zombies}
     for rid, req in sched.running.items():
         if req.status is not Status.RUNNING:
+            # plan_ahead: finished in the last batch, its blocks held until the next plan.
+            if rid in zombies and req.status is Status.FINISHED \
+                    and kv.num_held(rid) == kv.blocks_for(req.num_prompt_tokens
+                                                          + req.num_output_tokens - 1):
+                continue
             raise InvariantError("running_status", now, f"status {req.status.value}", rid)
         if not exact:
             continue
@@ -268,8 +281,10 @@ def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) ->
             raise InvariantError("nothing_lost", now,
                                  f"not arrived but status {req.status.value}", req.id)
     accounted = sum(counts[s] for s in _OPEN + _CLOSED)
+    # plan_ahead: finished requests whose blocks wait for the next plan are in running.
+    num_zombies = sum(len(sched._zombies) for sched in scheds)
     if accounted != engine.num_arrived or counts[Status.WAITING] != len(waiting_ids) \
-            or counts[Status.RUNNING] != len(running) \
+            or counts[Status.RUNNING] != len(running) - num_zombies \
             or counts[Status.SWAPPED] != len(swapped):
         raise InvariantError("nothing_lost", now,
                              f"arrived {engine.num_arrived}, statuses "

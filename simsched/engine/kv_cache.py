@@ -6,7 +6,7 @@ asks a manager only what :class:`KVManager` lists. :class:`KVCacheManager` never
 (its ``match`` never hits); :class:`~simsched.engine.prefix_cache.PrefixCache`
 (``cache.enable_prefix_caching``) shares full blocks of equal content between requests and keeps
 released ones cached until their memory is needed;
-:func:`~simsched.engine.prefix_cache.make_kv_cache` picks one.
+:func:`~simsched.engine.kv_factory.make_kv_cache` picks one.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from simsched.request import PreemptionCause, Request, Status
 
-WAITING, SWAPPED = Status.WAITING, Status.SWAPPED
+WAITING, SWAPPED, FINISHED = Status.WAITING, Status.SWAPPED, Status.FINISHED
 
 
 class _VictimSearch:
@@ -48,12 +48,13 @@ class PreemptionMixin:
     :class:`~simsched.engine.scheduler.Scheduler`.
 
     The scheduler owns the state. This layer reads ``cfg``, ``kv``, ``choose_victim``, ``now``,
-    ``step``, ``meter``, ``decoding``, ``swapping``, ``_queue`` and the rank flags
+    ``step``, ``meter``, ``decoding``, ``swapping``, ``_queue``, ``_plan_ahead`` and the rank flags
     (``_static_ranks``, ``_memo_failed``, ``_may_preempt``); it changes ``running``,
     ``prefilling``, the plan (``planned``, ``planned_tokens``), ``running_version``,
     ``preempted``, ``_requeue``, ``_late``, ``swap_out_bytes``, the memo ``_blocked`` and the
-    swap space (``swap``). It calls down into decode (``num_generated``, ``num_cached``,
-    ``_close_run``) only.
+    swap space (``swap``); ``_release`` gives a finished request's slot and blocks back (the
+    scheduler's finish, and a finished request preempted under plan-ahead). It calls down into
+    decode (``num_generated``, ``num_cached``, ``_close_run``) only.
     """
 
     __slots__ = ()
@@ -136,6 +137,13 @@ class PreemptionMixin:
 
         Recompute frees the victim's blocks and sends it back to the queue.
         """
+        if victim.status is FINISHED:
+            # plan_ahead: a request that finished in the running batch still holds its blocks
+            # (vLLM's async scheduler preempts it, then drops it as finished): release them. It
+            # counts as this step's preemption for the admission rule until the plan is made.
+            self._release(victim)
+            self.preempted.append((victim, None))
+            return
         if self.swapping and self._swap_out(victim, reason, by):
             return
         generated = self.num_generated(victim)
@@ -172,6 +180,10 @@ class PreemptionMixin:
     def _stop(self, victim: Request, cached: int) -> None:
         """Take running ``victim``, with ``cached`` tokens' KV, off the GPU: end its decode run
         or prefill, free its blocks (a prefix cache keeps those of its cached tokens)."""
+        if cached and self._plan_ahead and 0 <= victim.run_start_step <= self.step:
+            # plan_ahead: vLLM's async scheduler caches a decode block only once the token after
+            # it is known: the KV of the last step's token is not cached yet.
+            cached -= 1
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:
@@ -182,6 +194,23 @@ class PreemptionMixin:
         self.kv.free(victim.id, cached)
         victim.epoch += 1
         victim.finish_step = -1
+
+    def _release(self, req: Request) -> None:
+        """Give a finished request's sequence slot and KV blocks back."""
+        del self.running[req.id]
+        self.running_version += 1
+        content = req.content
+        if content is None:         # nothing a prefix cache could keep
+            self.kv.free(req.id)
+        else:
+            # A prefix cache keeps the prompt's and output's blocks (the last token's KV is
+            # never written); the content's memo of them is dead weight now.
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
+            content.runs = None
+        # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
+        # which keeps a million finished requests within memory.
+        req.sort_key = None
+        req.prefill_target = req.num_computed_tokens = req.ctx_base = req.finish_step = 0
 
     def _unplan(self, req: Request) -> None:
         entry = self.planned.pop(req.id, None)

@@ -119,11 +119,16 @@ class PrefixCache(KVCacheManager):
     block counts once).
     """
 
-    __slots__ = ("_nodes", "_lru", "_holding", "num_evictable", "num_evicted_blocks", "on_node")
+    __slots__ = ("_nodes", "_lru", "_holding", "num_evictable", "num_evicted_blocks", "on_node",
+                 "whole_block_hits")
     prefix_caching = True
 
-    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, watermark: float = 0.0,
+                 hit_rule: str = "token") -> None:
         super().__init__(num_blocks, block_size, watermark)
+        # "token": a fully cached prompt computes its last token only; "block" (vLLM's): the
+        # hit is at most prompt - 1 tokens rounded down to whole blocks.
+        self.whole_block_hits = hit_rule == "block"
         self._nodes: dict[int, _Node] = {}
         self._lru: OrderedDict[_Run, None] = OrderedDict()
         self._holding: dict[int, _Holding] = {}
@@ -149,9 +154,12 @@ class PrefixCache(KVCacheManager):
         if runs is None:
             return 0, 0, 0
         target = req.prefill_target
-        # Full blocks only, and never a block that only the token to compute would need (with
-        # one-token blocks a fully cached prompt holds one block fewer than its length).
-        limit = min(target // self.block_size, -(-(target - 1) // self.block_size))
+        if self.whole_block_hits:
+            limit = (target - 1) // self.block_size
+        else:
+            # Full blocks only, and never a block that only the token to compute would need
+            # (with one-token blocks a fully cached prompt holds one block fewer than its length).
+            limit = min(target // self.block_size, -(-(target - 1) // self.block_size))
         nodes = self._nodes
         hit = evictable = 0
         for key, lo, hi in zip(runs[1], runs[2], runs[3]):
@@ -418,10 +426,3 @@ class PrefixCache(KVCacheManager):
     def registered(self) -> dict[int, tuple]:
         """Request id -> ``(num_registered, keys, los, his)`` of the blocks it references."""
         return {rid: (h.num_registered, h.keys, h.los, h.his) for rid, h in self._holding.items()}
-
-
-def make_kv_cache(num_blocks: int, cache) -> KVCacheManager:
-    """The KV cache manager ``cache`` (a :class:`~simsched.config.CacheConfig`) asks for."""
-    if getattr(cache, "enable_prefix_caching", False):
-        return PrefixCache(num_blocks, cache.block_size, cache.watermark)
-    return KVCacheManager(num_blocks, cache.block_size, cache.watermark)

@@ -35,7 +35,7 @@ import numpy as np
 import simpy
 
 from simsched.cost import hardware, overhead
-from simsched.engine.prefix_cache import make_kv_cache
+from simsched.engine.kv_factory import make_kv_cache
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -222,6 +222,8 @@ class Replica:
                     now = env.now
                     continue
                 new = batch.prefill_new_tokens
+                if not batch.num_seqs and not has_work():
+                    continue        # plan_ahead: only finished requests' blocks were left
                 if not batch.num_seqs:
                     raise SimulationError(
                         f"no progress at t={env.now:.6f}: {len(sched.running)} running, "

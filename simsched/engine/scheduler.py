@@ -45,6 +45,7 @@ from simsched.engine.admission import AdmissionMixin
 from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
+from simsched.engine.plan_ahead import PlanAheadMixin
 from simsched.engine.preemption import PreemptionMixin
 from simsched.engine.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
@@ -57,7 +58,7 @@ _new_batch = object.__new__
 _NONE: tuple = ()       # commit's "no requests" (read-only, shared)
 
 
-class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
+class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, PreemptionMixin):
     """Stall-free continuous batching (Sarathi-Serve style) with a paged KV cache.
 
     ``style="prefill_first"`` runs prefill-only iterations whenever a waiting request can be
@@ -81,7 +82,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
                  "_num_pushed", "_blocked", "_static", "_special", "_memo_heads", "_memo_kv",
-                 "constraints", "_kv_blocks", "_added",
+                 "constraints", "_kv_blocks", "_added", "_plan_ahead", "_unseen", "_zombies",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVManager, max_model_len: int | None = None,
@@ -151,6 +152,13 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
                                   PrefillSlots(self.max_num_prefills),
                                   *(() if self._static else (TokenBudget(),)), self._kv_blocks]
         self._added: tuple = ()                   # constraints add_constraint added
+        # plan_ahead (vLLM's async scheduling): arrivals not yet seen by a plan, and finished
+        # requests still holding their blocks and slots until the next plan is made.
+        self._plan_ahead = getattr(cfg, "plan_ahead", False)
+        self._unseen: list[Request] = []
+        self._zombies: list[Request] = []
+        if self._plan_ahead:
+            self.schedule = self._schedule_ahead    # off, schedule() pays nothing for it
         self._update_special()
 
     @property
@@ -202,12 +210,12 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
     def has_work(self) -> bool:
         """Whether anything is waiting or running."""
         return bool(self.running or self._waiting or self._requeue or self.swapped
-                    or self.ready)
+                    or self.ready or self._unseen)
 
     @property
     def num_waiting(self) -> int:
         """Requests in the waiting queue."""
-        return len(self._waiting) + len(self._requeue)
+        return len(self._waiting) + len(self._requeue) + len(self._unseen)
 
     # ----------------------------------------------------------------- arrivals
     def add(self, req: Request, now: float) -> bool:
@@ -219,6 +227,9 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
             return False
         req.status = WAITING
         req.queued_at = now
+        if self._plan_ahead:
+            self._unseen.append(req)    # the plan being made now (or made already) missed it
+            return True
         self._queue.push(req, now)
         self._num_pushed += 1
         return True
@@ -385,18 +396,11 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PreemptionMixin):
         req.status = FINISHED
         req.finished_at = now
         req.num_generated = req.num_output_tokens
-        del self.running[req.id]
-        self.running_version += 1
-        content = req.content
-        if content is None:         # nothing a prefix cache could keep
-            self.kv.free(req.id)
+        if self._plan_ahead:
+            # Its blocks and slot go after the next plan; its blocks stop growing now.
+            self.kv.leave_group(req.id)
+            self._zombies.append(req)
         else:
-            # A prefix cache keeps the prompt's and output's blocks (the last token's KV is
-            # never written); the content's memo of them is dead weight now.
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
-            content.runs = None
-        # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
-        # which keeps a million finished requests within memory.
-        req.sort_key = None
-        req.prefill_target = req.num_computed_tokens = req.ctx_base = req.finish_step = 0
+            self._release(req)
         finished.append(req)
+

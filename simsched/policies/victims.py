@@ -30,6 +30,13 @@ def lowest_priority(candidates, view) -> Request:
     return max(candidates, key=lambda r: (r.priority, r.admitted_seq))
 
 
+def priority_arrival(candidates, view) -> Request:
+    """The least urgent request, the latest arrival among equals; ties: the earliest admitted
+    (vLLM V1's victim under its priority policy: the largest (priority, arrival time) in the
+    running list, which is in admission order)."""
+    return max(candidates, key=lambda r: (r.priority, r.arrival_at, -r.admitted_seq))
+
+
 def largest_kv(candidates, view) -> Request:
     """The request holding the most KV blocks (frees the most memory at once); ties: newest."""
     held = view.kv.num_held
@@ -54,6 +61,7 @@ VICTIM_POLICIES: dict[str, Callable[..., Request]] = {
     "fewest_generated": fewest_generated,
     "newest": newest,
     "lowest_priority": lowest_priority,
+    "priority_arrival": priority_arrival,
     "largest_kv": largest_kv,
     "policy_worst": policy_worst,
 }

@@ -1,0 +1,26 @@
+"""Pick the KV cache manager a config asks for."""
+
+from __future__ import annotations
+
+from simsched.engine.block_pool import BlockPool
+from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.prefix_cache import PrefixCache
+
+
+def make_kv_cache(num_blocks: int, cache) -> KVCacheManager:
+    """The KV cache manager ``cache`` (a :class:`~simsched.config.CacheConfig`) asks for: private
+    blocks, or with ``enable_prefix_caching`` a :class:`~simsched.engine.prefix_cache.PrefixCache`
+    (``prefix_cache_model="segments"``) or a :class:`~simsched.engine.block_pool.BlockPool`
+    (``"blocks"``)."""
+    if getattr(cache, "enable_prefix_caching", False):
+        hit_rule = getattr(cache, "prefix_hit_rule", "token")
+        model = BlockPool if getattr(cache, "prefix_cache_model", "segments") == "blocks" \
+            else PrefixCache
+        kv = model(num_blocks, cache.block_size, cache.watermark, hit_rule)
+    else:
+        kv = KVCacheManager(num_blocks, cache.block_size, cache.watermark)
+    if getattr(cache, "watermark_counts_null_block", False):
+        # vLLM's pool holds one more block, its reserved null block, and rounds the watermark
+        # of that count down.
+        kv.watermark_blocks = int(cache.watermark * (num_blocks + 1))
+    return kv
