@@ -259,7 +259,7 @@ def disagg_capacity(runs) -> str:
     col = an.loc["colocated"]
     sp = an.loc[[i for i in an.index if i != "colocated" and "@" not in i][0]]
     claim(col["ttft_ok"] == 1.0, "colocated meets the TTFT bound for every request at capacity")
-    claim(col["tpot_ok"] < 0.95, "colocated fails on TPOT")
+    claim(col["tpot_ok"] < col["ttft_ok"] and col["tpot_ok"] < 0.98, "colocated fails on TPOT")
     claim(sp["kv_wait_time_mean"] == 0, "no wait for decode memory at 25 GB/s")
     edges = [c.drop("colocated") for c in cap.values()]
     highs = [max(e.iloc[0], e.iloc[-1]) / e.max() for e in edges]
@@ -286,8 +286,9 @@ def disagg_capacity(runs) -> str:
         + " and ".join(f"{num(cap[(s0, w)]['colocated'])} → {num(cap[(s1, w)]['colocated'])}"
                        for w in names)
         + f" req/s: chunked prefills still stretch the decode iterations they join), while "
-        f"{split} loses less ({num(cap[(s0, w0)][split])} → {num(cap[(s1, w0)][split])}) or "
-        f"nothing ({num(cap[(s0, w1)][split])} → {num(cap[(s1, w1)][split])}): its decode "
+        f"{split} loses less ("
+        + " and ".join(f"{num(cap[(s0, w)][split])} → {num(cap[(s1, w)][split])}" for w in names)
+        + f"): its decode "
         f"replicas run decode-only iterations. Colocated serving fails on TPOT, not TTFT: at its "
         f"own capacity on ShareGPT ({num(cap[(s0, w0)]['colocated'])} req/s) every request meets "
         f"the 1 s TTFT bound but only {num(col['tpot_ok'] * 100)} % the "
