@@ -30,8 +30,9 @@ class SchedulerConfig:
 
     ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs), so
     an iteration's plan sees only the requests that arrived before the previous iteration
-    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile:
-    on for the calibrated cost model's ``vllm_v1`` engine overhead, off otherwise.
+    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile
+    of the cost model that runs: on for the calibrated cost model's ``vllm_v1`` engine overhead,
+    off otherwise (and for a cost model given to ``simulate`` without one, e.g. ``UnitCostModel``).
     """
 
     style: str = "stall_free"

@@ -56,15 +56,19 @@ def check(name: str) -> None:
                          f"got {name!r}")
 
 
-def async_scheduling(config) -> bool:
-    """Whether the replicas of ``config`` (a ``SimConfig``) schedule asynchronously:
-    ``scheduler.async_scheduling`` if set, else whether the calibrated cost model's engine
-    overhead is one of :data:`ASYNC_SCHEDULING`."""
+def async_scheduling(config, cost_model) -> bool:
+    """Whether a replica of ``config`` (a ``SimConfig``) timed by ``cost_model`` schedules
+    asynchronously: ``scheduler.async_scheduling`` if set, else whether ``cost_model`` is a
+    calibrated model whose engine overhead is one of :data:`ASYNC_SCHEDULING`.
+
+    The engine profile is the cost model's that runs, not the config's: a cost model given to
+    ``simulate`` (e.g. ``UnitCostModel``) replaces the config's, and like its output delay, its
+    scheduling follows it (synchronous unless asked).
+    """
     flag = config.scheduler.async_scheduling
     if flag is not None:
         return flag
-    hw = config.hardware
-    return hw.cost_model == "calibrated" and hw.engine_overhead in ASYNC_SCHEDULING
+    return getattr(cost_model, "engine_overhead", None) in ASYNC_SCHEDULING
 
 
 @functools.lru_cache(maxsize=None)
