@@ -50,13 +50,13 @@ def async_on(cfg, cost=None) -> bool:
     return overhead.async_scheduling(cfg, cost or make_cost_model(cfg.hardware))
 
 
-def test_off_unless_asked_or_the_vllm_v1_profile():
-    cfg = SimConfig().replace(engine_overhead="measured_2023")
-    assert not async_on(cfg)
-    assert async_on(cfg.replace(engine_overhead="vllm_v1"))
-    assert not async_on(cfg.replace(engine_overhead="vllm_v1", async_scheduling=False))
-    assert not async_on(cfg.replace(engine_overhead="vllm_v1", cost_model="unit"))
-    assert async_on(cfg.replace(async_scheduling=True))
+def test_on_with_the_vllm_v1_profile_the_default_unless_asked_otherwise():
+    cfg = SimConfig()                               # vllm_v1 is the default engine profile
+    assert async_on(cfg)
+    assert not async_on(cfg.replace(async_scheduling=False))
+    assert not async_on(cfg.replace(engine_overhead="measured_2023"))
+    assert not async_on(cfg.replace(cost_model="unit"))
+    assert async_on(cfg.replace(engine_overhead="measured_2023", async_scheduling=True))
 
 
 def test_it_follows_the_cost_model_that_runs():

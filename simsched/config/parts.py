@@ -31,8 +31,9 @@ class SchedulerConfig:
     ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs), so
     an iteration's plan sees only the requests that arrived before the previous iteration
     started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile
-    of the cost model that runs: on for the calibrated cost model's ``vllm_v1`` engine overhead,
-    off otherwise (and for a cost model given to ``simulate`` without one, e.g. ``UnitCostModel``).
+    of the cost model that runs: on for the calibrated cost model's ``vllm_v1`` engine overhead
+    (the default), off otherwise (and for a cost model given to ``simulate`` without one, e.g.
+    ``UnitCostModel``).
     """
 
     style: str = "stall_free"
@@ -124,8 +125,9 @@ class HardwareConfig:
     ``register_model`` call there.
 
     ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
-    ``measured_2023`` (default), ``eager_2023``, ``overlapped``, ``none`` or ``vllm_v1`` (a
-    current vLLM V1 deployment: also async scheduling and a client-side output delay).
+    ``vllm_v1`` (default: a current vLLM V1 deployment, also async scheduling and a client-side
+    output delay), ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``
+    or ``none``.
     """
 
     model: str = "llama-2-7b"
@@ -136,8 +138,8 @@ class HardwareConfig:
     max_model_len: int | None = None
     model_spec: Any = None
     # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
-    # measured_2023 is the default: simsched.cost.overhead and docs/cost_model.md.
-    engine_overhead: str = "measured_2023"
+    # vllm_v1 is the default: simsched.cost.overhead and docs/cost_model.md.
+    engine_overhead: str = "vllm_v1"
 
     def __post_init__(self) -> None:
         from simsched.cost import hardware
