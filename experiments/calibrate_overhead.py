@@ -2,12 +2,13 @@
 
     python -m experiments.calibrate_overhead [--quick] [--gpus a100-80gb,h200] [--out DIR]
 
-For every ``hardware.engine_overhead`` choice (``measured_2023`` default, ``eager_2023``,
-``overlapped``, ``none``) and GPU, runs the main job (``experiments.policy_comparison``'s FCFS
-setting: lesson workload at 30 req/s, 1,000 requests, 96 KV blocks, 16 sequences, budget 2,048)
-and the Azure 2023 conversation trace (one hour, default engine: Llama-2-7B, FCFS; ``--quick``:
-its first 600 s). Also prints each choice's iteration time on a hand-built batch. Prints TTFT and
-TPOT (mean and p90) with the change against the default, and writes ``summary.csv``.
+For every ``hardware.engine_overhead`` choice (``vllm_v1`` default, ``measured_2023``,
+``eager_2023``, ``overlapped``, ``none``) and GPU, runs the main job
+(``experiments.policy_comparison``'s FCFS setting: lesson workload at 30 req/s, 1,000 requests, 96
+KV blocks, 16 sequences, budget 2,048) and the Azure 2023 conversation trace (one hour, default
+engine: Llama-2-7B, FCFS; ``--quick``: its first 600 s). Also prints each choice's iteration time
+on a hand-built batch. Prints TTFT and TPOT (mean and p90) with the change against the default, and
+writes ``summary.csv``.
 """
 
 from __future__ import annotations

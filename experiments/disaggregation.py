@@ -32,6 +32,8 @@ NUM_GPUS = 8
 # bandwidth sweep.
 SLOS = {"ttft1s_tpot40ms": (1.0, 0.04), "ttft1s_tpot25ms": (1.0, 0.025)}
 WORKLOADS = {"sharegpt": "sharegpt", "azure_conv": "azure-conv"}
+# The capacity search stops once its bracket is narrower than TOL x its lower end (--quick: 0.25).
+TOL = 0.08
 
 
 def base_config(workload: str, num_requests: int) -> SimConfig:
@@ -63,7 +65,7 @@ def search(base: SimConfig, variants: dict, quick: bool, progress: bool,
            slo: str = "ttft1s_tpot40ms") -> pd.DataFrame:
     """Capacity (req/s) of each variant at the SLO target, and per GPU."""
     cap = capacity_search(base, target(slo), policies=variants, low=1.0,
-                          tol=0.25 if quick else 0.08, progress=progress)
+                          tol=0.25 if quick else TOL, progress=progress)
     table = cap[["policy", "capacity", "status", "num_runs"]].rename(
         columns={"policy": "layout"})
     table["capacity_per_gpu"] = table["capacity"] / NUM_GPUS

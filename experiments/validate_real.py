@@ -8,7 +8,8 @@ TP 2/4/8 and BLOOM-176B at TP 8) is replayed two ways:
 * through the cost model, iteration by iteration as the 2023 engine schedules it (whole prompts
   first, up to 8,192 tokens per iteration; then every sequence decodes), before this calibration
   (A100-fitted kernels everywhere, ``measured_2023`` overhead) and after (``eager_2023``: the
-  fitted whole-iteration terms), and with today's default overhead on the new kernels;
+  fitted whole-iteration terms), and with ``measured_2023`` (the default overhead then) on the new
+  kernels;
 * end to end through ``simsched.simulate`` (B requests arriving at t = 0, ``prefill_first``
   scheduler without chunking, a token budget of 8,192; prompt time = the last first token, token
   time = the mean decode-only iteration), which also exercises the scheduler.
@@ -197,7 +198,8 @@ def main(argv=None) -> pd.DataFrame:
             "decode_serving"]
     with pd.option_context("display.width", 200, "display.float_format", "{:.1f}".format):
         print("\nMAPE % per (model, GPU, TP): before = A100-fitted kernels + measured_2023 "
-              "(simsched before this calibration); default = new kernels + measured_2023; "
+              "(simsched before this calibration); default = new kernels + measured_2023 (the "
+              "default overhead then); "
               "after = eager_2023 through the cost model; serving = eager_2023 through "
               "simulate()" + (" (runs with T <= 512 only)" if args.quick else ""))
         print(groups[cols].to_string(index=False))

@@ -11,6 +11,7 @@ from simsched import SimConfig, UnitCostModel
 from simsched.analysis.runner import RejectionWarning
 from simsched.api import simulate_checked
 from simsched.cost import overhead
+from simsched.cost.factory import make_cost_model
 
 
 class DelayedUnit(UnitCostModel):
@@ -45,15 +46,51 @@ def test_an_idle_engine_plans_at_once_and_an_empty_plan_is_replaced():
     assert first_tokens([(0.0, 16, 1), (5.25, 16, 3)], True) == [1.0, 6.25]
 
 
-def test_off_unless_asked_or_the_vllm_v1_profile():
-    cfg = SimConfig()
-    assert not overhead.async_scheduling(cfg)
-    assert overhead.async_scheduling(cfg.replace(engine_overhead="vllm_v1"))
-    assert not overhead.async_scheduling(cfg.replace(engine_overhead="vllm_v1",
-                                                     async_scheduling=False))
-    assert not overhead.async_scheduling(cfg.replace(engine_overhead="vllm_v1",
-                                                     cost_model="unit"))
-    assert overhead.async_scheduling(cfg.replace(async_scheduling=True))
+def async_on(cfg, cost=None) -> bool:
+    return overhead.async_scheduling(cfg, cost or make_cost_model(cfg.hardware))
+
+
+def test_on_with_the_vllm_v1_profile_the_default_unless_asked_otherwise():
+    cfg = SimConfig()                               # vllm_v1 is the default engine profile
+    assert async_on(cfg)
+    assert not async_on(cfg.replace(async_scheduling=False))
+    assert not async_on(cfg.replace(engine_overhead="measured_2023"))
+    assert not async_on(cfg.replace(cost_model="unit"))
+    assert async_on(cfg.replace(engine_overhead="measured_2023", async_scheduling=True))
+
+
+def test_it_follows_the_cost_model_that_runs():
+    # A cost model given to simulate replaces the config's, engine profile included: a unit
+    # model schedules synchronously under a vllm_v1 config (as its zero output delay says), a
+    # vllm_v1 model asynchronously under a measured_2023 config.
+    v1 = SimConfig().replace(engine_overhead="vllm_v1", num_blocks=200)
+    assert not async_on(v1, UnitCostModel())
+    assert async_on(v1.replace(engine_overhead="measured_2023"), make_cost_model(v1.hardware))
+    reqs = [(0.0, 16, 10), (0.5, 16, 10), (1.0, 16, 10)]
+    first = simsched.simulate(v1, requests=reqs, cost_model=UnitCostModel()).requests
+    assert first.first_token_at.tolist() == [1.0, 2.0, 2.0]   # see test_an_arrival_during...
+
+
+def test_queue_cap_and_waiting_counts_include_arrivals_no_plan_has_seen():
+    # A burst at t = 0 waits in the replicas' pending lists until a plan sees it: the queue
+    # cap (3 per replica) must count those requests, or it would never shed.
+    burst = [(0.0, 400, 50)] * 30
+    cfg = SimConfig(check_invariants=True).replace(
+        async_scheduling=True, num_replicas=2, router="round_robin", max_num_seqs=2,
+        max_num_batched_tokens=512, max_num_queued_per_replica=3)
+    with pytest.warns(RejectionWarning, match="shed: replica"):
+        res, _ = simulate_checked(cfg, requests=burst)
+    df = res.requests
+    shed = df["reject_reason"].str.startswith("shed: replica")
+    assert shed.sum() == 30 - 2 * 3 and (df.loc[~shed, "status"] == "finished").all()
+    assert (res.iterations["num_waiting"] <= 3).all()
+    # Cut off mid-step: the request that arrived during the step in flight is waiting, and
+    # counted as such.
+    cut = simsched.simulate(SimConfig().replace(async_scheduling=True, max_sim_time=0.75,
+                                                num_blocks=200),
+                            requests=[(0.0, 16, 10), (0.5, 16, 10)], cost_model=UnitCostModel())
+    assert cut.requests["status"].tolist() == ["running", "waiting"]
+    assert cut.info["num_waiting_at_end"] == 1
 
 
 def test_invariants_hold_under_load_with_prefix_sharing_and_rejections():
@@ -109,6 +146,9 @@ def test_plan_ahead_and_the_arrival_rule_are_one_model_not_two():
     # plan_ahead decides what each plan sees; the replica's arrival rule must not delay again.
     with pytest.raises(ValueError, match="plan_ahead and scheduler.async_scheduling"):
         SimConfig().replace(plan_ahead=True, async_scheduling=True)
+    from simsched.cost.factory import make_cost_model
+
     cfg = SimConfig().replace(engine_overhead="vllm_v1", plan_ahead=True)
-    assert not overhead.async_scheduling(cfg)
-    assert overhead.async_scheduling(SimConfig().replace(engine_overhead="vllm_v1"))
+    model = make_cost_model(cfg.hardware)
+    assert not overhead.async_scheduling(cfg, model)
+    assert overhead.async_scheduling(SimConfig().replace(engine_overhead="vllm_v1"), model)

@@ -77,11 +77,13 @@ def test_cluster_runs_are_deterministic():
 
 # ------------------------------------------------------------------ routing quality
 def test_jsq_beats_round_robin_on_p99_ttft_at_high_load():
-    requests = mixed_sizes(0, 400, rate=22.0)
+    # 25 req/s: as loaded under the vllm_v1 default as 22 req/s was under measured_2023 (its
+    # per-sequence CPU time made each step longer); at 22 the gap shrinks to 0.15 s vs 0.23 s.
+    requests = mixed_sizes(0, 400, rate=25.0)
     cfg = SimConfig().replace(num_replicas=4, max_num_seqs=8, max_num_batched_tokens=512)
     p99 = {router: simsched.simulate(cfg.replace(router=router), requests=requests)
            .summary()["ttft_p99"] for router in ("round_robin", "jsq")}
-    # Seeded: 0.13 s against 0.49 s; round robin queues short requests behind long ones.
+    # Seeded: 0.17 s against 0.62 s; round robin queues short requests behind long ones.
     assert p99["jsq"] < 0.5 * p99["round_robin"], p99
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
+import simsched
+from simsched import SimConfig
 from simsched.config import HardwareConfig
 from simsched.cost import factory, overhead, serving
 from simsched.cost import calibration as cal
@@ -78,12 +82,21 @@ def test_eager_formula_at_tp4():
         assert sum(eager.breakdown(b).values()) == pytest.approx(want, rel=1e-9)
 
 
-def test_default_is_measured_2023_and_bit_identical():
-    assert HardwareConfig().engine_overhead == overhead.DEFAULT_ENGINE_OVERHEAD == "measured_2023"
-    assert model() is model(choice="measured_2023")
-    assert model().iteration_time(DECODE_1) == model(choice="measured_2023").iteration_time(
-        DECODE_1)
-    assert model(choice="none") is not model()
+def test_default_is_vllm_v1_with_async_scheduling_and_client_times():
+    assert HardwareConfig().engine_overhead == overhead.DEFAULT_ENGINE_OVERHEAD == "vllm_v1"
+    default = factory.make_cost_model(HardwareConfig())
+    assert default is model(choice="vllm_v1") and default is not model(choice="measured_2023")
+    assert default.output_delay > 0
+    # A default run is the vllm_v1 profile spelled out: async scheduling, client-side times.
+    cfg = SimConfig().replace(num_requests=60, rate=20.0, num_blocks=200, seed=3)
+    spelled = cfg.replace(engine_overhead="vllm_v1", async_scheduling=True)
+    got, want = simsched.simulate(cfg).requests, simsched.simulate(spelled).requests
+    pd.testing.assert_frame_equal(got, want)
+    np.testing.assert_allclose(got.first_token_at - got.engine_first_token_at,
+                               default.output_delay)
+    # measured_2023 (the default before) is still there, synchronous and without delay.
+    old = simsched.simulate(cfg.replace(engine_overhead="measured_2023")).requests
+    assert "engine_first_token_at" not in old and not old.first_token_at.equals(got.first_token_at)
 
 
 @pytest.mark.parametrize("choice", ["eager_2023", "overlapped", "none", "vllm_v1"])

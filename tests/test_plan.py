@@ -14,7 +14,10 @@ from simsched.cli import main
 from simsched.workloads.workload import WorkloadConfig
 
 WORKLOAD = WorkloadConfig(name="lesson", num_requests=300, rate=10.0)
-TARGET = SLOTarget(limits={"ttft_p99": 0.1})
+# 0.15 s: with the vllm_v1 default a token reaches the client 2.5 steps + 9 ms after its request
+# arrives, so an L40S (slow decode) meets 0.15 s alone at 40 req/s, the cheapest choice there,
+# and cannot meet it at 320 req/s within its cap of 4 (under 0.1 s it never could).
+TARGET = SLOTarget(limits={"ttft_p99": 0.15})
 RATES = [40.0, 80.0, 160.0, 320.0]
 A100 = Candidate("a100-80gb", max_replicas=16)
 L40S = Candidate("l40s", max_replicas=4)
@@ -48,12 +51,14 @@ def test_chosen_deployment_rerun_meets_the_slo_and_one_fewer_does_not(result):
         row = run_job(Job(cfg)).row
         assert TARGET.holds(pd.DataFrame([row])), (rate, row["ttft_p99"])
         assert row["ttft_p99"] == pytest.approx(best["ttft_p99"])
-    # At the first rate the search probed one replica fewer, and it failed.
-    for label, rows in result.table[result.table["rate"] == RATES[0]].groupby("label"):
-        n = int(rows["num_replicas"].iloc[0])
-        if n > 1:
-            probes = result.runs[(result.runs["label"] == label) & (result.runs["rate"] == RATES[0])]
-            assert not probes[probes["num_replicas"] == n - 1]["holds"].any()
+    # Wherever more than one replica was chosen, the search probed one fewer, and it failed.
+    ok = result.table[(result.table["status"] == "ok") & (result.table["num_replicas"] > 1)]
+    assert len(ok) > 0
+    runs = result.runs
+    for row in ok.itertuples():
+        fewer = runs[(runs["label"] == row.label) & (runs["rate"] == row.rate)
+                     & (runs["num_replicas"] == row.num_replicas - 1)]
+        assert len(fewer) == 1 and not fewer["holds"].any(), (row.label, row.rate)
 
 
 def test_cost_is_gpu_hours_per_million_times_price_and_sorted(result):

@@ -156,7 +156,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     info = {"num_blocks": sum(s.num_blocks for s in specs),
             "replica_num_blocks": [s.num_blocks for s in specs],
             "num_events": engine.num_events, "num_shed": engine.num_shed,
-            "num_waiting_at_end": sum(r.scheduler.num_waiting for r in replicas),
+            "num_waiting_at_end": sum(r.num_waiting for r in replicas),
             "num_running_at_end": sum(len(r.scheduler.running) for r in replicas),
             "kv_blocks_used_at_end": sum(r.kv.num_used for r in replicas)}
     described = [{"model": s.config.hardware.model, "gpu": s.config.hardware.gpu,

@@ -245,7 +245,7 @@ class Cluster:
         """Admission control's queue cap: True (``req`` is then shed) if replica ``i``'s waiting
         queue is at the cap."""
         cap = self.queue_cap
-        if cap is not None and self.replicas[i].scheduler.num_waiting >= cap:
+        if cap is not None and self.replicas[i].num_waiting >= cap:
             self._shed(req, f"shed: replica {i} already has {cap} requests waiting")
             return True
         return False

@@ -32,8 +32,10 @@ class SchedulerConfig:
 
     ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs), so
     an iteration's plan sees only the requests that arrived before the previous iteration
-    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile:
-    on for the calibrated cost model's ``vllm_v1`` engine overhead, off otherwise.
+    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile
+    of the cost model that runs: on for the calibrated cost model's ``vllm_v1`` engine overhead
+    (the default), off otherwise (and for a cost model given to ``simulate`` without one, e.g.
+    ``UnitCostModel``).
     ``reserve_full_isl`` (vLLM V1's ``scheduler_reserve_full_isl``, on by default there) admits a
     request only when the blocks of its whole prompt are free, though a chunked prefill takes
     only its first chunk's now; ``False`` (default) checks the first chunk's blocks only.
@@ -42,6 +44,8 @@ class SchedulerConfig:
     arrived since the previous plan, and a request finishing in the running batch keeps its
     blocks and sequence slot through that plan (a plan that schedules nothing is made again at
     once with both known). Iteration times are unchanged: it changes decisions, not timing.
+    With ``plan_ahead`` on, the replica's arrival rule (``async_scheduling``) is off: one model
+    of when an arrival becomes visible, not two; setting both is refused.
     :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
     """
 
@@ -159,8 +163,9 @@ class HardwareConfig:
     ``register_model`` call there.
 
     ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
-    ``measured_2023`` (default), ``eager_2023``, ``overlapped``, ``none`` or ``vllm_v1`` (a
-    current vLLM V1 deployment: also async scheduling and a client-side output delay).
+    ``vllm_v1`` (default: a current vLLM V1 deployment, also async scheduling and a client-side
+    output delay), ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``
+    or ``none``.
     """
 
     model: str = "llama-2-7b"
@@ -171,8 +176,8 @@ class HardwareConfig:
     max_model_len: int | None = None
     model_spec: Any = None
     # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
-    # measured_2023 is the default: simsched.cost.overhead and docs/cost_model.md.
-    engine_overhead: str = "measured_2023"
+    # vllm_v1 is the default: simsched.cost.overhead and docs/cost_model.md.
+    engine_overhead: str = "vllm_v1"
 
     def __post_init__(self) -> None:
         from simsched.cost import hardware

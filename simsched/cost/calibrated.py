@@ -13,8 +13,8 @@ An iteration costs, per GPU (tensor-parallel ranks run in lock step), the GPU ke
 * ``embedding``: token embedding and the LM head (one logit row per sequence);
 
 plus the ``overhead`` the engine adds around them, chosen by ``engine_overhead`` (see
-:mod:`simsched.cost.overhead`: ``measured_2023`` by default, ``eager_2023``, ``overlapped``,
-``none``). Which GPUs are measured and which extrapolated: :func:`simsched.cost.hardware.describe`.
+:mod:`simsched.cost.overhead`: ``vllm_v1`` by default, ``measured_2023``, ``eager_2023``,
+``overlapped``, ``none``). Which GPUs are measured and which extrapolated: :func:`simsched.cost.hardware.describe`.
 
 Speed: all token-count and sequence-count dependent parts are precomputed into plain Python
 lists, so :meth:`CalibratedCostModel.iteration_time` is a handful of list look-ups.

@@ -88,7 +88,7 @@ class Replica:
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
-        self.async_scheduling = overhead.async_scheduling(config)
+        self.async_scheduling = overhead.async_scheduling(config, cost_model)
         self.pending: deque = deque()
         env.process(self._gpu())
 
@@ -124,6 +124,12 @@ class Replica:
         self._live[req.id] = handles
         self.wake()
         return True
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests here that arrived and wait to be scheduled: the scheduler's queue, plus,
+        with async scheduling, those no plan has seen yet."""
+        return self.scheduler.num_waiting + len(self.pending)
 
     def _release(self, cutoff: float) -> None:
         """Queue the pending requests that arrived at or before ``cutoff``."""
@@ -242,7 +248,8 @@ class Replica:
                 used = num_blocks - kv.num_free
             if self.on_kv is not None:
                 self.on_kv(self.index, used, num_blocks)
-            waiting = len(sched._waiting)       # schedule() has re-queued its victims
+            # schedule() has re-queued its victims; arrivals no plan has seen yet wait too.
+            waiting = len(sched._waiting) + len(pending)
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
             # enough that now + duration still resolves it (arrivals near 1e17 s do not). The
