@@ -22,7 +22,6 @@ from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
 from simsched.cost.profiles import PROFILES, get_profile
 
 MIN_TABLE = 8192
-ANCHORS = tuple(PROFILES)
 
 
 class KernelTables:

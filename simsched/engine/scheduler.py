@@ -154,7 +154,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
         self._added: tuple = ()                   # constraints add_constraint added
         # plan_ahead (vLLM's async scheduling): arrivals not yet seen by a plan, and finished
         # requests still holding their blocks and slots until the next plan is made.
-        self._plan_ahead = getattr(cfg, "plan_ahead", False)
+        self._plan_ahead = cfg.plan_ahead
         self._unseen: list[Request] = []
         self._zombies: list[Request] = []
         if self._plan_ahead:
