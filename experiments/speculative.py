@@ -1,7 +1,8 @@
 """Speculative decoding vs load: TPOT and throughput for K = 0..5 and each proposer on one GPU.
 
-Llama-3.1-8B on one A100-80GB (the default engine, vllm_v1 profile) serves clipped ShareGPT
-lengths at Poisson rates from light to overload, with speculation off and with EAGLE at K = 1..5
+Llama-3.1-8B on one H200 (the default engine, vllm_v1 profile, with room for large batches:
+512 sequences, an 8,192-token budget) serves ShareGPT lengths (prompts clipped to 1,024 tokens)
+at Poisson rates from light to overload, with speculation off and with EAGLE at K = 1..5
 (per-position acceptance 0.73, 0.52, 0.35, ...: vLLM's EAGLE-3 figures), and at K = 3 with each
 proposer (n-gram, MTP, a draft model: phi-2's cost, K sequential decode steps of it). Prints
 TPOT p50/p99, output throughput and the mean acceptance length per run, and for each variant the
@@ -24,6 +25,7 @@ from simsched.analysis.speculative import spec_summary
 from simsched.config import SimConfig
 
 MODEL = "llama-3.1-8b"
+GPU = "h200"
 COLUMNS = ["variant", "method", "k", "rate", "tpot_p50", "tpot_p99", "itl_p50",
            "itl_per_token_p50", "output_throughput", "mean_acceptance_length", "spec_efficiency"]
 
@@ -43,14 +45,15 @@ def variants(quick: bool) -> dict:
 
 def base(num_requests: int) -> SimConfig:
     """The served workload and model (speculation set per variant)."""
-    return SimConfig().replace(name="sharegpt", num_requests=num_requests, model=MODEL,
-                               max_prompt_tokens=3072, long_prompt_policy="clip")
+    return SimConfig().replace(name="sharegpt", num_requests=num_requests, model=MODEL, gpu=GPU,
+                               max_prompt_tokens=1024, long_prompt_policy="clip",
+                               max_num_seqs=512, max_num_batched_tokens=8192)
 
 
 def run_all(quick: bool, progress: bool = False) -> pd.DataFrame:
     """One row per (variant, rate)."""
-    rates = [1.0, 8.0, 32.0] if quick else [0.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
-    n = 100 if quick else 400
+    rates = [1.0, 16.0, 128.0] if quick else [1.0, 4.0, 16.0, 32.0, 64.0, 128.0]
+    n = 150 if quick else 1200
     rows = []
     for label, spec in variants(quick).items():
         for rate in rates:
@@ -112,14 +115,14 @@ def plot(table: pd.DataFrame):
     a.set_ylabel("TPOT p50 (ms)")
     b.set_ylabel("output throughput (tok/s)")
     a.legend(fontsize=7)
-    fig.suptitle(f"Speculative decoding, {MODEL} on one A100-80GB")
+    fig.suptitle(f"Speculative decoding, {MODEL} on one {GPU.upper()}")
     fig.tight_layout()
     return fig
 
 
 def main(argv=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run the study; return (runs, crossover) tables."""
-    args = parser("speculative", __doc__, "three rates, two K=3 variants, 100 requests per run") \
+    args = parser("speculative", __doc__, "three rates, two K=3 variants, 150 requests per run") \
         .parse_args(argv)
     warnings.simplefilter("ignore")
     table = run_all(args.quick, progress=not args.quiet)
