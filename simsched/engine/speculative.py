@@ -273,47 +273,38 @@ class SpeculativeScheduler(Scheduler):
             self._take(req, n)
 
     # ----------------------------------------------------------------- one iteration
-    def schedule(self, now: float) -> SpecBatch:
-        """Decide the next iteration's batch: decode grants, prefill chunks, admissions."""
-        self.now = now
-        self.planned_tokens = 0
-        self.decode_step = 0
-        if self._special or self.planned or self.preempted or self.ready:
-            self._prepare(now)
+    def _update_special(self) -> None:
+        super()._update_special()
+        self._special = True        # every step starts in _prepare, which grants the decodes
+
+    def _prepare(self, now: float) -> None:
+        """The plain step's start, then this step's decode grants (before prefill chunks and
+        admissions, which the plain ``schedule`` plans next under the same budget)."""
+        super()._prepare(now)
         self._grants = {}
         if self.decoding:
             self._grant_decodes()
-        if self.prefilling:
-            self._continue_prefills()
-        if (self._waiting or self.swapped) \
-                and (not self.preempted or self.cfg.admit_after_preemption):
-            self._admit_waiting()
-        if self.preempted:
-            self._settle_victims(now)
-        grants = self._grants
+
+    def schedule(self, now: float) -> SpecBatch:
+        """Decide the next iteration's batch: decode grants, prefill chunks, admissions (the
+        plain scheduler's step, whose decodes are this one's grants)."""
+        plain = Scheduler.schedule(self, now)      # no lazy decoder: its batch has prefills only
         batch = _new_batch(SpecBatch)
+        grants = self._grants
         n_dec = len(grants)
+        tokens = ctx = 0
         if n_dec:
             self.decode_step = self.step + 1
-            tokens = ctx = 0
             for req, n in grants.values():
                 tokens += n
                 ctx += req.num_computed_tokens
-            batch.decode_context_sum = ctx
-            batch.num_spec_tokens = tokens - n_dec
-        else:
-            batch.decode_context_sum = 0
-            batch.num_spec_tokens = 0
         batch.num_decode_seqs = n_dec
-        planned = self.planned
-        if planned:
-            batch.prefill_new_tokens = [chunk for _, chunk in planned.values()]
-            batch.prefill_cached_tokens = [req.num_computed_tokens for req, _ in planned.values()]
-        else:
-            batch.prefill_new_tokens = []
-            batch.prefill_cached_tokens = []
-        batch.swap_out_bytes = self.swap_out_bytes
-        batch.swap_in_bytes = self.swap_in_bytes
+        batch.decode_context_sum = ctx
+        batch.num_spec_tokens = tokens - n_dec
+        batch.prefill_new_tokens = plain.prefill_new_tokens
+        batch.prefill_cached_tokens = plain.prefill_cached_tokens
+        batch.swap_out_bytes = plain.swap_out_bytes
+        batch.swap_in_bytes = plain.swap_in_bytes
         return batch
 
     def commit(self, now: float):
