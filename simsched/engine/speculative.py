@@ -194,6 +194,7 @@ class SpeculativeScheduler(Scheduler):
         self.spec_stats = SpecStats(self._k)
         self._grants: dict[int, tuple] = {}     # this step: request id -> (request, tokens)
         self._chunk_at: dict[int, float] = {}   # decoder id -> when its last token came
+        self._lag: dict[int, int] = {}          # decoder id -> proposals its last step accepted
 
     @property
     def decode_grants(self) -> dict[int, int]:
@@ -229,6 +230,7 @@ class SpeculativeScheduler(Scheduler):
             req.last_token_at = self.step_ended_at
         del self.decoding[req.id]
         self._chunk_at.pop(req.id, None)
+        self._lag.pop(req.id, None)
         req.run_start_step = -1
         if self.meter is not None:
             self.meter.stop_decoding(req, last_step)
@@ -237,9 +239,14 @@ class SpeculativeScheduler(Scheduler):
         """Preemption: a victim granted tokens this step gives them back to the budget (its KV
         slots, proposals' included, go with its blocks)."""
         grant = self._grants.pop(victim.id, None)
+        lag = self._lag.pop(victim.id, 0)
         if grant is not None:
             self.planned_tokens -= grant[1]
-        super()._stop(victim, cached)
+            lag = 0
+        # vLLM caches a request's full blocks when it allocates its next step's slots, up to
+        # the tokens known then: until then the tokens its last verification accepted are not
+        # cached (a victim granted slots in this step had them cached first).
+        super()._stop(victim, cached - lag if cached else 0)
 
     def _take(self, req: Request, n: int) -> None:
         """Grant ``req`` ``n`` tokens this step; the caller made sure their KV blocks are free.
@@ -350,6 +357,7 @@ class SpeculativeScheduler(Scheduler):
                     per_pos[i] += 1
             req.num_generated += a + 1
             req.num_computed_tokens += a + 1
+            self._lag[rid] = a
             if a < k:
                 kv.shrink(rid, req.num_computed_tokens)     # the rejected proposals' slots
             gaps.append(now - chunk_at[rid])

@@ -1,0 +1,171 @@
+"""Speculative decoding, step for step: simsched's grants against vLLM's real V1 scheduler.
+
+The parity cases of :mod:`benchmarks.vllm_parity` (sync mode) are run with K proposals per
+decoder on both sides. vLLM's ``Scheduler`` gets the proposals through
+``update_draft_token_ids`` after each step and the verification's result through the sampled
+tokens of ``update_from_output`` (1 + accepted tokens); simsched runs its ``vllm_v1`` preset with
+``scheduler.speculative`` and an acceptance trace holding the same accepted counts (request i's
+v-th verification accepts ``accepted(i, v)``), so both sides see identical acceptances. Compared
+per step: which requests are scheduled with how many tokens (prefill, decode and spec tokens
+together), who is preempted, who finishes. Needs vLLM on CPU (see benchmarks/vllm_parity.py)::
+
+    VLLM_TARGET_DEVICE=cpu python -m benchmarks.spec_parity --cases 60 --k 3
+
+The drafter proposes at most ``remaining output - 1`` tokens (simsched's rule: vLLM's own
+drafters propose K and the tokens past ``max_tokens`` are dropped after verification).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from benchmarks.parity.cases import MAX_MODEL_LEN, make_case  # noqa: E402
+from benchmarks.parity.compare import compare  # noqa: E402
+from benchmarks.parity.engine import (OUTPUT_BASE, StuckError, _arrive, _finished,  # noqa: E402
+                                      make_requests, make_scheduler)
+from benchmarks.parity.sim import run_sim  # noqa: E402
+
+FAMILIES = ("light", "token_budget", "seq_bound", "kv_bound", "preemption_storm")
+
+
+def accepted(rid: int, v: int, k: int) -> int:
+    """The accepted proposals of request ``rid``'s ``v``-th verification (a fixed pattern)."""
+    return (rid * 7 + v * 5 + (v * v) % 3) % (k + 1)
+
+
+def write_trace(path: Path, num_requests: int, k: int, max_verifications: int = 400) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["request_id", "num_accepted"])
+        for rid in range(num_requests):
+            for v in range(max_verifications):
+                w.writerow([rid, accepted(rid, v, k)])
+
+
+def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
+    """vLLM's steps for ``case`` with K proposals per decoder (see the module docstring)."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    sched = make_scheduler(case)
+    requests = make_requests(case)
+    max_tokens = {r.request_id: r.max_tokens for r in requests}
+    steps: list = []
+    pending_preempted: list[int] = []
+    verifications: dict[str, int] = defaultdict(int)
+    sampled_count: dict[str, int] = defaultdict(int)
+    now = nxt = idle = 0
+    for _ in range(max_steps):
+        nxt = _arrive(sched, requests, nxt, now)
+        if not sched.has_requests():
+            if nxt == len(requests):
+                return steps
+            now = int(requests[nxt].arrival_time)
+            continue
+        waiting = {rid for rid, r in sched.requests.items() if not r.is_finished()
+                   and r.status.name in ("WAITING", "PREEMPTED")}
+        out = sched.schedule()
+        pending_preempted.extend(int(rid) for rid in out.preempted_req_ids)
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = sched.requests[rid]
+            if req.is_prefill_chunk:
+                sampled.append([])
+                continue
+            drafts = out.scheduled_spec_decode_tokens.get(rid, [])
+            a = 0
+            if drafts:
+                a = min(accepted(int(rid), verifications[rid], k), len(drafts))
+                verifications[rid] += 1
+            n0 = sampled_count[rid]
+            sampled_count[rid] = n0 + 1 + a
+            sampled.append([OUTPUT_BASE + int(rid) * MAX_MODEL_LEN + n0 + j for j in range(1 + a)])
+        model_out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
+                                                                      enumerate(ids)},
+                                      sampled_token_ids=sampled)
+        step = None
+        if out.total_num_scheduled_tokens:
+            scheduled = []
+            for rid, n in out.num_scheduled_tokens.items():
+                cached = sched.requests[rid].num_computed_tokens - n if rid in waiting else 0
+                scheduled.append([int(rid), int(n), int(cached)])
+            step = [now, sorted(scheduled), sorted(set(pending_preempted)), []]
+            pending_preempted = []
+            steps.append(step)
+        outputs = sched.update_from_output(out, model_out)
+        # The drafter proposes for every request that sampled a token this step.
+        draft_ids, drafts = [], []
+        for rid, toks in zip(ids, sampled):
+            req = sched.requests.get(rid)
+            if not toks or req is None or req.is_finished():
+                continue
+            left = max_tokens[rid] - req.num_output_tokens
+            n = min(k, left - 1)
+            if n > 0:
+                draft_ids.append(rid)
+                drafts.append([7] * n)
+        if draft_ids:
+            sched.update_draft_token_ids(DraftTokenIds(draft_ids, drafts))
+        if step is None:
+            idle += 1
+            if idle > 2 and sched.has_unfinished_requests():
+                raise StuckError(f"vLLM scheduled nothing {idle} times in a row at t={now}")
+            continue
+        idle = 0
+        step[3] = sorted(_finished(outputs))
+        now += 1
+    raise StuckError(f"over {max_steps} steps")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.spec_parity",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=50, help="cases per family")
+    p.add_argument("--k", type=int, default=3, help="proposals per decoder")
+    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--show", type=int, default=2, help="differences to print per family")
+    args = p.parse_args(argv)
+    import logging
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    tmp = Path(tempfile.mkdtemp(prefix="spec-parity-"))
+    totals: dict = {}
+    for family in args.families.split(","):
+        cases_same = steps_same = steps_all = shown = 0
+        for i in range(args.cases):
+            case = make_case(i, seed=27, family=family)
+            trace = tmp / f"{family}-{i}.csv"
+            write_trace(trace, len(case.requests), args.k)
+            spec = {"method": "ngram", "num_speculative_tokens": args.k,
+                    "acceptance_trace": str(trace)}
+            try:
+                ours = run_sim(case, speculative=spec)
+                theirs = run_vllm_spec(case, args.k)
+            except StuckError as exc:
+                print(f"{family} case {i}: vLLM stuck ({exc})")
+                continue
+            outcome = compare(theirs, ours)
+            steps_all += outcome.num_steps
+            steps_same += outcome.num_same
+            if outcome.first_diff is None:
+                cases_same += 1
+            elif shown < args.show:
+                shown += 1
+                print(f"{family} case {i} ({case.label()}): {outcome.diff}\n")
+        totals[family] = (cases_same, args.cases, steps_same, steps_all)
+        print(f"{family}: {cases_same}/{args.cases} cases identical, "
+              f"{steps_same}/{steps_all} steps identical", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
