@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import tempfile
@@ -33,7 +34,13 @@ from benchmarks.parity.engine import (OUTPUT_BASE, StuckError, _arrive, _finishe
                                       make_requests, make_scheduler)
 from benchmarks.parity.sim import run_sim  # noqa: E402
 
-FAMILIES = ("light", "token_budget", "seq_bound", "kv_bound", "preemption_storm")
+from benchmarks.parity.cases import FAMILIES  # noqa: E402
+from benchmarks.parity.compare import pack  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "spec_parity" \
+    / "sync.json"
+FIXTURE_SEED = 2027
+FIXTURE_KS = (1, 3, 5)
 
 
 def accepted(rid: int, v: int, k: int) -> int:
@@ -125,6 +132,32 @@ def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
     raise StuckError(f"over {max_steps} steps")
 
 
+def sim_steps(case, k: int, trace_dir: Path) -> list:
+    """simsched's steps for ``case`` with K proposals and :func:`accepted`'s acceptances."""
+    trace = trace_dir / f"accepted-{case.case_id}-{k}.csv"
+    write_trace(trace, len(case.requests), k)
+    return run_sim(case, speculative={"method": "ngram", "num_speculative_tokens": k,
+                                      "acceptance_trace": str(trace)})
+
+
+def record_fixture(version: str, cases_per_family: int) -> Path:
+    """vLLM's steps for small cases of every family, K cycling through FIXTURE_KS."""
+    from benchmarks.vllm_parity import small_case
+
+    records = []
+    for family in FAMILIES:
+        for i in range(cases_per_family):
+            case = small_case(make_case(i, FIXTURE_SEED, family=family))
+            k = FIXTURE_KS[i % len(FIXTURE_KS)]
+            records.append({"k": k, "case": case.to_json(),
+                            "steps": pack(run_vllm_spec(case, k))})
+    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+    FIXTURE.write_text(json.dumps({"vllm_version": version, "scheduler": "Scheduler",
+                                   "regenerate": "python -m benchmarks.spec_parity --fixtures",
+                                   "cases": records}, separators=(",", ":")) + "\n")
+    return FIXTURE
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.spec_parity",
                                 description=__doc__.split("\n\n")[0])
@@ -132,23 +165,25 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=3, help="proposals per decoder")
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--show", type=int, default=2, help="differences to print per family")
+    p.add_argument("--fixtures", action="store_true",
+                   help="record vLLM's steps for small cases into tests/fixtures/spec_parity/")
     args = p.parse_args(argv)
     import logging
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.getLogger("vllm").setLevel(logging.ERROR)
+    if args.fixtures:
+        from benchmarks.parity.engine import vllm_version
+
+        print(f"wrote {record_fixture(vllm_version(), 10)}")
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="spec-parity-"))
-    totals: dict = {}
     for family in args.families.split(","):
         cases_same = steps_same = steps_all = shown = 0
         for i in range(args.cases):
             case = make_case(i, seed=27, family=family)
-            trace = tmp / f"{family}-{i}.csv"
-            write_trace(trace, len(case.requests), args.k)
-            spec = {"method": "ngram", "num_speculative_tokens": args.k,
-                    "acceptance_trace": str(trace)}
             try:
-                ours = run_sim(case, speculative=spec)
+                ours = sim_steps(case, args.k, tmp)
                 theirs = run_vllm_spec(case, args.k)
             except StuckError as exc:
                 print(f"{family} case {i}: vLLM stuck ({exc})")
@@ -161,7 +196,6 @@ def main(argv=None) -> int:
             elif shown < args.show:
                 shown += 1
                 print(f"{family} case {i} ({case.label()}): {outcome.diff}\n")
-        totals[family] = (cases_same, args.cases, steps_same, steps_all)
         print(f"{family}: {cases_same}/{args.cases} cases identical, "
               f"{steps_same}/{steps_all} steps identical", flush=True)
     return 0

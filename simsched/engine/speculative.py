@@ -230,7 +230,6 @@ class SpeculativeScheduler(Scheduler):
             req.last_token_at = self.step_ended_at
         del self.decoding[req.id]
         self._chunk_at.pop(req.id, None)
-        self._lag.pop(req.id, None)
         req.run_start_step = -1
         if self.meter is not None:
             self.meter.stop_decoding(req, last_step)
@@ -247,6 +246,15 @@ class SpeculativeScheduler(Scheduler):
         # the tokens known then: until then the tokens its last verification accepted are not
         # cached (a victim granted slots in this step had them cached first).
         super()._stop(victim, cached - lag if cached else 0)
+
+    def _release(self, req: Request) -> None:
+        """A finished request's slot and blocks go back; as vLLM caches blocks at allocation,
+        the tokens its last verification accepted are not cached (released first with the
+        shorter count: the plain release then finds nothing left to free)."""
+        lag = self._lag.pop(req.id, 0)
+        if lag and req.content is not None:
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - lag)
+        super()._release(req)
 
     def _take(self, req: Request, n: int) -> None:
         """Grant ``req`` ``n`` tokens this step; the caller made sure their KV blocks are free.
