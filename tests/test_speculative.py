@@ -301,3 +301,15 @@ def test_speculation_cuts_tpot_at_low_load():
     off = simulate(config(None), reqs).requests["tpot"].median()
     on = simulate(config({"num_speculative_tokens": 3}), reqs).requests["tpot"].median()
     assert on < off / 1.7
+
+
+def test_set_on_the_command_line_takes_json():
+    from simsched.cli.configs import parse_set_value
+
+    value = parse_set_value("speculative", '{"method":"mtp","num_speculative_tokens":2,'
+                                           '"acceptance":[0.8,0.6]}')
+    cfg = SimConfig().replace(speculative=value)
+    assert cfg.scheduler.speculative == SpeculativeConfig(method="mtp", num_speculative_tokens=2,
+                                                          acceptance=(0.8, 0.6))
+    with pytest.raises(ValueError, match="speculative takes a mapping"):
+        parse_set_value("scheduler.speculative", "3")

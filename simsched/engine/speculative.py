@@ -6,7 +6,7 @@ and its lazy decode path are untouched, and a run without speculation is bit-ide
 fast as before). It replaces the decode layer (:mod:`simsched.engine.decode`) by an eager one:
 
 * **Grants, one token budget** (vLLM V1's ``schedule()``): every step, before continuing
-  prefills and admitting, each decoder in decode order asks for ``1 + K`` tokens (its last
+  prefills and admitting, each decoder in admission order asks for ``1 + K`` tokens (its last
   token plus K proposals), trimmed by what is left of ``max_num_batched_tokens`` and by the
   tokens it still has to generate; when the budget runs out, later decoders get nothing this
   step (they resume in the next). Decode and spec tokens go into ``planned_tokens``, so
@@ -17,7 +17,9 @@ fast as before). It replaces the decode layer (:mod:`simsched.engine.decode`) by
   (:class:`Acceptance`, from the run's Generator), the request progresses by ``a + 1`` tokens
   (the accepted ones and the bonus token), and the rejected proposals' KV slots are freed
   (``KVManager.shrink``). Decode blocks are registered in a prefix cache only when the request
-  stops, up to its computed (accepted) tokens: rejected tokens' blocks are never cacheable.
+  stops, up to its computed (accepted) tokens: rejected tokens' blocks are never cacheable. As
+  in vLLM (which caches a request's full blocks when it allocates its next step), the tokens
+  its last verification accepted are not cached yet when it stops (``_lag``).
 * **Progress is eager**: ``num_generated`` and ``num_computed_tokens`` are exact at every
   step, so preemption (recompute or swap) in the middle of speculation needs nothing special;
   a victim granted tokens this step gives them back to the budget (:meth:`_stop`).
@@ -236,7 +238,7 @@ class SpeculativeScheduler(Scheduler):
 
     def _stop(self, victim: Request, cached: int) -> None:
         """Preemption: a victim granted tokens this step gives them back to the budget (its KV
-        slots, proposals' included, go with its blocks)."""
+        slots, proposals' included, go with its blocks); its cacheable tokens lag as vLLM's."""
         grant = self._grants.pop(victim.id, None)
         lag = self._lag.pop(victim.id, 0)
         if grant is not None:
@@ -266,12 +268,13 @@ class SpeculativeScheduler(Scheduler):
         self.planned_tokens += n
 
     def _grant_decodes(self) -> None:
-        """Each decoder, in decode order, gets 1 + K tokens, trimmed by the budget left and by
-        its remaining output; with no budget left the rest wait. KV for them, or preempt."""
+        """Each decoder, in admission order (vLLM's running list), gets 1 + K tokens, trimmed
+        by the budget left and by its remaining output; with no budget left the rest wait. KV
+        for them, or preempt."""
         budget = self.cfg.max_num_batched_tokens
         k1 = 1 + self._k
         kv, decoding = self.kv, self.decoding
-        for req in list(decoding.values()):
+        for req in [r for r in self.running.values() if r.id in decoding]:
             if req.id not in decoding:
                 continue                        # preempted for an earlier decoder's blocks
             left = budget - self.planned_tokens
