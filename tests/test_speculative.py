@@ -313,3 +313,12 @@ def test_set_on_the_command_line_takes_json():
                                                           acceptance=(0.8, 0.6))
     with pytest.raises(ValueError, match="speculative takes a mapping"):
         parse_set_value("scheduler.speculative", "3")
+
+
+def test_summary_reports_speculation_only_when_on():
+    reqs = workload(30)
+    on = simulate(config({"num_speculative_tokens": 2}), reqs).summary()
+    off = simulate(config(None), reqs).summary()
+    assert "mean_acceptance_length" not in off
+    assert 1 < on["mean_acceptance_length"] <= 3 and 0 < on["spec_efficiency"] <= 1
+    assert on["itl_per_token_p50"] < on["itl_p50"]

@@ -30,18 +30,15 @@ from simsched.analysis.itl import weighted_percentiles
 PERCENTILES = (50, 90, 99)
 
 
-def spec_summary(results) -> dict:
-    """The speculation metrics of ``results`` (a :class:`~simsched.analysis.metrics.Results`);
-    a ValueError if the run did not speculate."""
-    stats = results.info.get("speculative")
-    if stats is None:
-        raise ValueError("this run did not speculate (scheduler.speculative is off or K = 0)")
+def spec_counters(stats: dict) -> dict:
+    """The speculation metrics that need only ``Results.info["speculative"]`` (``stats``):
+    counts, acceptance, accepted tokens per step, efficiency and per-token ITL."""
     k = stats["num_speculative_tokens"]
     drafts = stats["num_drafts"]
     accepted = stats["num_accepted_tokens"]
+    nan = math.nan
     out = {"num_speculative_tokens": k, "num_drafts": drafts,
            "num_draft_tokens": stats["num_draft_tokens"], "num_accepted_tokens": accepted}
-    nan = math.nan
     out["acceptance_rate"] = accepted / stats["num_draft_tokens"] \
         if stats["num_draft_tokens"] else nan
     out["mean_acceptance_length"] = 1 + accepted / drafts if drafts else nan
@@ -55,15 +52,33 @@ def spec_summary(results) -> dict:
     out["spec_efficiency"] = (accepted + drafts) / (drafts * (k + 1)) if drafts else nan
     out["num_skipped"] = stats["num_skipped"]
     gaps, tokens = stats["chunk_gaps"], stats["chunk_tokens"]
-    summary = results.summary()
-    for q in PERCENTILES:
-        out[f"itl_p{q}"] = summary.get(f"itl_p{q}", nan)
-    out["itl_mean"] = summary.get("itl_mean", nan)
     per_token = gaps / np.maximum(tokens, 1)
     for q, v in zip(PERCENTILES, weighted_percentiles(per_token, tokens, PERCENTILES)):
         out[f"itl_per_token_p{q}"] = v
     out["itl_per_token_mean"] = float(gaps.sum() / tokens.sum()) if tokens.sum() else nan
+    return out
+
+
+def spec_summary(results) -> dict:
+    """The speculation metrics of ``results`` (a :class:`~simsched.analysis.metrics.Results`):
+    :func:`spec_counters` plus per-chunk ITL and TPOT percentiles; a ValueError if the run did
+    not speculate."""
+    stats = results.info.get("speculative")
+    if stats is None:
+        raise ValueError("this run did not speculate (scheduler.speculative is off or K = 0)")
+    out = spec_counters(stats)
+    summary = results.summary()
+    nan = math.nan
+    for q in PERCENTILES:
+        out[f"itl_p{q}"] = summary.get(f"itl_p{q}", nan)
+    out["itl_mean"] = summary.get("itl_mean", nan)
     tpot = results.requests["tpot"].dropna().to_numpy()
     for q in PERCENTILES:
         out[f"tpot_p{q}"] = float(np.percentile(tpot, q)) if len(tpot) else nan
     return out
+
+
+# The scalars a speculating run's summary() adds.
+SUMMARY_KEYS = ("mean_acceptance_length", "acceptance_rate", "spec_efficiency",
+                "accepted_tokens_per_step", "itl_per_token_mean", "itl_per_token_p50",
+                "itl_per_token_p99")
