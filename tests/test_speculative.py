@@ -322,3 +322,17 @@ def test_summary_reports_speculation_only_when_on():
     assert "mean_acceptance_length" not in off
     assert 1 < on["mean_acceptance_length"] <= 3 and 0 < on["spec_efficiency"] <= 1
     assert on["itl_per_token_p50"] < on["itl_p50"]
+
+
+def test_fair_share_meters_every_accepted_token():
+    reqs = [(0.0, 20, 40 + 10 * (i % 3)) for i in range(12)]
+    tenants = pd.DataFrame(reqs, columns=["arrival_at", "num_prompt_tokens",
+                                          "num_output_tokens"])
+    tenants["tenant"] = ["a" if i % 2 else "b" for i in range(12)]
+    cfg = config({"num_speculative_tokens": 3}, policy="fair")
+    res, engine = run(cfg, tenants, keep_engine=True)
+    meter = engine.replicas[0].scheduler.meter
+    step = engine.replicas[0].scheduler.step
+    served = {t: meter.output_tokens(t, step) for t in ("a", "b")}
+    want = tenants.groupby("tenant")["num_output_tokens"].sum().to_dict()
+    assert served == want

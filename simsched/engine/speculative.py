@@ -352,7 +352,7 @@ class SpeculativeScheduler(Scheduler):
         if len(grants) < len(self.decoding):
             self._split_skipped(s, prev_end, granted)
         accepted = self.acceptance.sample(grants)
-        kv, chunk_at = self.kv, self._chunk_at
+        kv, chunk_at, meter = self.kv, self._chunk_at, self.meter
         per_pos, hist = stats.accepted_per_pos, stats.accepted_hist
         gaps, sizes = stats.chunk_gaps, stats.chunk_tokens
         finished = _NONE
@@ -369,6 +369,9 @@ class SpeculativeScheduler(Scheduler):
             req.num_generated += a + 1
             req.num_computed_tokens += a + 1
             self._lag[rid] = a
+            if a and meter is not None:
+                for _ in range(a):      # the meter counts one token per decode step: the rest
+                    meter.first_token(req)
             if a < k:
                 kv.shrink(rid, req.num_computed_tokens)     # the rejected proposals' slots
             gaps.append(now - chunk_at[rid])
