@@ -266,3 +266,32 @@ def test_moe_runs_hold_the_engine_invariants(par):
     done = res.requests[res.requests.status == "finished"]
     assert len(done) == 80
     assert (done.ttft > 0).all() and (done.e2el >= done.ttft).all()
+
+
+def test_held_out_mixtral_runs_go_through_the_same_validation(tmp_path):
+    from experiments import validate_moe
+
+    (tmp_path / "runs.csv").write_text(
+        "experiment,model,gpu,tp,precision,max_num_batched_tokens,gpu_memory_utilization,"
+        "cpu_offload,workload,stages_rate_x_seconds,system_tokens,question_tokens,"
+        "output_tokens,kv_blocks_from_log\n"
+        "m1,mixtral-8x7b (MoE),h100,2,bf16/fp16,2048,0.9,,general,2x600,100,447,248,\n"
+        "d1,llama-2-7b,h100,1,bf16/fp16,2048,0.9,,general,2x600,100,447,248,\n")
+    rows = [("m1", f"{m}_{k}", v * (1 + 0.2 * i)) for m, v in (("e2e", 4000.0), ("ttft", 60.0))
+            for i, k in enumerate(("mean", "p90", "p99"))] + [("m1", "itl_mean", 16.0)]
+    rows += [("d1", m, v) for _, m, v in rows]
+    (tmp_path / "measured.csv").write_text(
+        "experiment,metric,measured_ms\n" + "".join(f"{e},{m},{v}\n" for e, m, v in rows))
+    runs = validate_moe.load_runs(tmp_path)
+    assert list(runs.experiment) == ["m1"] and runs.model_spec[0] == MODELS["mixtral-8x7b"]
+    res = validate_moe.run(quick=True, quiet=True, data_dir=tmp_path)["runs"]
+    assert np.isfinite(res.e2e_mean_simulated).all() and (res.num_unfinished == 0).all()
+
+
+def test_parallel_layout_from_the_command_line():
+    from simsched.cli.configs import parse_set_value
+
+    assert parse_set_value("hardware.parallel", '{"pipeline_parallel_size":2}') == \
+        {"pipeline_parallel_size": 2}
+    with pytest.raises(ValueError, match="parallel takes a mapping"):
+        parse_set_value("parallel", "2")
