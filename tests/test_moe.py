@@ -295,3 +295,13 @@ def test_parallel_layout_from_the_command_line():
         {"pipeline_parallel_size": 2}
     with pytest.raises(ValueError, match="parallel takes a mapping"):
         parse_set_value("parallel", "2")
+
+
+def test_dense_model_with_a_default_parallel_layout_is_bit_identical():
+    base = SimConfig().replace(model="llama-3-8b", gpu="h100-sxm", num_requests=60, rate=10.0,
+                               seed=2)
+    with_layout = base.replace(parallel=ParallelConfig())
+    assert hardware.kv_capacity_blocks(with_layout.hardware, 16) == \
+        hardware.kv_capacity_blocks(base.hardware, 16)
+    a, b = simsched.simulate(base).requests, simsched.simulate(with_layout).requests
+    assert a.equals(b)

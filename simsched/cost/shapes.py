@@ -91,8 +91,10 @@ def weight_bytes(spec, tp: int = 1, pp: int = 1, moe_ranks: int | None = None) -
     ``moe_ranks`` (tp x data-parallel ranks; default ``tp``), all layers over ``pp`` stages."""
     c, wb, ab = param_counts(spec), weight_bytes_per_element(spec), spec.bytes_per_param
     ranks = moe_ranks or tp
-    return ((c["embedding"] * ab + c["dense"] * wb) / tp + c["experts"] * wb / ranks
-            + c["other"] * ab) / pp
+    # Norms and routers (tiny) are counted as split over tp, as the dense sizing does, so a
+    # dense model's weights per GPU are the same on both paths.
+    return ((c["embedding"] * ab + c["dense"] * wb + c["other"] * ab) / tp
+            + c["experts"] * wb / ranks) / pp
 
 
 def kv_bytes_per_token(spec, tp: int = 1, pp: int = 1) -> float:
