@@ -83,33 +83,7 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be divisible by "
                              f"num_kv_heads ({self.num_kv_heads})")
-        self._check_variants()
-
-    def _check_variants(self) -> None:
-        for name in ("num_experts", "experts_per_token", "num_shared_experts",
-                     "expert_intermediate_size", "first_dense_layers", "kv_lora_rank",
-                     "q_lora_rank", "qk_rope_head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"ModelSpec.{name} must be an integer >= 0, got {value!r}")
-        step = self.moe_layer_step
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise ValueError(f"ModelSpec.moe_layer_step must be a positive integer, got {step!r}")
-        if self.num_experts:
-            if not 1 <= self.experts_per_token <= self.num_experts:
-                raise ValueError(f"ModelSpec.experts_per_token must be in [1, num_experts="
-                                 f"{self.num_experts}], got {self.experts_per_token!r}")
-            if not self.expert_intermediate_size:
-                object.__setattr__(self, "expert_intermediate_size", self.intermediate_size)
-        elif self.experts_per_token or self.num_shared_experts or self.expert_intermediate_size:
-            raise ValueError("ModelSpec.experts_per_token, num_shared_experts and "
-                             "expert_intermediate_size need num_experts > 0 (an MoE model)")
-        if self.weight_dtype not in shapes.WEIGHT_DTYPES:
-            raise ValueError(f"ModelSpec.weight_dtype must be one of {list(shapes.WEIGHT_DTYPES)}"
-                             f", got {self.weight_dtype!r}")
-        if self.kv_cache_dtype not in shapes.KV_CACHE_DTYPES:
-            raise ValueError(f"ModelSpec.kv_cache_dtype must be one of "
-                             f"{list(shapes.KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        shapes.check_fields(self)
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike,

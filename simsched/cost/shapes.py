@@ -24,6 +24,35 @@ WEIGHT_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
 KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8")
 
 
+def check_fields(spec) -> None:
+    """Check (and complete) a ``ModelSpec``'s MoE, MLA and dtype fields; a ValueError names
+    the field. An MoE model's ``expert_intermediate_size`` 0 becomes ``intermediate_size``."""
+    for name in ("num_experts", "experts_per_token", "num_shared_experts",
+                 "expert_intermediate_size", "first_dense_layers", "kv_lora_rank",
+                 "q_lora_rank", "qk_rope_head_dim"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be an integer >= 0, got {value!r}")
+    step = spec.moe_layer_step
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"ModelSpec.moe_layer_step must be a positive integer, got {step!r}")
+    if spec.num_experts:
+        if not 1 <= spec.experts_per_token <= spec.num_experts:
+            raise ValueError(f"ModelSpec.experts_per_token must be in [1, num_experts="
+                             f"{spec.num_experts}], got {spec.experts_per_token!r}")
+        if not spec.expert_intermediate_size:
+            object.__setattr__(spec, "expert_intermediate_size", spec.intermediate_size)
+    elif spec.experts_per_token or spec.num_shared_experts or spec.expert_intermediate_size:
+        raise ValueError("ModelSpec.experts_per_token, num_shared_experts and "
+                         "expert_intermediate_size need num_experts > 0 (an MoE model)")
+    if spec.weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"ModelSpec.weight_dtype must be one of {list(WEIGHT_DTYPES)}"
+                         f", got {spec.weight_dtype!r}")
+    if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"ModelSpec.kv_cache_dtype must be one of "
+                         f"{list(KV_CACHE_DTYPES)}, got {spec.kv_cache_dtype!r}")
+
+
 def is_plain(spec) -> bool:
     """A dense model in its activation dtype with grouped-query attention (the original model)."""
     return not spec.num_experts and not spec.kv_lora_rank and spec.weight_dtype == "auto" \
