@@ -11,12 +11,13 @@ outputs) for every variant, ``vllm_v1`` engine profile:
   attention (8 ranks of TP 1) with expert parallelism;
 * ``precision``: Mixtral-8x7B at TP 2 in BF16, with FP8 weights, and with FP8 weights and KV.
 
-``--quick`` runs fewer requests at fewer rates.
+``--quick`` runs fewer requests at fewer rates; ``--img DIR`` also copies the plot there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -105,7 +106,9 @@ def plot(table: pd.DataFrame):
 
 def main(argv=None) -> pd.DataFrame:
     """Run the three studies; print, write ``moe.csv`` and the plot; return the table."""
-    args = make_parser("moe", __doc__, "fewer requests and rates").parse_args(argv)
+    parser = make_parser("moe", __doc__, "fewer requests and rates")
+    parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
+    args = parser.parse_args(argv)
     rates = (2.0, 8.0) if args.quick else (2.0, 4.0, 8.0, 16.0)
     num = 120 if args.quick else 600
     table = pd.concat([run_study(s, rates, num) for s in variants()], ignore_index=True)
@@ -118,7 +121,11 @@ def main(argv=None) -> pd.DataFrame:
         fig.savefig(out / "moe.png", dpi=110)
         return [out / "moe.png"]
 
-    try_plots(draw)
+    paths = try_plots(draw)
+    if args.img:
+        Path(args.img).mkdir(parents=True, exist_ok=True)
+        for p in paths:
+            shutil.copy(p, Path(args.img) / p.name)
     return table
 
 

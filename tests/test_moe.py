@@ -305,3 +305,30 @@ def test_dense_model_with_a_default_parallel_layout_is_bit_identical():
         hardware.kv_capacity_blocks(base.hardware, 16)
     a, b = simsched.simulate(base).requests, simsched.simulate(with_layout).requests
     assert a.equals(b)
+
+
+def test_one_expert_top_one_costs_about_the_dense_mlp_it_is():
+    # The MoE path reuses the dense GEMM model: an "MoE" of one always-chosen expert is the
+    # dense model plus a router and the token permutation.
+    dense = dataclasses.replace(MODELS["llama-3-8b"], weight_dtype="fp8")
+    one = dataclasses.replace(dense, num_experts=1, experts_per_token=1)
+    a = CalibratedCostModel(dense, H100, 1, engine_overhead="none")
+    b = CalibratedCostModel(one, H100, 1, engine_overhead="none")
+    # The fixed routing kernels (router GEMM, top-k, alignment) cost at most ~25 us a layer.
+    fixed = dense.num_layers * 25e-6
+    for n in (1, 16, 256, 2048):
+        batch = Batch([n], [0])
+        la, lb = a.breakdown(batch)["linear"], b.breakdown(batch)["linear"]
+        assert la < lb < 1.1 * la + fixed, n
+
+
+def test_kv_dtype_and_mla_scale_the_decode_attention_reads():
+    spec = MODELS["llama-3-8b"]
+    a = CalibratedCostModel(spec, H100, 1, engine_overhead="none")
+    b = CalibratedCostModel(dataclasses.replace(spec, kv_cache_dtype="fp8"), H100, 1,
+                            engine_overhead="none")
+    assert b.kernels.dec_s[5] == pytest.approx(a.kernels.dec_s[5] / 2)
+    # A KV-dtype change alone keeps the measured linear table.
+    assert (b.kernels.linear == a.kernels.linear).all()
+    ds = MODELS["deepseek-v3"]
+    assert moe.kv_read_scale(ds, 8) == pytest.approx((512 + 64) / (2 * 16 * 128))
