@@ -58,6 +58,11 @@ def moe_studies(runs) -> str:
     t = top.set_index("variant")
     dense, mix = t.loc["llama-2-13b"], t.loc["mixtral-8x7b"]
     claim(mix.tpot_mean > dense.tpot_mean, "Mixtral decodes slower than Llama-2-13B")
+    lay = table[table.study == "layouts"].pivot(index="rate", columns="variant",
+                                                 values="tpot_mean")
+    claim(bool(((lay["TP 8"] < lay["TP 8 + EP"])
+                & (lay["TP 8 + EP"] < lay["DP-attention 8 + EP"])).all()),
+          "at every rate, TP 8 beats TP 8 + EP, which beats DP-attention + EP, on TPOT")
     bf, f8 = t.loc["BF16"], t.loc["FP8 weights"]
     claim(f8.tpot_mean < 0.75 * bf.tpot_mean, "FP8 weights cut TPOT by more than a quarter")
     claim(t.loc["FP8 weights + KV"].kv_blocks >= 2 * f8.kv_blocks,
