@@ -166,6 +166,10 @@ class HardwareConfig:
     ``vllm_v1`` (default: a current vLLM V1 deployment, also async scheduling and a client-side
     output delay), ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``
     or ``none``.
+
+    ``parallel``: pipeline, data-parallel-attention and expert parallelism of the replica (a
+    :class:`~simsched.config.parallel.ParallelConfig` or a mapping of its fields; None, the
+    default: tensor parallelism only).
     """
 
     model: str = "llama-2-7b"
@@ -178,8 +182,12 @@ class HardwareConfig:
     # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
     # vllm_v1 is the default: simsched.cost.overhead and docs/cost_model.md.
     engine_overhead: str = "vllm_v1"
+    # Pipeline / data-parallel-attention / expert parallelism: simsched.config.parallel (None:
+    # tensor parallelism only).
+    parallel: Any = None
 
     def __post_init__(self) -> None:
+        from simsched.config.parallel import as_parallel, check_layout
         from simsched.cost import hardware
 
         plain(self)
@@ -199,6 +207,10 @@ class HardwareConfig:
             check_int(o, "max_model_len", self.max_model_len, 1)
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
+        object.__setattr__(self, "parallel", as_parallel(self.parallel))
+        if self.parallel is not None:
+            check_layout(self.parallel, hardware.model_spec(self), self.tensor_parallel_size,
+                         self.model)
 
 
 def replica_fields() -> set[str]:
