@@ -26,6 +26,7 @@ PREFIX_ATTRS = (("num_cached_tokens", "num_cached_tokens"), ("session_id", "sess
 
 _OBJECT_ATTRS = ("tenant", "reject_reason")
 _CHUNK = 65536
+_RUN_SLICE = 1 << 18      # decode runs whose gaps are reduced at a time
 # pandas >= 3 infers a str dtype for text, stored by pyarrow when it is installed. The frames store
 # theirs as Python strings whatever is installed: the same frame either way, and no pyarrow pool
 # that keeps a million-row conversion's freed memory (a big run's peak).
@@ -113,7 +114,8 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
-        step_gap[2:n_steps] = np.diff(step_end_at[1:])
+        # np.diff's values, written in place (no step-sized temporary).
+        np.subtract(step_end_at[2:], step_end_at[1:-1], out=step_gap[2:n_steps])
     if step_offset is not None:
         # Gaps across two replicas' arrays touch a NaN placeholder; no decode run spans them.
         step_gap[np.isnan(step_gap)] = 0.0
@@ -130,33 +132,44 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
         a += shift
         b += shift
     gaps = data.pop("gaps")
-    first_gaps = step_end_at[a] - prev
+    first_gaps = step_end_at[a]
+    first_gaps -= prev
+    del step_end_at         # the caller may have handed it over (simulate does): free it now
     itl_max = np.full(n, -np.inf)
     np.maximum.at(itl_max, owner, first_gaps)
     long = b > a
     delta = np.zeros(n_steps + 1, dtype=np.int64)
-    np.add.at(delta, a[long] + 1, 1)
-    np.add.at(delta, b[long] + 1, -1)
-    if long.any():
-        runs = long                     # a mask; an index array when the order must change
-        if step_offset is not None:
-            # reduceat also reduces the stretch from one run's end to the next run's start;
-            # in order of start these never overlap, but replicas' runs interleave: sort them.
-            runs = np.flatnonzero(long)
-            runs = runs[np.argsort(a[runs], kind="stable")]
-        bounds = np.empty(2 * int(long.sum()), dtype=np.int64)
-        bounds[0::2] = a[runs]
-        bounds[1::2] = b[runs]
-        bounds += 1
-        np.maximum.at(itl_max, owner[runs], np.maximum.reduceat(step_gap, bounds)[0::2])
-        del runs, bounds
+    runs = np.flatnonzero(long)
+    del long
+    if step_offset is not None and len(runs):
+        # reduceat also reduces the stretch from one run's end to the next run's start;
+        # in order of start these never overlap, but replicas' runs interleave: sort them.
+        runs = runs[np.argsort(a[runs], kind="stable")]
+    # A slice of runs at a time (a big run's peak memory): maxima and counts are the same
+    # whatever the order they are taken in; each slice's last reduction runs to the array's end.
+    for lo in range(0, len(runs), _RUN_SLICE):
+        part = runs[lo:lo + _RUN_SLICE]
+        starts, ends = a[part], b[part]
+        starts += 1
+        ends += 1
+        np.add.at(delta, starts, 1)
+        np.add.at(delta, ends, -1)
+        bounds = np.empty(2 * len(part), dtype=np.int64)
+        bounds[0::2] = starts
+        bounds[1::2] = ends
+        del starts, ends
+        np.maximum.at(itl_max, owner[part], np.maximum.reduceat(step_gap, bounds)[0::2])
+        del part, bounds
+    del runs
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
     counts = np.cumsum(delta, out=delta)[:n_steps]
+    if n_steps and counts.max() < 2**31:
+        counts = counts.astype(np.int32)    # decoders per step: half the memory, same values
     itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
     # Per-run temporaries go before the frame's columns come (a big run's peak memory).
-    del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
+    del prev, a, b, owner, first_gaps, gap_arr, gaps, delta, counts
     cols = {}
     for name, _ in attrs:
         cols[name] = _text(data[name]) if name in _TEXT_COLUMNS else data[name]

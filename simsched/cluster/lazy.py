@@ -204,4 +204,6 @@ class LazyRequests:
         if prefix:
             out["num_cached_tokens"] = np.zeros(n, dtype=np.int64)
             out["session_id"] = np.full(n, -1, dtype=np.int64)
+        # What the columns do not share goes now (a big run's peak is the frame's building).
+        self.num_runs = self.status = self.reject_reason = self._gaps = self._causes = None
         return out
