@@ -24,6 +24,7 @@ from simsched.analysis.progress import RunWatcher
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
 from simsched.engine.log import concat_frames, decode_step_ends
+from simsched.engine.lora import check_adapters, lora_info
 from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
@@ -120,6 +121,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     prefix = config.cache.enable_prefix_caching or any(
         c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
+    lora = "adapter" in frame.columns and check_adapters(config, frame)
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
@@ -169,6 +171,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     sim_time = engine.env.now
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
+    if lora:
+        info.update(lora_info(engine.replicas))
+        adapters = np.fromiter((r.adapter for r in reqs), dtype=np.int64, count=len(reqs))
     if engine.replica_of is None:
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
@@ -192,6 +197,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
                                                step_offset=step_offset, prefix=prefix,
                                                replica=owner, output_delay=delay)
+    if lora:
+        req_df["adapter"] = adapters[req_df["request_id"].to_numpy()]
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):
