@@ -223,3 +223,35 @@ def test_a_refused_request_is_skipped_and_keeps_its_place():
     assert d.first_scheduled_at < 0.5
     assert b.first_scheduled_at >= max(a.finished_at, c.finished_at)
     assert e.first_scheduled_at >= b.finished_at
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "spf", "max_wait"])
+def test_a_restored_request_is_back_in_its_place(policy):
+    from simsched.policies import make_queue
+    from simsched.policies.queues import HeapQueue
+    from simsched.request import Request
+
+    if policy == "max_wait":    # promotion by waiting time: its queue-time order is kept too
+        queue = HeapQueue(lambda r, now: (r.num_prompt_tokens, r.id), max_wait=0.25)
+        queue.now = 0.5
+    else:
+        queue = make_queue(policy, {})
+    reqs = [Request(i, 0.1 * i, 100 - i, 5) for i in range(5)]
+    for r in reqs:
+        r.queued_at = r.arrival_at
+        queue.push(r, r.arrival_at)
+    order = [queue.pop() for _ in range(5)]
+    for r in reversed(order):                   # put back in any order
+        queue.restore(r)
+    assert [queue.pop() for _ in range(5)] == order
+    assert policy != "spf" or [r.id for r in order] == [4, 3, 2, 1, 0]
+
+
+def test_the_command_line_sets_lora_as_json():
+    from simsched.cli.configs import parse_set_value
+
+    value = parse_set_value("lora", '{"max_loras": 2, "ranks": [8, 16]}')
+    cfg = SimConfig().replace(lora=value)
+    assert cfg.scheduler.lora == LoRAConfig(max_loras=2, ranks=(8, 16))
+    with pytest.raises(ValueError, match="lora takes a mapping"):
+        parse_set_value("lora", "4")

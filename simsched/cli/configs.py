@@ -51,7 +51,9 @@ STRUCTURED_EXAMPLES = {
     "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
     "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
+    "lora": '{"max_loras":4,"max_cpu_loras":16}',
 }
+_MAPPINGS = ("model_spec", "lora")     # config-object fields --set takes as JSON objects
 
 
 def _structured_fields() -> dict[str, str]:
@@ -60,7 +62,7 @@ def _structured_fields() -> dict[str, str]:
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
-            if "tuple" in kind or "Mapping" in kind or f.name == "model_spec":
+            if "tuple" in kind or "Mapping" in kind or f.name in _MAPPINGS:
                 out[f.name] = kind
     return out
 
@@ -89,7 +91,7 @@ def parse_set_value(key: str, text: str) -> Any:
     if value is None or ("float" in kind and isinstance(value, (int, float))
                          and not isinstance(value, bool)):
         return value
-    what = "a mapping" if "Mapping" in kind or name == "model_spec" else "a list"
+    what = "a mapping" if "Mapping" in kind or name in _MAPPINGS else "a list"
     raise ValueError(f"--set {key}: {name} takes {what}, written as JSON, e.g. {example} "
                      f"(quote it for the shell), got {text!r}")
 

@@ -215,8 +215,21 @@ def _under_cap(view, i: int, ratio: float | None, slack: float) -> bool:
     return view.outstanding[i] <= ratio * mean + slack
 
 
+class _Capped(Router):
+    """An affinity router's load cap: a replica may be chosen for affinity while its outstanding
+    requests are at most ``max_load_ratio`` x the mean plus ``load_slack``."""
+
+    def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
+                 load_slack: float = 4.0) -> None:
+        super().__init__(num_replicas, rng)
+        _check_ratio("max_load_ratio", max_load_ratio)
+        _check_slack(load_slack)
+        self.max_load_ratio = max_load_ratio
+        self.load_slack = load_slack
+
+
 @register("prefix_affinity")
-class PrefixAffinity(Router):
+class PrefixAffinity(_Capped):
     """The replica caching the longest prefix of the prompt, unless it is overloaded.
 
     Only replicas whose outstanding requests are at most ``max_load_ratio`` x the mean plus
@@ -227,14 +240,6 @@ class PrefixAffinity(Router):
 
     needs = ("outstanding",)
     uses_prefix_index = True
-
-    def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
-                 load_slack: float = 4.0) -> None:
-        super().__init__(num_replicas, rng)
-        _check_ratio("max_load_ratio", max_load_ratio)
-        _check_slack(load_slack)
-        self.max_load_ratio = max_load_ratio
-        self.load_slack = load_slack
 
     def choose(self, view, req) -> int:
         if getattr(req, "content", None) is None:
@@ -292,7 +297,7 @@ def _adapter_holders(view) -> list:
 
 
 @register("lora_affinity")
-class LoRAAffinity(Router):
+class LoRAAffinity(_Capped):
     """A replica that has the request's LoRA adapter on its GPU, unless it is overloaded.
 
     Among the replicas holding the adapter (or the one its last request went to, where it will
@@ -306,11 +311,7 @@ class LoRAAffinity(Router):
 
     def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
                  load_slack: float = 4.0) -> None:
-        super().__init__(num_replicas, rng)
-        _check_ratio("max_load_ratio", max_load_ratio)
-        _check_slack(load_slack)
-        self.max_load_ratio = max_load_ratio
-        self.load_slack = load_slack
+        super().__init__(num_replicas, rng, max_load_ratio, load_slack)
         self.holders: dict[int, set] | None = None
         self.home: dict[int, int] = {}      # adapter -> the replica its last request went to
 
