@@ -89,9 +89,16 @@ def _by_rank(requests: pd.DataFrame) -> pd.DataFrame:
     groups = {"rank 0": requests.adapter == 0, "ranks 1-3": requests.adapter.between(1, 3),
               "ranks 4-15": requests.adapter.between(4, 15),
               "ranks 16-31": requests.adapter >= 16}
+    # Mean TTFT split: waiting for admission (an adapter slot among others), adapter loads in
+    # the prefill's steps, and the rest (prefill compute, output path).
+    rest = requests.ttft - requests.queue_time - requests.lora_load_time
     return pd.DataFrame([{"adapters": k, "num_requests": int(m.sum()),
                           "ttft_p50": requests.ttft[m].median(),
-                          "ttft_p99": requests.ttft[m].quantile(0.99)}
+                          "ttft_p99": requests.ttft[m].quantile(0.99),
+                          "ttft_mean": requests.ttft[m].mean(),
+                          "waiting_mean": requests.queue_time[m].mean(),
+                          "loading_mean": requests.lora_load_time[m].mean(),
+                          "rest_mean": rest[m].mean()}
                          for k, m in groups.items()])
 
 

@@ -72,11 +72,18 @@ def test_a_cold_adapter_delays_exactly_its_load_time_on_an_idle_replica():
     from_disk = from_cpu + size / 1.5e9 + 0.02
     # Each request arrives after the previous one finished (an idle replica every time):
     # adapter 0 cold (disk), 0 warm (GPU), 1 cold (disk, evicts 0 to host memory), 0 (host).
-    t = ttfts(cfg, [(0.0, 100, 4, 0), (10.0, 100, 4, 0), (20.0, 100, 4, 1), (30.0, 100, 4, 0)])
+    rows = [(0.0, 100, 4, 0), (10.0, 100, 4, 0), (20.0, 100, 4, 1), (30.0, 100, 4, 0)]
+    t = ttfts(cfg, rows)
     warm = t[1]
     assert t[0] - warm == pytest.approx(from_disk, rel=1e-9, abs=1e-12)
     assert t[2] - warm == pytest.approx(from_disk, rel=1e-9, abs=1e-12)
     assert t[3] - warm == pytest.approx(from_cpu, rel=1e-9, abs=1e-12)
+    # The requests frame splits it out of the TTFT; the run's info counts the loads.
+    res = simulate(cfg, table(rows))
+    assert res.requests.sort_values("request_id").lora_load_time.tolist() == pytest.approx(
+        [from_disk, 0.0, from_disk, from_cpu])
+    assert (res.info["lora_num_loads_disk"], res.info["lora_num_loads_cpu"]) == (2, 1)
+    assert res.info["lora_load_time"] == pytest.approx(2 * from_disk + from_cpu)
     # Without LoRA the same prompt takes exactly the warm time less the adapters' step cost.
     base = ttfts(SimConfig().replace(cost_model="linear", num_blocks=2000),
                  [(0.0, 100, 4, -1)])[0]

@@ -173,6 +173,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if lora:
         info.update(lora_info(engine.replicas))
+        waited = info.pop("lora_waited")
         adapters = np.fromiter((r.adapter for r in reqs), dtype=np.int64, count=len(reqs))
     if engine.replica_of is None:
         owner = np.zeros(len(reqs), dtype=np.int64)
@@ -198,7 +199,10 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
                                                step_offset=step_offset, prefix=prefix,
                                                replica=owner, output_delay=delay)
     if lora:
-        req_df["adapter"] = adapters[req_df["request_id"].to_numpy()]
+        ids = req_df["request_id"].to_numpy()
+        req_df["adapter"] = adapters[ids]
+        # TTFT = queue time + lora_load_time (adapter loads in its prefill's steps) + the rest.
+        req_df["lora_load_time"] = [waited.get(i, 0.0) for i in ids.tolist()]
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

@@ -125,7 +125,7 @@ class LoRAState:
     running requests use (recomputed when the running set changes)."""
 
     __slots__ = ("sched", "cfg", "cache", "sizes", "h2d_rate", "disk_rate", "hbm_rate",
-                 "active", "_version", "max_rank")
+                 "active", "_version", "max_rank", "waited")
 
     def __init__(self, sched, lora, hw) -> None:
         self.sched = sched
@@ -139,6 +139,9 @@ class LoRAState:
         self.active: frozenset = frozenset()
         self._version = -1
         self.max_rank = 0
+        # Request id -> seconds of adapter loads in the steps that ran its prefill (its TTFT's
+        # loading part); only requests that met a load are listed.
+        self.waited: dict[int, float] = {}
 
     def size_of(self, adapter: int) -> float:
         """Bytes of ``adapter``'s weights per GPU."""
@@ -170,18 +173,24 @@ class LoRAState:
         cache, lora = self.cache, self.cfg
         t = lora.step_overhead_time
         max_rank = 0
+        loaded = 0.0
         for adapter in sorted(active):     # a fixed order: LRU ties never depend on hashing
             source = cache.activate(adapter, active)
             if source != GPU:
-                load = self.load_time_of(adapter, source)
-                cache.load_time += load
-                t += load
+                loaded += self.load_time_of(adapter, source)
             t += self.size_of(adapter) / self.hbm_rate
             rank = lora.rank_of(adapter)
             if rank > max_rank:
                 max_rank = rank
         self.max_rank = max_rank
-        return t + lora.time_per_token_rank * num_tokens * max_rank
+        if loaded:
+            cache.load_time += loaded
+            # The load delays every prefill of the step (rare steps: a loop over the plan).
+            waited = self.waited
+            for req, _ in self.sched.planned.values():
+                if req.first_token_at != req.first_token_at:     # NaN: before its first token
+                    waited[req.id] = waited.get(req.id, 0.0) + loaded
+        return t + loaded + lora.time_per_token_rank * num_tokens * max_rank
 
 
 class LoRASlots(AdmissionConstraint):
@@ -257,8 +266,10 @@ def check_adapters(config, frame) -> bool:
 
 
 def lora_info(replicas) -> dict:
-    """A run's adapter loads over its replicas: counts from host memory and from disk, seconds."""
+    """A run's adapter loads over its replicas: counts from host memory and from disk, seconds;
+    and ``lora_waited``, request id -> seconds its prefill waited for adapter loads."""
     caches = [r.lora.cache for r in replicas if r.lora is not None]
-    return {"lora_num_loads_cpu": sum(c.num_loads[CPU] for c in caches),
+    return {"lora_waited": {k: v for r in replicas if r.lora is not None
+                            for k, v in r.lora.waited.items()},"lora_num_loads_cpu": sum(c.num_loads[CPU] for c in caches),
             "lora_num_loads_disk": sum(c.num_loads[DISK] for c in caches),
             "lora_load_time": sum(c.load_time for c in caches)}

@@ -36,6 +36,8 @@ def lora_adapters(runs) -> str:
     claim(abs(uni.loc[1, "ttft_p99"] / base.ttft_p99 - 1) < 0.1,
           "one adapter costs little over the base model")
     claim(per.ttft_p50.iloc[0] < per.ttft_p50.iloc[-1], "popular adapters wait less")
+    claim((per.waiting_mean > per.loading_mean).all() and (per.waiting_mean > per.rest_mean).all(),
+          "waiting dominates the TTFT split")
     text = [md_table(_view(a, ["popularity", "num_adapters"])), "",
             f"One adapter costs almost nothing over the base model (p99 TTFT "
             f"{num(uni.loc[1, 'ttft_p99'])} s vs {num(base.ttft_p99)} s): it is loaded once and "
@@ -52,7 +54,10 @@ def lora_adapters(runs) -> str:
             f"The most popular adapter's requests get their first token in "
             f"{num(per.ttft_p50.iloc[0])} s at the median; those of the 16 least popular wait "
             f"{num(per.ttft_p50.iloc[-1])} s: a request is skipped while its adapter has no slot "
-            f"(vLLM's rule), and the hot adapters' requests behind it go first."]
+            f"(vLLM's rule), and the hot adapters' requests behind it go first. The split of "
+            f"the mean TTFT shows where the time goes: waiting for admission "
+            f"({num(per.waiting_mean.iloc[-1])} s for the least popular) dwarfs the adapter loads "
+            f"in the prefill's steps ({num(per.loading_mean.iloc[-1])} s) and the prefill itself."]
     return "\n".join(text)
 
 
