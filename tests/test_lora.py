@@ -262,3 +262,21 @@ def test_the_command_line_sets_lora_as_json():
     assert cfg.scheduler.lora == LoRAConfig(max_loras=2, ranks=(8, 16))
     with pytest.raises(ValueError, match="lora takes a mapping"):
         parse_set_value("lora", "4")
+
+
+def test_a_trace_file_replays_its_adapter_column(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_at,num_prompt_tokens,num_output_tokens,adapter\n"
+                    "0.0,100,10,3\n0.5,80,10,\n1.0,60,10,0\n")
+    workload = WorkloadConfig(name="trace", trace_path=str(path))
+    frame = generate(workload, np.random.default_rng(0))
+    assert frame.adapter.tolist() == [3, -1, 0]
+    res = simulate(config(max_loras=2).replace(workload=workload))
+    assert res.requests.sort_values("request_id").adapter.tolist() == [3, -1, 0]
+    assert res.info["lora_num_loads_disk"] == 2
+    with pytest.raises(ValueError, match="num_adapters=4 would replace"):
+        generate(WorkloadConfig(name="trace", trace_path=str(path), num_adapters=4),
+                 np.random.default_rng(0))
+    path.write_text("arrival_at,num_prompt_tokens,num_output_tokens,adapter\n0.0,100,10,-2\n")
+    with pytest.raises(ValueError, match="adapter must be an integer >= 0"):
+        generate(workload, np.random.default_rng(0))

@@ -106,7 +106,8 @@ class WorkloadConfig:
 
     LoRA: with ``num_adapters`` > 0 each request names one of that many adapters (an ``adapter``
     column), adapter ``i`` drawn with probability proportional to ``1 / (i + 1) **
-    adapter_zipf`` (0: uniform); the run serves them with ``scheduler.lora``.
+    adapter_zipf`` (0: uniform); a trace with an ``adapter`` column replays its adapters
+    instead. The run serves them with ``scheduler.lora``.
     """
 
     name: str = "lesson"
@@ -384,7 +385,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
                           "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
     if kind == "trace":     # rows are the trace's, in order: keep their prefix identity
-        for column in ("hash_ids", "session_id", "think_time"):
+        for column in ("hash_ids", "session_id", "think_time", "adapter"):
             if column in trace.columns:
                 frame[column] = trace[column].iloc[:n].to_numpy()
     if cfg.system_prompt_len:
@@ -403,6 +404,9 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                                          long_prompt_policy=cfg.long_prompt_policy, **merged)
     frame.attrs["hash_block_size"] = cfg.hash_block_size
     if cfg.num_adapters:
+        if "adapter" in frame.columns:
+            raise ValueError(f"workload.num_adapters={cfg.num_adapters} would replace the "
+                             f"adapter column of {source}; set num_adapters=0 to replay it")
         # Drawn last, so every other column is what it is without adapters.
         frame["adapter"] = draw_adapters(cfg.num_adapters, cfg.adapter_zipf, rng, len(frame))
     return frame
