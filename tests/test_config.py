@@ -98,6 +98,9 @@ BAD = [
     ("workload", "num_prefix_groups", 0, {}, ">= 1"),
     ("workload", "num_turns", ("geometric", 0.5), {"name": "sessions"}, "geometric mean >= 1"),
     ("workload", "think_time", "long", {"name": "sessions"}, "kind one of"),
+    ("workload", "num_adapters", -1, {}, ">= 0"),
+    ("workload", "adapter_zipf", -1.0, {}, ">= 0"),
+    ("scheduler", "lora", 3, {}, "LoRAConfig"),
 ]
 BAD += [
     ("cluster", "num_replicas", 0, {}, "[1, 100000]"),

@@ -31,7 +31,7 @@ def _text(values: list):
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
                          step_offset: np.ndarray | None = None, prefix: bool = False,
                          replica: np.ndarray | None = None,
-                         output_delay: np.ndarray | None = None
+                         output_delay: np.ndarray | None = None, extra_fields: tuple = ()
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
@@ -39,7 +39,9 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
     are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. A list of request objects is
     recorded by :func:`~simsched.cluster.records.record_all` (with ``release`` its entries are
-    set to None as they are read). ``prefix`` adds the prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
+    set to None as they are read). ``prefix`` adds the prefix-cache columns ``num_cached_tokens``
+    and ``session_id``, ``extra_fields`` more recorded fields (e.g.
+    :data:`~simsched.cluster.records.LORA_FIELDS`). ``requests`` may also be a
     :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
     ``replica``, if given, becomes the second column (each request's replica).
 
@@ -51,12 +53,12 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
-    fields = REQUEST_FIELDS + PREFIX_FIELDS if prefix else REQUEST_FIELDS
+    fields = (REQUEST_FIELDS + PREFIX_FIELDS if prefix else REQUEST_FIELDS) + extra_fields
     if hasattr(requests, "columns"):
         # Requests recorded into arrays as they finished (simsched.cluster.lazy).
-        data = requests.columns(prefix)
+        data = requests.columns(prefix, extra_fields)
     else:
-        data = record_all(requests, prefix, release)
+        data = record_all(requests, prefix, release, extra_fields)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index

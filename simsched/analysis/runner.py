@@ -16,6 +16,7 @@ from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
@@ -24,6 +25,7 @@ from simsched.analysis.progress import RunWatcher
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
 from simsched.engine.log import concat_frames, decode_step_ends
+from simsched.engine.lora import check_adapters, lora_info
 from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
@@ -127,6 +129,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     prefix = config.cache.enable_prefix_caching or any(
         c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
+    lora = "adapter" in frame.columns and check_adapters(config, frame)
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
@@ -176,6 +179,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     sim_time = engine.env.now
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
+    if lora:
+        info.update(lora_info(engine.replicas))
+        waited = info.pop("lora_waited")
     if engine.replica_of is None:
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
@@ -199,8 +205,13 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     # soon as it has read them, before the frame's columns come.
     req_df, itl, causes = build_requests_frame(reqs, _joined(step_ends), release=release,
                                                step_offset=step_offset, prefix=prefix,
-                                               replica=owner, output_delay=delay)
+                                               replica=owner, output_delay=delay,
+                                               extra_fields=LORA_FIELDS if lora else ())
     del step_offset, delay, owner, reqs
+    if lora:
+        ids = req_df["request_id"].to_numpy()
+        # TTFT = queue time + lora_load_time (adapter loads in its prefill's steps) + the rest.
+        req_df["lora_load_time"] = [waited.get(i, 0.0) for i in ids.tolist()]
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

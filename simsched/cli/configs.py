@@ -52,7 +52,9 @@ STRUCTURED_EXAMPLES = {
     "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
     "parallel": '{"pipeline_parallel_size":2}',
+    "lora": '{"max_loras":4,"max_cpu_loras":16}',
 }
+_MAPPINGS = ("model_spec", "parallel", "lora")   # config-object fields --set takes as JSON
 
 
 def _structured_fields() -> dict[str, str]:
@@ -61,7 +63,7 @@ def _structured_fields() -> dict[str, str]:
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
-            if "tuple" in kind or "Mapping" in kind or f.name in ("model_spec", "parallel"):
+            if "tuple" in kind or "Mapping" in kind or f.name in _MAPPINGS:
                 out[f.name] = kind
     return out
 
@@ -90,7 +92,7 @@ def parse_set_value(key: str, text: str) -> Any:
     if value is None or ("float" in kind and isinstance(value, (int, float))
                          and not isinstance(value, bool)):
         return value
-    what = "a mapping" if "Mapping" in kind or name in ("model_spec", "parallel") else "a list"
+    what = "a mapping" if "Mapping" in kind or name in _MAPPINGS else "a list"
     raise ValueError(f"--set {key}: {name} takes {what}, written as JSON, e.g. {example} "
                      f"(quote it for the shell), got {text!r}")
 

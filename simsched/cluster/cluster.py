@@ -38,6 +38,7 @@ from simsched.cluster.routers import make_router
 from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
+from simsched.engine.lora import lora_blocks_left
 from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
@@ -79,7 +80,10 @@ def replica_specs(config, cost_model=None, num_blocks: int | None = None,
 def _num_blocks(rcfg) -> int:
     if rcfg.cache.num_blocks is not None:
         return rcfg.cache.num_blocks
-    return hardware.kv_capacity_blocks(rcfg.hardware, rcfg.cache.block_size)
+    blocks = hardware.kv_capacity_blocks(rcfg.hardware, rcfg.cache.block_size)
+    if rcfg.scheduler.lora is not None:
+        return lora_blocks_left(rcfg, blocks)
+    return blocks
 
 
 def replica_rng(seed: int, index: int) -> np.random.Generator:

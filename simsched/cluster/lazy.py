@@ -84,19 +84,19 @@ class LazyRequests:
         self.records.record(done, ids)
         done.clear()
 
-    def columns(self, prefix: bool = False) -> dict:
+    def columns(self, prefix: bool = False, extra: tuple = ()) -> dict:
         """What the request frame needs (:meth:`RequestRecords.columns`); empties this store.
 
         Requests still in flight are recorded as they stand (call after the schedulers'
         ``close``); requests that never arrived keep status ``pending``. ``prefix`` adds the
-        prefix-cache columns at their defaults (these requests carry no prompt contents).
+        prefix-cache columns and ``extra`` more fields, at their defaults (these requests carry
+        no prompt contents, no adapters).
         """
         self._flush()
         self._done.extend(self.live.values())
         self._flush()
         out = self.records.columns()
         self.records = None
-        if prefix:
-            for column, _, kind, default in PREFIX_FIELDS:
-                out[column] = np.full(self.n, default, dtype=np.int64)
+        for column, _, kind, default in (PREFIX_FIELDS if prefix else ()) + extra:
+            out[column] = np.full(self.n, default, dtype=np.int64)
         return out

@@ -49,6 +49,8 @@ PREFIX_FIELDS = (
     ("num_cached_tokens", "num_cached_tokens", "q", 0),
     ("session_id", "session_id", "q", -1),
 )
+# Only for runs serving LoRA adapters (simsched.engine.lora): each request's adapter, -1 the base.
+LORA_FIELDS = (("adapter", "adapter", "q", -1),)
 # The columns a workload gives before the run (LazyRequests passes them as ``given``).
 WORKLOAD_COLUMNS = ("request_id", "arrival_at", "num_prompt_tokens", "num_output_tokens",
                     "priority", "tenant")
@@ -65,13 +67,15 @@ class RequestRecords:
 
     ``given`` maps columns known before the run (see :data:`WORKLOAD_COLUMNS`) to their arrays
     (``tenant``: a list, or None for no tenants); the other fields are copied from the request
-    objects by :meth:`record`. ``prefix`` adds :data:`PREFIX_FIELDS`. A position never recorded
-    keeps each field's default and status ``pending``.
+    objects by :meth:`record`. ``prefix`` adds :data:`PREFIX_FIELDS`, ``extra`` more fields of
+    the same form (e.g. :data:`LORA_FIELDS`). A position never recorded keeps each field's default
+    and status ``pending``.
     """
 
-    def __init__(self, n: int, prefix: bool = False, given: dict | None = None) -> None:
+    def __init__(self, n: int, prefix: bool = False, given: dict | None = None,
+                 extra: tuple = ()) -> None:
         self.n = n
-        self.fields = REQUEST_FIELDS + PREFIX_FIELDS if prefix else REQUEST_FIELDS
+        self.fields = (REQUEST_FIELDS + PREFIX_FIELDS if prefix else REQUEST_FIELDS) + extra
         self.given = dict(given or {})
         if "tenant" in self.given and self.given["tenant"] is None:
             self.given["tenant"] = np.full(n, None, dtype=object)
@@ -179,14 +183,16 @@ class RequestRecords:
         return out
 
 
-def record_all(requests: list, prefix: bool = False, release: bool = False) -> dict:
-    """Record a list of request objects (position = list index) and return the columns.
+def record_all(requests: list, prefix: bool = False, release: bool = False,
+               extra: tuple = ()) -> dict:
+    """Record a list of request objects (position = list index) and return the columns
+    (``prefix``, ``extra``: as :class:`RequestRecords`).
 
     With ``release`` each chunk's list entries are dropped once read, so a big run never holds its
     request objects and the finished frame at the same time.
     """
     n = len(requests)
-    records = RequestRecords(n, prefix)
+    records = RequestRecords(n, prefix, extra=extra)
     for lo in range(0, n, _RECORD_CHUNK):
         chunk = requests[lo:lo + _RECORD_CHUNK]
         records.record(chunk, range(lo, lo + len(chunk)))

@@ -66,6 +66,11 @@ class SimConfig:
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
         if self.cluster.replicas:
             self.replica_configs()      # every override is valid against these base settings
+        if self.cluster.roles and any(c.scheduler.lora is not None
+                                      for c in self.replica_configs()):
+            # A handed-off request would join its decode replica without an adapter slot.
+            raise ValueError("scheduler.lora is not supported with disaggregated prefill/decode "
+                             "(cluster.roles)")
 
     _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
 

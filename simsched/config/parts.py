@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
+from simsched.config.lora import LoRAConfig, as_lora_config
 from simsched.cost.factory import COST_MODELS
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
@@ -47,6 +48,8 @@ class SchedulerConfig:
     With ``plan_ahead`` on, the replica's arrival rule (``async_scheduling``) is off: one model
     of when an arrival becomes visible, not two; setting both is refused.
     :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
+    ``lora``: LoRA adapters (:class:`~simsched.config.lora.LoRAConfig`; None, the default, serves
+    the base model only).
     """
 
     style: str = "stall_free"
@@ -64,6 +67,7 @@ class SchedulerConfig:
     plan_ahead: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     async_scheduling: bool | None = None
+    lora: LoRAConfig | None = None
 
     def __post_init__(self) -> None:
         from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
@@ -103,6 +107,12 @@ class SchedulerConfig:
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{o}.policy_options {dict(self.policy_options)!r} are invalid for "
                              f"policy {self.policy!r}: {exc}") from None
+        if self.lora is not None:
+            object.__setattr__(self, "lora", as_lora_config(self.lora))
+            if self.preemption_mode == "swap":
+                # A swapped-in request rejoins the batch without asking the adapter slots.
+                raise ValueError(f"{o}.lora does not support {o}.preemption_mode='swap' "
+                                 "(use 'recompute')")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import simpy
 
 from simsched.cost import hardware, overhead
 from simsched.engine.kv_factory import make_kv_cache
+from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -90,6 +91,8 @@ class Replica:
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
         self.async_scheduling = overhead.async_scheduling(config, cost_model)
         self.pending: deque = deque()
+        # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
+        self.lora = attach_lora(self) if config.scheduler.lora is not None else None
         env.process(self._gpu())
 
     def add(self, req: Request, handles: tuple, now: float) -> bool:

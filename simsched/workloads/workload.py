@@ -103,6 +103,11 @@ class WorkloadConfig:
     ``num_turns`` turns whose new user tokens and outputs come from the length distribution, the
     next sent ``think_time`` seconds after the previous finished (both distributions, see
     :mod:`simsched.workloads.sessions`).
+
+    LoRA: with ``num_adapters`` > 0 each request names one of that many adapters (an ``adapter``
+    column), adapter ``i`` drawn with probability proportional to ``1 / (i + 1) **
+    adapter_zipf`` (0: uniform); a trace with an ``adapter`` column replays its adapters
+    instead. The run serves them with ``scheduler.lora``.
     """
 
     name: str = "lesson"
@@ -139,6 +144,9 @@ class WorkloadConfig:
     num_prefix_groups: int = 1
     num_turns: float | tuple = 4
     think_time: float | tuple = ("exponential", 5.0)
+    # LoRA adapters (see simsched.config.lora): 0 serves every request with the base model
+    num_adapters: int = 0
+    adapter_zipf: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -185,6 +193,11 @@ class WorkloadConfig:
                                ("num_priorities", "priority_weights")):
             self._check_mix(count, weights)
         self._check_prefix(arrival)
+        _integer("num_adapters", self.num_adapters, low=0)
+        _number("adapter_zipf", self.adapter_zipf, low_open=False)
+        if self.num_adapters and self.name == "sessions":
+            raise ValueError("workload.num_adapters is not supported for name='sessions' (give "
+                             "a session table an adapter column instead)")
 
     def _check_prefix(self, arrival: str) -> None:
         _integer("hash_block_size", self.hash_block_size)
@@ -372,7 +385,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
                           "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
     if kind == "trace":     # rows are the trace's, in order: keep their prefix identity
-        for column in ("hash_ids", "session_id", "think_time"):
+        for column in ("hash_ids", "session_id", "think_time", "adapter"):
             if column in trace.columns:
                 frame[column] = trace[column].iloc[:n].to_numpy()
     if cfg.system_prompt_len:
@@ -390,4 +403,18 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                                          max_prompt_tokens=cfg.max_prompt_tokens,
                                          long_prompt_policy=cfg.long_prompt_policy, **merged)
     frame.attrs["hash_block_size"] = cfg.hash_block_size
+    if cfg.num_adapters:
+        if "adapter" in frame.columns:
+            raise ValueError(f"workload.num_adapters={cfg.num_adapters} would replace the "
+                             f"adapter column of {source}; set num_adapters=0 to replay it")
+        # Drawn last, so every other column is what it is without adapters.
+        frame["adapter"] = draw_adapters(cfg.num_adapters, cfg.adapter_zipf, rng, len(frame))
     return frame
+
+
+def draw_adapters(num_adapters: int, zipf: float, rng: np.random.Generator,
+                  n: int) -> np.ndarray:
+    """``n`` adapter ids in ``[0, num_adapters)``, id ``i`` with probability proportional to
+    ``1 / (i + 1) ** zipf``."""
+    weights = 1.0 / np.arange(1, num_adapters + 1, dtype=float) ** zipf
+    return rng.choice(num_adapters, size=n, p=weights / weights.sum()).astype(np.int64)
