@@ -180,7 +180,8 @@ class Tier:
             return (f"tier {self.name}: {used} blocks in runs, {self.num_used} counted, "
                     f"capacity {self.capacity_blocks}")
         if self.num_offered_blocks + self.num_copied_blocks \
-                != self.num_written_blocks + self.num_duplicate_blocks or self.num_written_blocks != self.num_used + self.num_evicted_blocks:
+                != self.num_written_blocks + self.num_duplicate_blocks \
+                or self.num_written_blocks != self.num_used + self.num_evicted_blocks:
             return (f"tier {self.name}: offered {self.num_offered_blocks} != written "
                     f"{self.num_written_blocks} + duplicates {self.num_duplicate_blocks}, or "
                     f"written != used {self.num_used} + evicted {self.num_evicted_blocks}")
