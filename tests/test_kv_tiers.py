@@ -202,3 +202,12 @@ def test_off_builds_the_plain_prefix_cache():
     assert CacheConfig().kv_tiers is None and ClusterConfig().kv_remote_tier is None
     kv = make_kv_cache(100, CacheConfig(enable_prefix_caching=True))
     assert type(kv) is PrefixCache
+
+
+def test_set_takes_tier_configs_as_json():
+    from simsched.cli.configs import parse_set_value
+    tiers = parse_set_value("cache.kv_tiers", '{"tiers": [{"name": "disk"}]}')
+    config = SimConfig().replace(**{"cache.enable_prefix_caching": True, "cache.kv_tiers": tiers})
+    assert config.cache.kv_tiers.tiers[0].name == "disk"
+    with pytest.raises(ValueError, match="kv_remote_tier takes a mapping"):
+        parse_set_value("cluster.kv_remote_tier", "remote")

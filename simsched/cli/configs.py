@@ -51,6 +51,8 @@ STRUCTURED_EXAMPLES = {
     "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
     "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
+    "kv_tiers": '{"tiers":[{"name":"cpu","capacity_gib":256}]}',
+    "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
 }
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_float, check_int, plain
-from simsched.config.kv_tiers import as_tier
+from simsched.config.kv_tiers import KVTierConfig, as_tier
 from simsched.config.parts import replica_fields
 
 # Routers live in the cluster layer, above config; simsched.cluster.routers installs its name and
@@ -69,7 +69,7 @@ class ClusterConfig:
     link_latency: float | None = None
     disagg_min_prompt_tokens: int = 0
     # A remote KV store shared by every replica (simsched.config.kv_tiers); None: none.
-    kv_remote_tier: Any = None
+    kv_remote_tier: KVTierConfig | Mapping | None = None
 
     def __post_init__(self) -> None:
         plain(self)

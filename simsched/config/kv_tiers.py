@@ -68,17 +68,23 @@ class KVTierConfig:
                 self.latency if self.latency is not None else latency)
 
 
-def as_tier(value: Any, where: str) -> KVTierConfig:
-    """``value`` (a :class:`KVTierConfig` or a mapping of its fields) as a KVTierConfig."""
-    if isinstance(value, KVTierConfig):
+def _build(cls, value: Any, where: str):
+    """``value`` (a ``cls`` or a mapping of its fields) as a ``cls``; else a ValueError."""
+    if isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
-        known = set(KVTierConfig.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__)
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-        return KVTierConfig(**value)
-    raise ValueError(f"{where} must be a KVTierConfig or a mapping of its fields, got {value!r}")
+        return cls(**value)
+    raise ValueError(f"{where} must be a {cls.__name__} or a mapping of its fields, "
+                     f"got {value!r}")
+
+
+def as_tier(value: Any, where: str) -> KVTierConfig:
+    """``value`` (a :class:`KVTierConfig` or a mapping of its fields) as a KVTierConfig."""
+    return _build(KVTierConfig, value, where)
 
 
 @dataclass(frozen=True)
@@ -108,13 +114,4 @@ class KVTiersConfig:
 
 def as_tiers(value: Any) -> KVTiersConfig | None:
     """``CacheConfig.kv_tiers`` as given (None, a KVTiersConfig or a mapping of its fields)."""
-    if value is None or isinstance(value, KVTiersConfig):
-        return value
-    if isinstance(value, Mapping):
-        known = set(KVTiersConfig.__dataclass_fields__)
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"cache.kv_tiers: unknown field(s) {unknown}; known: {sorted(known)}")
-        return KVTiersConfig(**value)
-    raise ValueError(f"cache.kv_tiers must be None, a KVTiersConfig or a mapping of its fields, "
-                     f"got {value!r}")
+    return None if value is None else _build(KVTiersConfig, value, "cache.kv_tiers")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
-from simsched.config.kv_tiers import as_tiers
+from simsched.config.kv_tiers import KVTiersConfig, as_tiers
 from simsched.cost.factory import COST_MODELS
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
@@ -141,7 +141,7 @@ class CacheConfig:
     watermark_counts_null_block: bool = False
     prefix_cache_model: str = "segments"
     # Tiers below the GPU for evicted prefix blocks (simsched.config.kv_tiers); None: GPU only.
-    kv_tiers: Any = None
+    kv_tiers: KVTiersConfig | Mapping | None = None
 
     def __post_init__(self) -> None:
         plain(self)

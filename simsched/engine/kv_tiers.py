@@ -325,29 +325,21 @@ class TieredPrefixCache(PrefixCache):
         super().add_block(req_id)
 
     def _evict(self, k: int) -> None:
-        """As :meth:`PrefixCache._evict`, each evicted run offered to every tier."""
-        lru, tiers = self._lru, self.tiers
+        """As :meth:`PrefixCache._evict`, each run it will cut offered to every tier first
+        (the same walk: the oldest runs, the last one possibly in part, from their tails)."""
+        tiers = self.tiers
         now = self.env.now
-        evicted = 0
-        while evicted < k:
-            run = next(iter(lru))
-            node = run.node
+        left = k
+        for run in self._lru:
             size = run.hi - run.lo
-            t = k - evicted
-            if t >= size:
-                t = size
-                del lru[run]
-                node.runs.pop(0)
+            t = left if left < size else size
             for tier in tiers:
-                tier.store(node.key, run.hi - t, run.hi, now)
-            run.hi -= t
-            node.num_cached -= t
-            evicted += t
-            if not node.num_cached:
-                self._drop(node)
-        self.num_evictable -= evicted
-        self.num_evicted_blocks += evicted
-        self.num_offered_blocks += evicted
+                tier.store(run.node.key, run.hi - t, run.hi, now)
+            left -= t
+            if not left:
+                break
+        self.num_offered_blocks += k
+        super()._evict(k)
 
     # ------------------------------------------------------------------ inspection
     def tier_stats(self) -> list[dict]:
