@@ -12,7 +12,8 @@ from simsched.config import CacheConfig, ClusterConfig, HardwareConfig, SimConfi
 from simsched.config.kv_tiers import KVTierConfig, KVTiersConfig
 from simsched.cost import hardware
 from simsched.engine.kv_factory import make_kv_cache
-from simsched.engine.kv_tiers import LoadCharge, Tier, TieredPrefixCache
+from simsched.engine.kv_tier import Tier
+from simsched.engine.kv_tiers import LoadCharge, TieredPrefixCache
 from simsched.engine.prefix_cache import PrefixCache
 
 B = 16
@@ -211,3 +212,16 @@ def test_set_takes_tier_configs_as_json():
     assert config.cache.kv_tiers.tiers[0].name == "disk"
     with pytest.raises(ValueError, match="kv_remote_tier takes a mapping"):
         parse_set_value("cluster.kv_remote_tier", "remote")
+
+
+def test_the_summary_reports_each_tier():
+    import simsched
+    res = simsched.simulate(cfg().replace(check_invariants=False), ROWS)
+    s = res.summary()
+    prompt = sum(r["num_prompt_tokens"] for r in ROWS)
+    assert s["kv_cpu_hit_tokens"] > 0
+    assert s["kv_cpu_hit_rate"] == pytest.approx(s["kv_cpu_hit_tokens"] / prompt)
+    assert s["kv_cpu_load_bytes"] > 0 and s["kv_cpu_store_bytes"] >= s["kv_cpu_load_bytes"]
+    assert s["kv_load_step_time"] == pytest.approx(s["kv_cpu_load_time"])   # idle link, no overlap
+    off = simsched.simulate(cfg().replace(**{"cache.kv_tiers": None}), ROWS).summary()
+    assert not any(k.startswith(("kv_cpu", "kv_disk", "kv_remote", "kv_load")) for k in off)
