@@ -225,3 +225,26 @@ def test_the_summary_reports_each_tier():
     assert s["kv_load_step_time"] == pytest.approx(s["kv_cpu_load_time"])   # idle link, no overlap
     off = simsched.simulate(cfg().replace(**{"cache.kv_tiers": None}), ROWS).summary()
     assert not any(k.startswith(("kv_cpu", "kv_disk", "kv_remote", "kv_load")) for k in off)
+
+
+@pytest.mark.parametrize("changes", [
+    {"preemption_mode": "swap", "max_num_seqs": 8},
+    {"policy": "mlfq", "preemption": True},
+    {"scheduler.style": "static", "max_num_seqs": 4},
+    {"cache.kv_tiers": {"tiers": [{}], "overlap_layers": True},
+     "cache.prefix_hit_rule": "block"},
+    {"cluster.num_replicas": 2, "cluster.roles": ("prefill", "decode"),
+     "cluster.kv_remote_tier": {"name": "remote"}},
+    {"cluster.num_replicas": 4, "cluster.router": "least_tokens",
+     "cluster.kv_remote_tier": {"name": "remote", "capacity_gib": 0.5}},
+], ids=["swap", "mlfq", "static", "overlap-block-rule", "disagg", "4-replicas"])
+def test_tiers_keep_every_invariant_across_engine_modes(changes):
+    rows = [{"arrival_at": 0.05 * i, "num_prompt_tokens": 60 + 97 * (i % 7),
+             "num_output_tokens": 2 + 5 * (i % 6), "hash_ids": [i % 5, 7 + i % 3]}
+            for i in range(80)]
+    rows = [dict(r, hash_ids=r["hash_ids"][:-(-r["num_prompt_tokens"] // 512)]) for r in rows]
+    tiers = ({"name": "cpu", "capacity_gib": 0.3}, {"name": "disk"})
+    res, engine = simulate_checked(cfg(num_blocks=60, tiers=tiers).replace(**changes), rows)
+    s = res.summary()
+    assert s["num_finished"] == 80
+    assert sum(v for k, v in s.items() if k.endswith("_hit_tokens")) > 0
