@@ -223,6 +223,8 @@ def test_the_summary_reports_each_tier():
     assert s["kv_cpu_hit_rate"] == pytest.approx(s["kv_cpu_hit_tokens"] / prompt)
     assert s["kv_cpu_load_bytes"] > 0 and s["kv_cpu_store_bytes"] >= s["kv_cpu_load_bytes"]
     assert s["kv_load_step_time"] == pytest.approx(s["kv_cpu_load_time"])   # idle link, no overlap
+    # One request loaded: the mean over the three first tokens is a third of its load.
+    assert s["ttft_loading_mean"] == pytest.approx(s["kv_cpu_load_time"] / 3)
     off = simsched.simulate(cfg().replace(**{"cache.kv_tiers": None}), ROWS).summary()
     assert not any(k.startswith(("kv_cpu", "kv_disk", "kv_remote", "kv_load")) for k in off)
 

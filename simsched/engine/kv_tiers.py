@@ -261,8 +261,9 @@ def share_remote_tier(caches: list, cfg) -> Tier:
 def tier_summary(caches: list) -> dict:
     """Run totals of the replicas' tiers (a shared tier once) as summary metrics:
     ``kv_{tier}_hit_tokens``, ``_load_bytes``, ``_load_time``, ``_store_bytes``,
-    ``_store_time``, and ``kv_load_step_time`` (what loads added to step times); empty
-    without tiers."""
+    ``_store_time``, ``kv_load_step_time`` (what loads added to step times) and
+    ``kv_request_load_time`` (the same, summed over the requests they delayed); empty without
+    tiers."""
     tiers = {id(t): t for kv in caches for t in getattr(kv, "tiers", ())}
     out: dict = {}
     for tier in tiers.values():
@@ -272,7 +273,10 @@ def tier_summary(caches: list) -> dict:
                            ("store_time", tier.store_time)):
             name = f"kv_{tier.name}_{key}"
             out[name] = out.get(name, 0) + value
-    if any(isinstance(kv, TieredPrefixCache) for kv in caches):
-        out["kv_load_step_time"] = sum(getattr(kv, "exposed_load_time", 0.0) for kv in caches)
+    cached = [kv for kv in caches if isinstance(kv, TieredPrefixCache)]
+    if cached:
+        out["kv_load_step_time"] = sum(kv.exposed_load_time for kv in cached)
+        # Summed over requests (a step's loads delay each request admitted in it).
+        out["kv_request_load_time"] = sum(sum(kv.load_time_of.values()) for kv in cached)
     return out
 
