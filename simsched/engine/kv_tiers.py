@@ -41,7 +41,8 @@ _NO_HIT = (0, 0, 0)
 
 class TieredPrefixCache(PrefixCache):
     """A :class:`~simsched.engine.prefix_cache.PrefixCache` whose evicted blocks go down to
-    :class:`~simsched.engine.kv_tier.Tier` objects and come back on a hit (see the module docstring).
+    :class:`~simsched.engine.kv_tier.Tier` objects and come back on a hit (see the module
+    docstring).
 
     Usable once :meth:`bind` has built the tiers (the replica does it). ``load_time_of`` maps a
     request id to the step time its loads added (its TTFT's loading part).
