@@ -51,6 +51,7 @@ BAD = [
     ("cache", "watermark", -0.1, {}, "[0.0, 0.5]"),
     ("cache", "swap_space_gib", -1.0, {}, "[0.0, inf]"),
     ("cache", "swap_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
+    ("cache", "kv_tiers", 5, {"enable_prefix_caching": True}, "mapping"),
     ("hardware", "model", "gpt-5", {}, "llama-2-7b"),
     ("hardware", "gpu", "tpu-v5", {}, "a100-80gb"),
     ("hardware", "model_spec", 5, {}, "ModelSpec"),
@@ -121,6 +122,7 @@ BAD += [
     ("cluster", "link_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
     ("cluster", "link_latency", -1.0, {}, "[0.0, inf]"),
     ("cluster", "disagg_min_prompt_tokens", -5, {}, "[0, "),
+    ("cluster", "kv_remote_tier", {"name": "cpu"}, {}, "'remote'"),
 ]
 
 SIM_BAD = [

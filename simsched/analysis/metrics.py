@@ -176,6 +176,13 @@ class Results:
             prompt = float(df["num_prompt_tokens"].to_numpy()[admitted].sum())
             out["prefix_hit_rate"] = (float(df["num_cached_tokens"].to_numpy()[admitted].sum())
                                       / prompt if prompt else math.nan)
+            for key, value in self.info.get("kv_tiers", {}).items():   # tiered KV cache
+                out[key] = value
+                if key.endswith("_hit_tokens"):
+                    out[key[:-len("tokens")] + "rate"] = value / prompt if prompt else math.nan
+                elif key == "kv_request_load_time":     # TTFT = queue time + this + compute
+                    firsts = int(df["ttft"].notna().sum())
+                    out["ttft_loading_mean"] = value / firsts if firsts else math.nan
         if "num_evicted_blocks" in it:
             out["num_evicted_blocks"] = int(it["num_evicted_blocks"].sum())
         out.update(cluster_summary(self.replicas, self.info))

@@ -24,6 +24,7 @@ from simsched.analysis.progress import RunWatcher
 # make_requests is re-exported (simsched.api and callers import it from here).
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
+from simsched.engine.kv_tiers import tier_summary
 from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.engine.lora import check_adapters, lora_info
 from simsched.engine.steps import StepRecorder, steps_frame
@@ -169,6 +170,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
             "num_waiting_at_end": sum(r.num_waiting for r in replicas),
             "num_running_at_end": sum(len(r.scheduler.running) for r in replicas),
             "kv_blocks_used_at_end": sum(r.kv.num_used for r in replicas)}
+    tiers = tier_summary([r.kv for r in replicas])     # tiered KV cache: per-tier totals
+    if tiers:
+        info["kv_tiers"] = tiers
     described = [{"model": s.config.hardware.model, "gpu": s.config.hardware.gpu,
                   "tensor_parallel_size": s.config.hardware.tensor_parallel_size,
                   "num_blocks": s.num_blocks} for s in specs]

@@ -53,6 +53,8 @@ STRUCTURED_EXAMPLES = {
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
     "parallel": '{"pipeline_parallel_size":2}',
     "lora": '{"max_loras":4,"max_cpu_loras":16}',
+    "kv_tiers": '{"tiers":[{"name":"cpu","capacity_gib":256}]}',
+    "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
 }
 _MAPPINGS = ("model_spec", "parallel", "lora")   # config-object fields --set takes as JSON
 

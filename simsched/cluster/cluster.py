@@ -39,6 +39,7 @@ from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBu
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
+from simsched.engine.kv_tiers import share_remote_tier
 from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
@@ -135,6 +136,8 @@ class Cluster:
                     rng if i == 0 and rng is not None else replica_rng(config.seed, i),
                     index=i, on_iteration=check)
             for i, spec in enumerate(specs)]
+        if config.cluster.kv_remote_tier is not None:      # a KV store all replicas share
+            share_remote_tier([r.kv for r in self.replicas], config.cluster.kv_remote_tier)
         self.requests = requests
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark

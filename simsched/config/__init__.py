@@ -71,6 +71,9 @@ class SimConfig:
             # A handed-off request would join its decode replica without an adapter slot.
             raise ValueError("scheduler.lora is not supported with disaggregated prefill/decode "
                              "(cluster.roles)")
+        if self.cluster.kv_remote_tier is not None and self.cache.kv_tiers is None:
+            raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
+                             "config; its tier list may be empty)")
 
     _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_float, check_int, plain
+from simsched.config.kv_tiers import KVTierConfig, as_tier
 from simsched.config.parts import replica_fields
 
 # Routers live in the cluster layer, above config; simsched.cluster.routers installs its name and
@@ -44,6 +45,11 @@ class ClusterConfig:
     ``roce200``, ``roce400``, ``pcie``); ``link_bandwidth_gbps`` (GB/s per GPU, 1e9 bytes/s) and
     ``link_latency`` (seconds) override it. Prompts shorter than ``disagg_min_prompt_tokens``
     are prefilled on the decode replica itself.
+
+    ``kv_remote_tier`` (a :class:`~simsched.config.kv_tiers.KVTierConfig` named ``remote``,
+    default None) is a KV store shared by all replicas, below their own tiers
+    (``cache.kv_tiers``, which must be set): blocks one replica evicts can be loaded by
+    another (:mod:`simsched.engine.kv_tiers`).
     """
 
     num_replicas: int = 1
@@ -62,10 +68,17 @@ class ClusterConfig:
     link_bandwidth_gbps: float | None = None
     link_latency: float | None = None
     disagg_min_prompt_tokens: int = 0
+    # A remote KV store shared by every replica (simsched.config.kv_tiers); None: none.
+    kv_remote_tier: KVTierConfig | Mapping | None = None
 
     def __post_init__(self) -> None:
         plain(self)
         o = "cluster"
+        if self.kv_remote_tier is not None:
+            tier = as_tier(self.kv_remote_tier, f"{o}.kv_remote_tier")
+            if tier.name != "remote":
+                raise ValueError(f"{o}.kv_remote_tier must be named 'remote', got {tier.name!r}")
+            object.__setattr__(self, "kv_remote_tier", tier)
         check_int(o, "num_replicas", self.num_replicas, 1, 100_000)
         self._check_disagg(o)
         replicas = self.replicas

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
+from simsched.config.kv_tiers import KVTiersConfig, as_tiers
 from simsched.config.lora import LoRAConfig, as_lora_config
 from simsched.cost.factory import COST_MODELS
 
@@ -135,6 +136,9 @@ class CacheConfig:
     copy of each block, tracked per prompt segment, fast at any scale) or ``"blocks"`` (vLLM V1's
     block pool block by block: a block a request recomputes is its own copy even when an
     identical one is cached, as in vLLM; see :mod:`simsched.engine.block_pool`).
+    ``kv_tiers`` (a :class:`~simsched.config.kv_tiers.KVTiersConfig`, default None: off) keeps
+    blocks evicted from the GPU in CPU memory, on disk or in a remote store and loads them back
+    on a hit (:mod:`simsched.engine.kv_tiers`); it needs prefix caching (segments model).
     """
 
     block_size: int = 16
@@ -146,6 +150,8 @@ class CacheConfig:
     prefix_hit_rule: str = "token"
     watermark_counts_null_block: bool = False
     prefix_cache_model: str = "segments"
+    # Tiers below the GPU for evicted prefix blocks (simsched.config.kv_tiers); None: GPU only.
+    kv_tiers: KVTiersConfig | Mapping | None = None
 
     def __post_init__(self) -> None:
         plain(self)
@@ -160,6 +166,12 @@ class CacheConfig:
         check_choice(o, "prefix_hit_rule", self.prefix_hit_rule, PREFIX_HIT_RULES)
         check_bool(o, "watermark_counts_null_block", self.watermark_counts_null_block)
         check_choice(o, "prefix_cache_model", self.prefix_cache_model, PREFIX_CACHE_MODELS)
+        if self.kv_tiers is not None:
+            object.__setattr__(self, "kv_tiers", as_tiers(self.kv_tiers))
+            if not self.enable_prefix_caching or self.prefix_cache_model != "segments":
+                raise ValueError(f"{o}.kv_tiers needs {o}.enable_prefix_caching=True and "
+                                 f"{o}.prefix_cache_model='segments' (tiers hold evicted "
+                                 "prefix blocks of the segments model)")
 
 
 @dataclass(frozen=True)

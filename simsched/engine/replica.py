@@ -80,6 +80,9 @@ class Replica:
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
+        if getattr(cache, "kv_tiers", None) is not None:
+            # Tiered KV cache: the steps that admit tier hits also wait for their loads.
+            self.cost_model = self.kv.bind(env, config.hardware, cost_model)
         self.iteration_rows = IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS
                                            if self.kv.prefix_caching else ITERATION_COLUMNS)
         self.on_iteration = on_iteration
