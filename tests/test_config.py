@@ -75,6 +75,8 @@ BAD = [
     ("workload", "on_seconds", -1.0, {}, "> 0"),
     ("workload", "off_seconds", 0.0, {}, "> 0"),
     ("workload", "rate_schedule", ((0.0, 1.0),), {"arrival": "piecewise"}, "seconds > 0"),
+    ("workload", "gap_family", "normal", {}, "gamma"),
+    ("workload", "servegen_model", "m-huge", {"arrival": "servegen"}, "m-large"),
     ("workload", "lengths", "zipf", {}, "lognormal"),
     ("workload", "prompt_len", 0, {}, ">= 1"),
     ("workload", "output_len", -2, {}, ">= 1"),
