@@ -103,6 +103,8 @@ BAD += [
     ("cluster", "replicas", "h100", {}, "tuple of mappings"),
     ("cluster", "replicas", ({"gpu": "h100-sxm", "count": 3},), {"num_replicas": 2}, "3"),
     ("cluster", "router", "nearest", {}, "round_robin"),
+    ("cluster", "autoscaling", "hpa", {}, "AutoscalingConfig"),
+    ("cluster", "autoscaling", {"policy": "magic"}, {}, "policy"),
     ("cluster", "router_options", {"depth": 2}, {"router": "jsq"}, "invalid for router 'jsq'"),
     ("cluster", "refresh_interval", -0.1, {}, "[0.0, inf]"),
     ("cluster", "max_num_queued_per_replica", 0, {}, "[1, inf]"),

@@ -17,6 +17,7 @@ from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.sessions import build_sessions, is_closed_loop
+from simsched.analysis.fleet_metrics import FleetResults
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.analysis.progress import RunWatcher
@@ -167,6 +168,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         r.iteration_rows = None
     step_ends = decode_step_ends(iterations, len(replicas))
     sim_time = engine.env.now
+    fleet = None
+    if engine.fleet is not None:
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
+                             sim_time)
+        info["fleet_cost"] = fleet.cost
+        info["fleet_replica_hours"] = fleet.replica_hours
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if engine.replica_of is None:
@@ -199,6 +206,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described),
                       steps=steps)
+    results.fleet = fleet
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

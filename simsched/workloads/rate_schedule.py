@@ -123,6 +123,18 @@ def total_rates(windows: pd.DataFrame) -> pd.Series:
     return windows.groupby("start")["rate"].sum().sort_index()
 
 
+def compress(windows: pd.DataFrame, speedup: float) -> pd.DataFrame:
+    """The table on a clock ``speedup`` times faster: windows shorter, rates higher (the same
+    requests in expectation)."""
+    if speedup == 1.0:
+        return windows
+    lo, hi = span(windows)
+    out = windows.assign(start=windows["start"] / speedup, seconds=windows["seconds"] / speedup,
+                         rate=windows["rate"] * speedup)
+    out.attrs["span"] = (lo / speedup, hi / speedup)
+    return out
+
+
 def windows_from_schedule(schedule, cv: float = 1.0, family: str = "gamma") -> pd.DataFrame:
     """A one-client window table from ``((seconds, rate[, cv]), ...)``, windows back to back."""
     rows, t = [], 0.0

@@ -103,8 +103,9 @@ class WorkloadConfig:
     renewal process with gaps of family ``gap_family`` (``gamma`` or ``weibull``) and that CV
     (default ``cv``). ``arrival='servegen'`` replays ServeGen's per-client windows of
     ``servegen_model`` (the bundled day, or the ServeGen window file ``trace_path`` with
-    ``name='custom'``) from ``start`` for ``duration`` seconds; ``rate`` scales either to that
-    mean rate (the scale factor), keeping the shape.
+    ``name='custom'``) from ``start``; ``speedup`` compresses its time axis (windows
+    ``speedup`` times shorter and busier) and ``duration`` is in the compressed clock; ``rate``
+    scales either to that mean rate (the scale factor), keeping the shape.
 
     Prefix sharing: ``hash_block_size`` is the tokens per trace ``hash_ids`` entry (512 in
     Mooncake's traces). ``system_prompt_len`` tokens of a shared system prompt, one of
@@ -183,9 +184,10 @@ class WorkloadConfig:
         self._check_sources(arrival, length)
         _number("start", self.start, low_open=False)
         _number("speedup", self.speedup)
-        if self.speedup != 1.0 and arrival != "trace":
-            raise ValueError(f"workload.speedup only applies to arrival='trace', not {arrival!r}")
-        if self.speedup != 1.0 and self.rate is not None:
+        if self.speedup != 1.0 and arrival not in ("trace", "servegen"):
+            raise ValueError(f"workload.speedup only applies to arrival='trace' or 'servegen', "
+                             f"not {arrival!r}")
+        if self.speedup != 1.0 and self.rate is not None and arrival == "trace":
             raise ValueError(f"workload.speedup={self.speedup} and workload.rate={self.rate} "
                              "both rescale the trace; set rate=None to use speedup")
         if self.start != 0 and "trace" not in (arrival, length) and arrival != "servegen":
@@ -320,8 +322,10 @@ class WorkloadConfig:
         (:mod:`simsched.workloads.rate_schedule`); ``start`` and ``duration`` pick the
         ServeGen period read."""
         if self.arrival_process == "servegen":
-            return rate_schedule.read_servegen(self.trace_path, self.servegen_model,
-                                               self.start, self.duration)
+            table = rate_schedule.read_servegen(self.trace_path, self.servegen_model, self.start,
+                                                None if self.duration is None
+                                                else self.duration * self.speedup)
+            return rate_schedule.compress(table, self.speedup)
         return rate_schedule.windows_from_schedule(self.rate_schedule, self.cv,
                                                    self.gap_family)
 
