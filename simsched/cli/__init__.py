@@ -141,6 +141,9 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--record-steps", action="store_true",
                      help="also write steps.csv: one row per request per scheduling step "
                           "(tokens scheduled, cache hits, preemptions, completions)")
+    run.add_argument("--stream", action="store_true",
+                     help="stream the records to Parquet under OUT/stream as the run goes "
+                          "(memory bounded by the requests in flight); print per-window sums")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
@@ -197,6 +200,8 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
+    if args.stream:
+        return _run_streamed(args, config)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
                                   record_steps=args.record_steps)
@@ -227,6 +232,20 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _run_streamed(args, config) -> int:
+    """``simsched run --stream``: records to OUT/stream/*.parquet, per-window sums printed."""
+    from simsched.analysis.runner import simulate
+
+    path = Path(args.out or "out/run")
+    path.mkdir(parents=True, exist_ok=True)
+    run = simulate(config, stream_to=path / "stream", progress=sys.stderr.isatty())
+    _print_table(run.windows, ())
+    (path / "config.json").write_text(config.to_json())
+    print(f"wrote {path}/: config.json, stream/ (requests/, iterations/, preemptions/ part "
+          f"files, windows.parquet, info.json)")
+    return 0 if run.windows["num_finished"].sum() else 1
 
 
 def feature_figures(results) -> dict:

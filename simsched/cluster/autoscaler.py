@@ -28,7 +28,9 @@ class Autoscaler:
         self.auto = fleet.auto
         self.env = fleet.env
         self.rows: list[tuple] = []
-        self.history: deque = deque()       # (at, desired) within the longer window
+        # (at, desired) within the longer window; the starting size counts as a desire, so
+        # a scale-down waits out its window from the start as it would in a running fleet.
+        self.history: deque = deque([(self.env.now, fleet.target())])
         self.decide = {"threshold": self._threshold, "saturation": self._saturation,
                        "scheduled": None}[self.auto.policy]
         self.env.process(self._sample_loop())

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from simsched.config.checks import check_choice, check_float, check_int, plain
 from simsched.config.parts import replica_fields
+from simsched.config.serialize import _tuples
 from simsched.workloads.sessions import parse_distribution
 
 POLICIES = ("threshold", "saturation", "scheduled")
@@ -25,12 +26,6 @@ def _delay(name: str, value) -> tuple:
         return parse_distribution(name, value, False)
     except ValueError as exc:
         raise ValueError(str(exc).replace("workload.", "cluster.autoscaling.")) from None
-
-
-def _tuples(value):
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
 
 
 @dataclass(frozen=True)
