@@ -50,7 +50,8 @@ def test_scheduled_plan_with_delays_bills_at_once_and_routes_after_the_delays():
 
 @pytest.mark.parametrize("router, cluster", [
     ("jsq", {}), ("round_robin", {}), ("least_tokens", {}), ("power_of_two", {}),
-    ("random", {}), ("least_kv", {}), ("jsq", {"refresh_interval": 0.5}), ("weighted", {})])
+    ("random", {}), ("least_kv", {}), ("jsq", {"refresh_interval": 0.5}), ("weighted", {}),
+    ("least_tokens", {"refresh_interval": 0.2}), ("session_affinity", {}), ("prefix_affinity", {})])
 def test_no_request_before_delays_and_none_to_a_draining_replica(router, cluster):
     plan = ((0.0, 2), (40.0, 6), (110.0, 2))
     res = run(scheduled(plan, delay=("uniform", 3.0, 12.0)), router=router, **cluster)
@@ -149,3 +150,16 @@ def test_autoscaling_config_round_trips_and_rejects_bad_input():
     with pytest.raises(ValueError, match="disaggregated"):
         ClusterConfig(num_replicas=2, roles=("prefill", "decode"),
                       autoscaling=AutoscalingConfig())
+
+
+def test_cli_set_autoscaling_writes_fleet_frames(tmp_path, capsys):
+    from simsched.cli import main
+    value = ('{"policy": "scheduled", "plan": [[0, 1], [3, 2]], "provisioning_time": 1, '
+             '"model_load_time": 0, "price_per_hour": 3}')
+    assert main(["run", "--workload", "lesson", "--num-requests", "300", "--set",
+                 f"autoscaling={value}", "--out", str(tmp_path)]) == 0
+    units = __import__("pandas").read_csv(tmp_path / "fleet_units.csv")
+    assert len(units) == 2 and units["routable_at"].iloc[1] == 4.0
+    summary = __import__("pandas").read_csv(tmp_path / "summary.csv")
+    assert summary["fleet_cost"].iloc[0] == pytest.approx(
+        (units["billed_time"] * 3).sum() / 3600)

@@ -84,3 +84,13 @@ def test_cli_run_stream_writes_parquet(tmp_path, capsys):
     frames = stream.read_stream(tmp_path / "stream")
     assert len(frames["requests"]) == 200 and (frames["requests"]["status"] == "finished").all()
     assert "num_finished" in capsys.readouterr().out
+
+
+def test_iteration_logs_drain_between_request_chunks(tmp_path, monkeypatch):
+    # Small drains of the iteration logs between (few) request chunks change nothing.
+    monkeypatch.setattr(stream, "ITERATION_BYTES", 2000)
+    cfg = SimConfig(workload=dataclasses.replace(WORKLOAD, duration=60.0)).replace(num_replicas=3)
+    memory, run, frames = both(cfg, tmp_path, monkeypatch, chunk=1500)
+    assert_same(memory, frames)
+    parts = list((tmp_path / "run" / "iterations").glob("*.parquet"))
+    assert len(parts) > len(list((tmp_path / "run" / "requests").glob("*.parquet")))

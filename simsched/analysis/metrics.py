@@ -183,14 +183,16 @@ class Results:
         return pd.DataFrame([self.summary()])
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` and ``steps``
-        by name."""
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas``, ``steps``
+        and an autoscaled fleet's ``fleet_units`` and ``fleet_timeline`` by name."""
         out = {"requests": self.requests, "iterations": self.iterations,
                "preemptions": self.preemptions}
         if self.replicas is not None:
             out["replicas"] = self.replicas
         if self.steps is not None:
             out["steps"] = self.steps
+        if self.fleet is not None:
+            out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
         return out
 
     def resolved_config(self) -> dict:

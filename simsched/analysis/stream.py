@@ -4,7 +4,8 @@ A big run (a fleet over a day: tens of millions of requests, hundreds of million
 iterations) does not fit in memory as frames. Streaming writes, every ``chunk`` ended requests:
 
 - ``PATH/iterations/part-*.parquet``: the GPU iterations logged since the last chunk (every
-  replica's log is emptied into it, with a ``replica`` column);
+  replica's log is emptied into it, with a ``replica`` column; also whenever the logs hold
+  :data:`ITERATION_BYTES`);
 - ``PATH/requests/part-*.parquet``: the ended requests' rows, built by the same code as the
   in-memory request frame (:func:`~simsched.analysis.frames.build_requests_frame`), so the
   streamed frames equal the in-memory ones row for row once sorted by ``request_id``
@@ -41,6 +42,9 @@ from simsched.request import Request
 
 CHUNK = 65536
 WINDOW = 600.0
+# Iteration logs are also drained when they hold this many bytes (checked every 1,024 ended
+# requests): a busy fleet logs ~20 iterations per request, and one drain holds a few copies.
+ITERATION_BYTES = 16 << 20
 
 
 class StreamingRequests:
@@ -68,6 +72,8 @@ class StreamingRequests:
         self.kept_from: list[int] = []      # per replica: the step number of steps[r][0]
         self.num_steps: list[int] = []      # per replica: decode steps so far
         self.parts = 0
+        self.iteration_parts = 0
+        self.since_check = 0
         self.windows: dict[int, np.ndarray] = {}
         for sub in ("requests", "iterations", "preemptions"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
@@ -87,6 +93,13 @@ class StreamingRequests:
             self.max_recorded = req.id
         if len(self.done) >= self.chunk:
             self.flush()
+        else:
+            self.since_check += 1
+            if self.since_check >= 1024:
+                self.since_check = 0
+                if sum(len(r.iteration_rows.values) for r in self.cluster.replicas) \
+                        > ITERATION_BYTES:
+                    self._drain_iterations()
 
     # ------------------------------------------------------------- chunks
     def _drain_iterations(self) -> None:
@@ -114,7 +127,9 @@ class StreamingRequests:
                 if frame[col].isna().any():
                     frame[col] = frame[col].fillna(0).astype(np.int64 if _is_count(col)
                                                              else float)
-            frame.to_parquet(self.path / "iterations" / f"part-{self.parts:05d}.parquet")
+            name = f"part-{self.iteration_parts:06d}.parquet"
+            frame.to_parquet(self.path / "iterations" / name)
+            self.iteration_parts += 1
 
     def flush(self) -> None:
         """Write the iterations logged so far and the ended requests' rows, then forget them."""

@@ -206,6 +206,9 @@ def cmd_run(args) -> int:
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
                                   record_steps=args.record_steps)
     summary.update(feature_figures(results))
+    if results.fleet is not None:
+        summary.update(fleet_cost=results.fleet.cost,
+                       fleet_replica_hours=results.fleet.replica_hours)
     if args.config and Path(args.config).suffix.lower() == ".json":
         _check_derived(args.config, results)
     row = pd.DataFrame([summary])
@@ -215,7 +218,8 @@ def cmd_run(args) -> int:
     row.to_csv(path / "summary.csv", index=False)
     results.to_csv(path)
     written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
-               "config.json"] + (["steps.csv"] if results.steps is not None else [])
+               "config.json"] + (["steps.csv"] if results.steps is not None else []) \
+        + (["fleet_units.csv", "fleet_timeline.csv"] if results.fleet is not None else [])
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")

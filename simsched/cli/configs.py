@@ -51,6 +51,7 @@ STRUCTURED_EXAMPLES = {
     "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
     "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
+    "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
 }
 
 
@@ -60,7 +61,7 @@ def _structured_fields() -> dict[str, str]:
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
-            if "tuple" in kind or "Mapping" in kind or f.name == "model_spec":
+            if "tuple" in kind or "Mapping" in kind or f.name in ("model_spec", "autoscaling"):
                 out[f.name] = kind
     return out
 
@@ -89,7 +90,8 @@ def parse_set_value(key: str, text: str) -> Any:
     if value is None or ("float" in kind and isinstance(value, (int, float))
                          and not isinstance(value, bool)):
         return value
-    what = "a mapping" if "Mapping" in kind or name == "model_spec" else "a list"
+    what = "a mapping" if "Mapping" in kind or name in ("model_spec", "autoscaling") \
+        else "a list"
     raise ValueError(f"--set {key}: {name} takes {what}, written as JSON, e.g. {example} "
                      f"(quote it for the shell), got {text!r}")
 

@@ -3,6 +3,7 @@ fixed and on autoscaled fleets."""
 
 from __future__ import annotations
 
+from simsched.workloads import rate_schedule
 from tools.docs.doc_format import claim, md_table, num
 
 
@@ -45,6 +46,8 @@ def autoscaling_results(runs) -> str:
     th, th5 = r.loc["threshold 30s"], r.loc["threshold 5min"]
     sat, sat5 = r.loc["saturation 30s"], r.loc["saturation 5min"]
     saving = 1 - th["cost_per_day"] / fixed["cost_per_day"]
+    day = rate_schedule.read_servegen(model="m-large")
+    cv = (day["cv"] * day["rate"]).sum() / day["rate"].sum()
     return "\n".join([
         f"One replica serves {num(a['capacity'])} req/s on these lengths; at 70 % of that it "
         f"runs {num(a['running70'])} requests at a time and uses {_pc(a['kv70'])} of its KV "
@@ -78,7 +81,8 @@ def autoscaling_results(runs) -> str:
         f"80 % of capacity, requested one delay ahead) is the cheapest "
         f"({num(oracle['cost_per_day'])}) but holds the SLO for only "
         f"{_pc(oracle['attainment'])} of requests, {_pc(oracle['worst_window'])} in its "
-        f"worst window: ServeGen's clients are bursty within a window (CVs up to 8), and a "
+        f"worst window: ServeGen's clients are bursty within a window (inter-arrival CV "
+        f"{num(cv, 2)} on average, weighted by rate), and a "
         f"plan sized by the window's mean rate has no headroom for them, where a reactive "
         f"policy sees the queue. With exact delays its routable fleet is the same for 30 s "
         f"and 5 min; only the bill differs.",
