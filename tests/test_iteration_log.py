@@ -57,3 +57,36 @@ def test_append_checks_the_row_width():
     with pytest.raises(ValueError, match="9 values"):
         log.append((1.0, 2.0))
     assert len(log) == 1
+
+
+def test_writer_takes_every_column_by_name_and_ignores_those_the_log_lacks():
+    plain = IterationLog(ITERATION_COLUMNS)
+    write = plain.writer()
+    row = dict(zip(ITERATION_COLUMNS, (0.5, 0.25, 7, 3, 4, 2, 11, 1, 0.0)))
+    write(**row, num_cached_tokens=99, num_evicted_blocks=5, kv_blocks_cached=6)
+    write(**row)                              # prefix columns default to 0 for such a log
+    frame = plain.frame()
+    assert list(frame.columns) == list(ITERATION_COLUMNS)
+    assert frame.iloc[0].tolist() == frame.iloc[1].tolist() == list(row.values())
+    with_prefix = IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS)
+    with_prefix.writer()(**row, num_cached_tokens=99, num_evicted_blocks=5, kv_blocks_cached=6)
+    assert with_prefix.frame()[list(PREFIX_COLUMNS)].iloc[0].tolist() == [99, 5, 6]
+    # A row that forgets a column of its log fails at once, naming it.
+    missing = dict(row)
+    del missing["num_waiting"]
+    with pytest.raises(TypeError, match="num_waiting"):
+        IterationLog(ITERATION_COLUMNS).writer()(**missing)
+    with pytest.raises(TypeError, match="num_cached_tokens"):
+        IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS).writer()(**row)
+    with pytest.raises(ValueError, match="not iteration-log columns"):
+        IterationLog(ITERATION_COLUMNS + ("num_bogus",)).writer()
+
+
+def test_writer_keeps_appending_after_the_log_was_read():
+    log = IterationLog(ITERATION_COLUMNS)
+    write = log.writer()
+    row = dict(zip(ITERATION_COLUMNS, (0.5, 0.25, 7, 3, 4, 2, 11, 1, 0.0)))
+    write(**row)
+    assert len(log.frame()) == 1 and len(log) == 0
+    write(**row)
+    assert len(log) == 1

@@ -126,11 +126,16 @@ class Results:
                      # Arrival after the run ended (max_sim_time): neither served nor unserved.
                      "num_not_arrived": int((df["status"] == Status.PENDING.value).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
-            values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
-            values = values[~np.isnan(values)]
+            column = df[name].to_numpy()
+            keep = ~np.isnan(column)
+            if name not in ("ttft", "queue_time"):
+                keep &= finished
+            values = column[keep]           # one copy of the rows (a big run's peak memory)
+            del column, keep
             out[f"{name}_mean"] = float(values.mean()) if len(values) else math.nan
-            for q, v in zip(PERCENTILES, _percentiles(values)):
+            for q, v in zip(PERCENTILES, _percentiles(values, overwrite=True)):
                 out[f"{name}_p{q}"] = v
+        del values
         out["itl_mean"] = self._itl.mean()
         for q, v in zip(PERCENTILES, self._itl.percentiles(PERCENTILES)):
             out[f"itl_p{q}"] = v
@@ -421,7 +426,9 @@ def _span(requests: pd.DataFrame) -> float:
                  - requests["arrival_at"].min())
 
 
-def _percentiles(values: np.ndarray) -> list[float]:
+def _percentiles(values: np.ndarray, overwrite: bool = False) -> list[float]:
+    """``np.percentile`` at PERCENTILES; ``overwrite``: ``values`` is a scratch copy numpy may
+    reorder (the same figures, without numpy's own copy)."""
     if not len(values):
         return [math.nan] * len(PERCENTILES)
-    return [float(v) for v in np.percentile(values, PERCENTILES)]
+    return [float(v) for v in np.percentile(values, PERCENTILES, overwrite_input=overwrite)]

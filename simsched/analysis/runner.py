@@ -118,6 +118,13 @@ def _run_streaming(config, frame, block, prefix, cost_model, path, progress, oth
     return stream.write_end(reqs, extra, info)
 
 
+def _joined(step_ends: list) -> np.ndarray:
+    """The replicas' step-end arrays as one, emptying ``step_ends`` (the caller keeps none)."""
+    joined = step_ends[0] if len(step_ends) == 1 else np.concatenate(step_ends)
+    step_ends.clear()
+    return joined
+
+
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
              cost_model=None, progress: bool = False, record_steps: bool = False,
              stream_to=None):
@@ -228,13 +235,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
         owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
-    if len(step_ends) == 1:
-        step_end, step_offset = step_ends[0], None
-    else:
+    step_offset = None
+    if len(step_ends) > 1:
         # Each request's decode steps index its own replica's array: shift them into one.
         starts = np.cumsum([0] + [len(s) for s in step_ends[:-1]])
-        step_end, step_offset = np.concatenate(step_ends), starts[np.maximum(owner, 0)]
-    del step_ends, replicas
+        step_offset = starts[np.maximum(owner, 0)]
+    del replicas
     # Without end-of-run checks nothing needs the request objects once read: let them go while
     # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
     release = not (config.check_invariants or keep_engine)
@@ -244,9 +250,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     # Client-side token times where an engine profile has an output path (vllm_v1); a request
     # that never reached a replica (shed) has no tokens to delay.
     delay = delays[np.maximum(owner, 0)] if delays.any() else None
-    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
+    # The step ends are handed over (_joined keeps no reference): the builder drops them as
+    # soon as it has read them, before the frame's columns come.
+    req_df, itl, causes = build_requests_frame(reqs, _joined(step_ends), release=release,
                                                step_offset=step_offset, prefix=prefix,
                                                replica=owner, output_delay=delay)
+    del step_offset, delay, owner, reqs
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

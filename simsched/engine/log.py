@@ -13,6 +13,8 @@ ITERATION_COLUMNS = ("started_at", "duration", "num_prefill_tokens", "num_decode
 # took from the cache, cached blocks its allocations evicted, and cached blocks nobody holds
 # (evictable, free for allocation; kv_blocks_used then counts a shared block once).
 PREFIX_COLUMNS = ("num_cached_tokens", "num_evicted_blocks", "kv_blocks_cached")
+# Every column a log may have: a writer (IterationLog.writer) takes each by name.
+ALL_COLUMNS = ITERATION_COLUMNS + PREFIX_COLUMNS
 
 # Rows converted into the frame's columns at a time (the log shrinks as the columns fill).
 _CHUNK_ROWS = 1 << 16
@@ -26,7 +28,7 @@ class IterationLog:
     """One row per GPU iteration, packed into one growing byte buffer (8 bytes per value:
     float64, or int64 for counts).
 
-    The engine appends ``pack(*row)`` to ``values`` once per iteration: one C call packs the
+    The engine appends each row through :meth:`writer` (by column name); one C call packs the
     row, where a growing array per column took a call per value and parsed each value's type on
     the way in (about five times the cost). The frame's columns are filled from the end of the
     log backwards, a chunk at a time, and the buffer shrinks as they fill, so building them
@@ -39,6 +41,27 @@ class IterationLog:
         self.pack = struct.Struct("<" + "".join("q" if _is_count(col) else "d"
                                                 for col in columns)).pack
         self.values = bytearray()
+
+    def writer(self):
+        """The function the engine calls once per iteration to append a row, its parameters
+        named after :data:`ALL_COLUMNS` and passed by name, so a row and the columns cannot
+        drift apart (a column added here and not passed is a TypeError at the first iteration).
+        Columns this log lacks are accepted and ignored.
+
+        Generated once per log: a plain function whose body is one ``pack`` of this log's
+        columns in order, which costs one call more than packing inline (about 70 ns an
+        iteration) and replaces rows packed by position in the engine.
+        """
+        unknown = set(self.columns) - set(ALL_COLUMNS)
+        if unknown:
+            raise ValueError(f"columns {sorted(unknown)} are not iteration-log columns "
+                             f"({', '.join(ALL_COLUMNS)})")
+        optional = [c for c in ALL_COLUMNS if c not in self.columns]
+        params = ", ".join([*self.columns, *(f"{c}=0" for c in optional)])
+        namespace = {"pack": self.pack, "values": self.values}
+        exec(f"def write(*, {params}):\n"
+             f"    values.extend(pack({', '.join(self.columns)}))\n", namespace)
+        return namespace["write"]
 
     def append(self, row: tuple) -> None:
         """Record one iteration (values in ``self.columns`` order; counts must be integers)."""
@@ -69,8 +92,7 @@ class IterationLog:
             del chunk
             del values[lo * size:]                  # gives the memory back as the log empties
             hi = lo
-        self.values = bytearray()
-        return n
+        return n                # values is empty now, and still the one writers append to
 
     def columns_arrays(self) -> dict:
         """The columns as numpy arrays; empties the log."""

@@ -178,7 +178,7 @@ class Replica:
         kv = self.kv
         num_blocks = kv.num_blocks
         prefix = kv.prefix_caching
-        rows, pack = log.values, log.pack    # rows += pack(*row): see IterationLog
+        write = log.writer()                 # one row per iteration, by column name
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         # The event heap, the event ids and the iteration-end event this loop schedules again
         # and again (see simpy_fast.iteration_clock).
@@ -278,15 +278,11 @@ class Replica:
                 env._now = end
             firsts, finished = commit(end)
             n_dec = batch.num_decode_seqs
-            if prefix:
-                rows += pack(started, duration, sum(new) if new else 0, n_dec, len(new) + n_dec,
-                             waiting, used, num_preempted, swap_time, hits, evictions, cached)
-            elif new:
-                rows += pack(started, duration, sum(new), n_dec, len(new) + n_dec, waiting, used,
-                             num_preempted, swap_time)
-            else:
-                rows += pack(started, duration, 0, n_dec, n_dec, waiting, used, num_preempted,
-                             swap_time)
+            write(started_at=started, duration=duration,
+                  num_prefill_tokens=sum(new) if new else 0, num_decode_tokens=n_dec,
+                  num_seqs=len(new) + n_dec, num_waiting=waiting, kv_blocks_used=used,
+                  num_preempted=num_preempted, swap_time=swap_time, num_cached_tokens=hits,
+                  num_evicted_blocks=evictions, kv_blocks_cached=cached)
             if firsts:
                 on_first_token = self.on_first_token
                 for req in firsts:
