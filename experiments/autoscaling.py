@@ -174,9 +174,11 @@ def _plot_day(windows: pd.DataFrame, names: list[str]):
 def _plot_cost(table: pd.DataFrame):
     fig, axes = _figure(None, 1, (6, 4))
     ax = axes[0]
-    for _, row in table.iterrows():
-        ax.scatter(row["cost_per_day"], row["attainment"] * 100)
-        ax.annotate(row["scenario"], (row["cost_per_day"], row["attainment"] * 100), fontsize=7)
+    markers = "osD^v<>"
+    for k, (_, row) in enumerate(table.iterrows()):
+        ax.scatter(row["cost_per_day"], row["attainment"] * 100, marker=markers[k % 7],
+                   label=row["scenario"])
+    ax.legend(fontsize=7)
     ax.set_xlabel(f"cost per day (at {PRICE:g} per replica-hour)")
     ax.set_ylabel("SLO attainment over the day (%)")
     ax.grid(alpha=0.3)
