@@ -94,3 +94,20 @@ def test_iteration_logs_drain_between_request_chunks(tmp_path, monkeypatch):
     assert_same(memory, frames)
     parts = list((tmp_path / "run" / "iterations").glob("*.parquet"))
     assert len(parts) > len(list((tmp_path / "run" / "requests").glob("*.parquet")))
+
+
+def test_only_step_ends_in_flight_requests_need_are_kept(tmp_path, monkeypatch):
+    kept = []
+    prune = stream.StreamingRequests._prune
+
+    def spy(self):
+        prune(self)
+        kept.append(sum(len(steps) for steps in self.steps))
+
+    monkeypatch.setattr(stream.StreamingRequests, "_prune", spy)
+    cfg = SimConfig(workload=dataclasses.replace(WORKLOAD, duration=90.0)).replace(
+        num_replicas=2)
+    memory, run, frames = both(cfg, tmp_path, monkeypatch, chunk=200)
+    assert_same(memory, frames)
+    decodes = int((memory.iterations["num_decode_tokens"] > 0).sum())
+    assert len(kept) > 10 and max(kept) < decodes / 5
