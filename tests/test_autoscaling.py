@@ -163,3 +163,15 @@ def test_cli_set_autoscaling_writes_fleet_frames(tmp_path, capsys):
     summary = __import__("pandas").read_csv(tmp_path / "summary.csv")
     assert summary["fleet_cost"].iloc[0] == pytest.approx(
         (units["billed_time"] * 3).sum() / 3600)
+
+
+@pytest.mark.slow
+def test_experiment_quick_runs(tmp_path):
+    from experiments import autoscaling
+
+    out = autoscaling.main(["--quick", "--quiet", "--out", str(tmp_path)])
+    runs = out["runs"].set_index("scenario")
+    assert runs.loc["fixed", "cost_per_day"] == runs["cost_per_day"].max()
+    assert (runs["attainment"] > 0.5).all() and (runs["num_requests"] > 10_000).all()
+    assert len(out["windows"]) == 144 * len(runs)
+    assert (tmp_path / "runs.csv").exists() and (tmp_path / "windows.csv").exists()
