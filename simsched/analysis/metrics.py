@@ -44,7 +44,8 @@ class Results:
     DataFrames; ``config`` is the run's :class:`~simsched.config.SimConfig`; ``info`` holds what
     the run derived (``num_blocks``) and its end state. ``steps`` (one row per request per
     scheduling step, :mod:`simsched.engine.steps`) is None unless the run recorded steps
-    (``simulate(..., record_steps=True)``).
+    (``simulate(..., record_steps=True)``). ``fleet`` is an autoscaled run's
+    :class:`~simsched.analysis.fleet_metrics.FleetResults` (replicas, cost, timeline), else None.
     """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame, itl: ItlSamples,
@@ -59,6 +60,7 @@ class Results:
         self.config = config
         self.sim_time = sim_time
         self.info = info or {}
+        self.fleet = None   # an autoscaled run's FleetResults (simsched.analysis.fleet_metrics)
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -193,14 +195,16 @@ class Results:
         return pd.DataFrame([self.summary()])
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` and ``steps``
-        by name."""
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas``, ``steps``
+        and an autoscaled fleet's ``fleet_units`` and ``fleet_timeline`` by name."""
         out = {"requests": self.requests, "iterations": self.iterations,
                "preemptions": self.preemptions}
         if self.replicas is not None:
             out["replicas"] = self.replicas
         if self.steps is not None:
             out["steps"] = self.steps
+        if self.fleet is not None:
+            out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
         return out
 
     def resolved_config(self) -> dict:

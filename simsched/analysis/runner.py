@@ -18,6 +18,8 @@ from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
+from simsched.analysis import stream
+from simsched.analysis.fleet_metrics import FleetResults
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.analysis.progress import RunWatcher
@@ -82,6 +84,43 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
     return table
 
 
+def _run_streaming(config, frame, block, prefix, cost_model, path, progress, other):
+    """:func:`run` writing its records under ``path`` as it goes (simsched.analysis.stream)."""
+    if other or config.check_invariants or config.cluster.disaggregated \
+            or is_closed_loop(frame):
+        raise ValueError("stream_to supports plain runs: no closed-loop sessions, "
+                         "disaggregation, check_invariants, record_steps or keep_engine")
+    columns = request_columns(frame, block, lazy=True)
+    if columns[-1] is not None:
+        raise ValueError("stream_to supports plain workloads: no prefix-cache content "
+                         "(hash_ids, shared prefixes)")
+    del frame
+    reqs = stream.StreamingRequests(path, *columns[:-1], prefix=prefix)
+    del columns
+    if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
+        raise ValueError("cost_model must have an iteration_time(batch) method")
+    specs = replica_specs(config, cost_model)
+    engine = Cluster(config, reqs, specs=specs)
+    reqs.bind(engine)
+    if progress:
+        with RunWatcher(engine, len(reqs)):
+            engine.run()
+    else:
+        engine.run()
+    reqs.finish()
+    sim_time = engine.env.now
+    info = {"num_requests": len(reqs), "sim_time": sim_time, "num_events": engine.num_events,
+            "num_shed": engine.num_shed, "num_replicas": len(engine.replicas),
+            "replica_num_blocks": [s.num_blocks for s in specs]}
+    extra = {}
+    if engine.fleet is not None:
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
+                             sim_time)
+        info.update(fleet_cost=fleet.cost, fleet_replica_hours=fleet.replica_hours)
+        extra = {"fleet_units": fleet.units, "fleet_timeline": fleet.timeline}
+    return stream.write_end(reqs, extra, info)
+
+
 def _joined(step_ends: list) -> np.ndarray:
     """The replicas' step-end arrays as one, emptying ``step_ends`` (the caller keeps none)."""
     joined = step_ends[0] if len(step_ends) == 1 else np.concatenate(step_ends)
@@ -90,7 +129,8 @@ def _joined(step_ends: list) -> np.ndarray:
 
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None, progress: bool = False, record_steps: bool = False) -> Results:
+             cost_model=None, progress: bool = False, record_steps: bool = False,
+             stream_to=None):
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
@@ -101,14 +141,20 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     ``record_steps`` also records every scheduling step (``Results.steps``: one row per request
     per step, see :mod:`simsched.engine.steps`); off, it costs nothing.
     The same config and seed give identical frames.
+
+    ``stream_to`` (a directory) streams the run's records to Parquet as it goes and returns a
+    :class:`~simsched.analysis.stream.StreamedRun` instead of Results (see
+    :mod:`simsched.analysis.stream`; plain workloads only).
     """
-    return run(config, requests, cost_model, progress=progress, record_steps=record_steps)[0]
+    return run(config, requests, cost_model, progress=progress, record_steps=record_steps,
+               stream_to=stream_to)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
         from_workload: bool | None = None,
-        progress: bool = False, record_steps: bool = False) -> tuple[Results, Cluster | None]:
+        progress: bool = False, record_steps: bool = False,
+        stream_to=None) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -131,6 +177,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
     lora = "adapter" in frame.columns and check_adapters(config, frame)
+    if stream_to is not None:
+        if lora:
+            raise ValueError("stream_to supports plain workloads: no LoRA adapters (the "
+                             "'adapter' column)")
+        return _run_streaming(config, frame, block, prefix, cost_model, stream_to, progress,
+                              keep_engine or record_steps), None
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
@@ -181,6 +233,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         r.iteration_rows = None
     step_ends = decode_step_ends(iterations, len(replicas))
     sim_time = engine.env.now
+    fleet = None
+    if engine.fleet is not None:
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
+                             sim_time)
+        info["fleet_cost"] = fleet.cost
+        info["fleet_replica_hours"] = fleet.replica_hours
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if lora:
@@ -223,6 +281,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described),
                       steps=steps)
+    results.fleet = fleet
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -55,8 +55,9 @@ STRUCTURED_EXAMPLES = {
     "lora": '{"max_loras":4,"max_cpu_loras":16}',
     "kv_tiers": '{"tiers":[{"name":"cpu","capacity_gib":256}]}',
     "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
+    "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
 }
-_MAPPINGS = ("model_spec", "parallel", "lora")   # config-object fields --set takes as JSON
+_MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling")   # --set takes these as JSON
 
 
 def _structured_fields() -> dict[str, str]:
