@@ -250,3 +250,20 @@ def test_tiers_keep_every_invariant_across_engine_modes(changes):
     s = res.summary()
     assert s["num_finished"] == 80
     assert sum(v for k, v in s.items() if k.endswith("_hit_tokens")) > 0
+
+
+def test_replicas_an_autoscaler_adds_share_the_remote_tier():
+    from simsched.analysis import runner
+
+    cfg = SimConfig().replace(**{
+        "num_requests": 400, "rate": 40.0, "num_blocks": 64, "cache.enable_prefix_caching": True,
+        "cache.kv_tiers": {"tiers": []},
+        "cluster.kv_remote_tier": {"name": "remote", "capacity_gib": 64},
+        "cluster.num_replicas": 1,
+        "cluster.autoscaling": {"policy": "scheduled", "plan": [[0.0, 1], [1.0, 3]]}})
+    res, engine = runner.run(cfg, keep_engine=True)
+    kvs = [r.kv for r in engine.replicas]
+    assert len(kvs) == 3
+    shared = [t for t in kvs[0].tiers if t.name == "remote"]
+    assert len(shared) == 1
+    assert all(shared[0] in kv.tiers for kv in kvs)

@@ -143,8 +143,10 @@ class Cluster:
                     rng if i == 0 and rng is not None else replica_rng(config.seed, i),
                     index=i, on_iteration=check)
             for i, spec in enumerate(specs)]
-        if config.cluster.kv_remote_tier is not None:      # a KV store all replicas share
-            share_remote_tier([r.kv for r in self.replicas], config.cluster.kv_remote_tier)
+        self.remote_tier = None         # a KV store all replicas share (replicas added later too)
+        if config.cluster.kv_remote_tier is not None:
+            self.remote_tier = share_remote_tier([r.kv for r in self.replicas],
+                                                 config.cluster.kv_remote_tier)
         self.requests = requests
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark

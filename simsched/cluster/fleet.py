@@ -26,6 +26,7 @@ import pandas as pd
 
 from simsched.cluster.routers import RoundRobin, SessionAffinity, make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
+from simsched.engine.kv_tiers import join_remote_tier
 from simsched.engine.replica import Replica
 from simsched.workloads.sessions import draw
 
@@ -258,6 +259,9 @@ class Fleet:
         replica = Replica(self.env, spec.config, spec.cost_model, spec.num_blocks,
                           spec.max_model_len, cluster.replica_rng(g), index=g,
                           on_iteration=cluster.on_iteration)
+        if cluster.remote_tier is not None:
+            # It shares the cluster's remote KV store (the same check as at the start).
+            join_remote_tier(replica.kv, cluster.remote_tier)
         self.replicas.append(replica)
         cluster.specs.append(spec)
         self._hook(replica)

@@ -255,8 +255,17 @@ def share_remote_tier(caches: list, cfg) -> Tier:
     bytes_per_block, gpus = sizes.pop()
     tier = Tier(cfg, bytes_per_block, gpus)
     for kv in caches:
-        kv.tiers.append(tier)
+        join_remote_tier(kv, tier)
     return tier
+
+
+def join_remote_tier(kv, tier: Tier) -> None:
+    """Put the shared ``tier`` below ``kv`` (a replica's cache, e.g. one an autoscaler added)."""
+    if not isinstance(kv, TieredPrefixCache) or float(kv.bytes_per_block) \
+            != tier.bytes_per_block:
+        raise ValueError("cluster.kv_remote_tier needs every replica to have cache.kv_tiers and "
+                         "the same KV bytes per block")
+    kv.tiers.append(tier)
 
 
 def tier_summary(caches: list) -> dict:
