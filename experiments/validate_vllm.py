@@ -96,6 +96,7 @@ def config_of(run, profile: str, seed: int = 0) -> SimConfig:
     return SimConfig().replace(
         model=run.model, gpu=run.gpu, tensor_parallel_size=int(run.tp), max_model_len=4096,
         gpu_memory_utilization=float(run.gpu_memory_utilization),
+        model_spec=getattr(run, "model_spec", None),
         engine_overhead=profile.removesuffix("_loo"), max_num_seqs=128,
         max_num_batched_tokens=int(run.max_num_batched_tokens), enable_chunked_prefill=True,
         block_size=16, enable_prefix_caching=True, watermark=0.0, seed=seed,
@@ -109,7 +110,8 @@ def simulate_run(run, profile: str, seconds: float | None = None, seed: int = 0,
     cfg = config_of(run, profile, seed)
     cost = None
     if terms is not None:
-        cost = CalibratedCostModel(MODELS[run.model], GPUS[run.gpu], int(run.tp), run.model,
+        spec = getattr(run, "model_spec", None) or MODELS[run.model]   # MoE runs carry theirs
+        cost = CalibratedCostModel(spec, GPUS[run.gpu], int(run.tp), run.model,
                                    engine_overhead="vllm_v1", engine_terms=terms)
     lengths = [min(s, seconds) if seconds else s for _, s in run.stages]
     # Stages far apart first; if one would not have finished before the next, move the next.

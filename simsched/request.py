@@ -45,6 +45,7 @@ class Request:
         "runs", "gaps", "causes",
         "predicted_output_tokens", "deadline_at",
         "content",   # Content (prefix-cache identity, session, cache hits) or None
+        "adapter",   # LoRA adapter id (simsched.engine.lora), -1: the base model
     )
 
     def __init__(self, id: int, arrival_at: float, num_prompt_tokens: int,
@@ -85,6 +86,7 @@ class Request:
         self.predicted_output_tokens = NAN
         self.deadline_at = NAN
         self.content = content
+        self.adapter = -1
 
     def note_preemption(self, cause: "PreemptionCause") -> None:
         """Keep the cause of a recompute preemption (its process received it as an interrupt)."""

@@ -52,6 +52,7 @@ BAD = [
     ("cache", "watermark", -0.1, {}, "[0.0, 0.5]"),
     ("cache", "swap_space_gib", -1.0, {}, "[0.0, inf]"),
     ("cache", "swap_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
+    ("cache", "kv_tiers", 5, {"enable_prefix_caching": True}, "mapping"),
     ("hardware", "model", "gpt-5", {}, "llama-2-7b"),
     ("hardware", "gpu", "tpu-v5", {}, "a100-80gb"),
     ("hardware", "model_spec", 5, {}, "ModelSpec"),
@@ -63,6 +64,9 @@ BAD = [
     ("hardware", "gpu_memory_utilization", float("nan"), {}, "number"),
     ("hardware", "cost_model", "roofline", {}, "calibrated"),
     ("hardware", "engine_overhead", "fast", {}, "measured_2023"),
+    ("hardware", "parallel", 3, {}, "ParallelConfig"),
+    ("hardware", "parallel", {"pipeline_parallel_size": 0}, {"model": "mixtral-8x7b"},
+     "pipeline_parallel_size"),
     ("hardware", "max_model_len", 0, {}, "[1, inf]"),
     ("hardware", "max_model_len", 10**6, {}, "4096"),
     ("workload", "name", "mmlu", {}, "lesson"),
@@ -76,6 +80,8 @@ BAD = [
     ("workload", "on_seconds", -1.0, {}, "> 0"),
     ("workload", "off_seconds", 0.0, {}, "> 0"),
     ("workload", "rate_schedule", ((0.0, 1.0),), {"arrival": "piecewise"}, "seconds > 0"),
+    ("workload", "gap_family", "normal", {}, "gamma"),
+    ("workload", "servegen_model", "m-huge", {"arrival": "servegen"}, "m-large"),
     ("workload", "lengths", "zipf", {}, "lognormal"),
     ("workload", "prompt_len", 0, {}, ">= 1"),
     ("workload", "output_len", -2, {}, ">= 1"),
@@ -96,12 +102,17 @@ BAD = [
     ("workload", "num_prefix_groups", 0, {}, ">= 1"),
     ("workload", "num_turns", ("geometric", 0.5), {"name": "sessions"}, "geometric mean >= 1"),
     ("workload", "think_time", "long", {"name": "sessions"}, "kind one of"),
+    ("workload", "num_adapters", -1, {}, ">= 0"),
+    ("workload", "adapter_zipf", -1.0, {}, ">= 0"),
+    ("scheduler", "lora", 3, {}, "LoRAConfig"),
 ]
 BAD += [
     ("cluster", "num_replicas", 0, {}, "[1, 100000]"),
     ("cluster", "replicas", "h100", {}, "tuple of mappings"),
     ("cluster", "replicas", ({"gpu": "h100-sxm", "count": 3},), {"num_replicas": 2}, "3"),
     ("cluster", "router", "nearest", {}, "round_robin"),
+    ("cluster", "autoscaling", "hpa", {}, "AutoscalingConfig"),
+    ("cluster", "autoscaling", {"policy": "magic"}, {}, "policy"),
     ("cluster", "router_options", {"depth": 2}, {"router": "jsq"}, "invalid for router 'jsq'"),
     ("cluster", "refresh_interval", -0.1, {}, "[0.0, inf]"),
     ("cluster", "max_num_queued_per_replica", 0, {}, "[1, inf]"),
@@ -116,6 +127,7 @@ BAD += [
     ("cluster", "link_bandwidth_gbps", 0.0, {}, "(0.0, inf]"),
     ("cluster", "link_latency", -1.0, {}, "[0.0, inf]"),
     ("cluster", "disagg_min_prompt_tokens", -5, {}, "[0, "),
+    ("cluster", "kv_remote_tier", {"name": "cpu"}, {}, "'remote'"),
 ]
 
 SIM_BAD = [

@@ -158,14 +158,21 @@ def test_releasing_requests_while_building_frames_changes_nothing():
 
 def test_frames_do_not_depend_on_the_extraction_chunk_size(monkeypatch):
     import simsched.analysis.frames as frames
+    import simsched.cluster.records as records
+    from simsched.analysis import runner
 
     cfg = pressured_config(policy="spf", preemption=True, check_invariants=False)
-    whole = simsched.simulate(cfg)
-    monkeypatch.setattr(frames, "_CHUNK", 7)        # many chunks, a ragged last one
-    chunked = simsched.simulate(cfg)
-    pd.testing.assert_frame_equal(whole.requests, chunked.requests)
-    pd.testing.assert_frame_equal(whole.preemptions, chunked.preemptions)
-    np.testing.assert_array_equal(whole.itl_samples(), chunked.itl_samples())
+    # Request objects kept to the end (keep_engine): recorded in chunks when the frame is built.
+    whole, _ = runner.run(cfg, keep_engine=True)
+    monkeypatch.setattr(records, "_RECORD_CHUNK", 7)     # many chunks, a ragged last one
+    monkeypatch.setattr(frames, "_CHUNK", 5)
+    chunked, _ = runner.run(cfg, keep_engine=True)
+    lazy = simsched.simulate(cfg)                       # recorded as they end, same records
+    for other in (chunked, lazy):
+        pd.testing.assert_frame_equal(whole.requests, other.requests)
+        pd.testing.assert_frame_equal(whole.preemptions, other.preemptions)
+        np.testing.assert_array_equal(whole.itl_samples(), other.itl_samples())
+    assert whole.summary()["num_preemptions"] > 0
 
 
 def test_batch_from_sequences_splits_prefills_and_decodes():

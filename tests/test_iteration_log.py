@@ -57,3 +57,29 @@ def test_append_checks_the_row_width():
     with pytest.raises(ValueError, match="9 values"):
         log.append((1.0, 2.0))
     assert len(log) == 1
+
+
+def test_the_engine_packs_each_row_as_the_log_names_its_columns():
+    """Replica._gpu packs rows positionally (one C call an iteration): every pack call there
+    must pass variables named exactly as the log's columns, in their order."""
+    import ast
+    import inspect
+    import textwrap
+
+    from simsched.engine.replica import Replica
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Replica._gpu)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id == "pack"]
+    rows = sorted(tuple(a.id if isinstance(a, ast.Name) else ast.dump(a) for a in call.args)
+                  for call in calls)
+    assert rows == sorted([ITERATION_COLUMNS, ITERATION_COLUMNS + PREFIX_COLUMNS])
+
+
+def test_the_log_keeps_its_buffer_after_being_read():
+    log = IterationLog(ITERATION_COLUMNS)
+    values = log.values
+    log.append((0.5, 0.25, 7, 3, 4, 2, 11, 1, 0.0))
+    assert len(log.frame()) == 1 and len(log) == 0
+    log.append((0.5, 0.25, 7, 3, 4, 2, 11, 1, 0.0))
+    assert log.values is values and len(log) == 1

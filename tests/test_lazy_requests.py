@@ -114,3 +114,26 @@ def test_text_columns_are_stored_the_same_whatever_is_installed():
             else:
                 assert dtype == object, name
     assert (lazy.requests["reject_reason"].str.startswith("shed")).any()
+
+
+def test_request_frame_columns_are_the_recorded_fields_named_once():
+    from simsched.cluster.records import REQUEST_FIELDS, RequestRecords
+    from simsched.request import Request
+
+    res = runner.run(SimConfig().replace(num_requests=20, rate=5.0))[0]
+    recorded = [name for name, *_ in REQUEST_FIELDS]
+    # Every recorded field is a column, in the table's order (derived columns interleave).
+    columns = [c for c in res.requests.columns if c in recorded]
+    assert columns == recorded
+    # A position never recorded keeps each field's default; recorded ones take the object's.
+    store = RequestRecords(3, prefix=True)
+    req = Request(7, 1.5, 10, 4, priority=2, tenant="t")
+    req.status, req.reject_reason = Status.REJECTED, "too long"
+    store.record([req], [1])
+    cols = store.columns()
+    assert cols["request_id"].tolist() == [0, 7, 0]
+    assert cols["tenant"] == [None, "t", None]
+    assert cols["reject_reason"] == ["", "too long", ""]
+    assert cols["status"] == ["pending", "rejected", "pending"]
+    assert cols["session_id"].tolist() == [-1, -1, -1]      # no prompt contents
+    assert np.isnan(cols["arrival_at"][[0, 2]]).all() and cols["arrival_at"][1] == 1.5

@@ -11,21 +11,10 @@ import numpy as np
 import pandas as pd
 
 from simsched.analysis.itl import ItlSamples
+from simsched.cluster.records import PREFIX_FIELDS, REQUEST_FIELDS, record_all
 
-_REQUEST_ATTRS = (
-    ("request_id", "id"), ("arrival_at", "arrival_at"),
-    ("first_scheduled_at", "first_scheduled_at"), ("first_token_at", "first_token_at"),
-    ("finished_at", "finished_at"), ("num_prompt_tokens", "num_prompt_tokens"),
-    ("num_output_tokens", "num_output_tokens"), ("num_generated_tokens", "num_generated"),
-    ("priority", "priority"), ("tenant", "tenant"), ("num_preemptions", "num_preemptions"),
-    ("num_recomputed_tokens", "num_recomputed_tokens"), ("num_swaps", "num_swaps"),
-    ("swapped_bytes", "swapped_bytes"), ("reject_reason", "reject_reason"))
-# Only for runs with a prefix cache or prompt identities (memory: a million-request run stays lean).
-PREFIX_ATTRS = (("num_cached_tokens", "num_cached_tokens"), ("session_id", "session_id"))
-
-
-_OBJECT_ATTRS = ("tenant", "reject_reason")
 _CHUNK = 65536
+_RUN_SLICE = 1 << 18      # decode runs whose gaps are reduced at a time
 # pandas >= 3 infers a str dtype for text, stored by pyarrow when it is installed. The frames store
 # theirs as Python strings whatever is installed: the same frame either way, and no pyarrow pool
 # that keeps a million-row conversion's freed memory (a big run's peak).
@@ -39,59 +28,20 @@ def _text(values: list):
     return values if _STR is None else pd.array(values, dtype=_STR)
 
 
-def _extract(requests, release: bool, attrs: tuple = _REQUEST_ATTRS) -> dict:
-    """Everything the frames need from the request objects, as arrays, in one chunked pass.
-
-    With ``release`` each chunk's list entries are dropped once read, so a big run never holds
-    its request objects and the finished frame at the same time.
-    """
-    n = len(requests)
-    parts: dict[str, list] = {name: [] for name, _ in attrs}
-    parts.update(status=[], runs=[], num_runs=[])
-    gaps: list[tuple] = []
-    causes: list[tuple] = []
-    for lo in range(0, max(n, 1), _CHUNK):    # once even when empty: typed empty columns
-        chunk = requests[lo:lo + _CHUNK]
-        for name, attr in attrs:
-            if attr in _OBJECT_ATTRS:
-                parts[name].append([getattr(r, attr) for r in chunk])
-            else:
-                # Numeric columns go straight into arrays: no million-element Python lists.
-                dtype = float if attr.endswith("_at") or attr == "swapped_bytes" else np.int64
-                parts[name].append(np.fromiter((getattr(r, attr) for r in chunk), dtype=dtype,
-                                                count=len(chunk)))
-        parts["status"].append([r.status.value for r in chunk])
-        parts["runs"].append(np.fromiter((x for r in chunk for x in r.runs), dtype=float))
-        parts["num_runs"].append(np.fromiter((len(r.runs) // 3 for r in chunk),
-                                             dtype=np.int64, count=len(chunk)))
-        gaps.extend((lo + i, g) for i, r in enumerate(chunk) if r.gaps for g in r.gaps)
-        causes.extend((c.request_id, c.at, c.reason, c.preempted_by, c.num_lost_tokens, c.mode)
-                      for r in chunk if r.causes for c in r.causes)
-        del chunk
-        if release:
-            requests[lo:lo + _CHUNK] = [None] * min(_CHUNK, n - lo)
-    out: dict = {}
-    for key, chunks in parts.items():
-        if key in _OBJECT_ATTRS or key == "status":
-            out[key] = [x for c in chunks for x in c]
-        else:
-            out[key] = np.concatenate(chunks)
-    out["gaps"], out["causes"], out["n"] = gaps, causes, n
-    return out
-
-
 def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = False,
                          step_offset: np.ndarray | None = None, prefix: bool = False,
                          replica: np.ndarray | None = None,
-                         output_delay: np.ndarray | None = None
+                         output_delay: np.ndarray | None = None, extra_fields: tuple = ()
                          ) -> tuple[pd.DataFrame, ItlSamples, pd.DataFrame]:
     """One row per request, the pooled ITL samples and one row per preemption cause.
 
     ``req.runs`` is a flat tuple of triples ``(prev_token_at, a, b)``: a decode run that emitted
     tokens at decode steps ``a..b``. Its first gap is ``end[a] - prev_token_at`` and the others
-    are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. With ``release`` the entries
-    of ``requests`` are set to None as they are read (see :func:`_extract`). ``prefix`` adds the
-    prefix-cache columns ``num_cached_tokens`` and ``session_id``. ``requests`` may also be a
+    are the step gaps ``end[s] - end[s-1]`` for ``s`` in ``a+1..b``. A list of request objects is
+    recorded by :func:`~simsched.cluster.records.record_all` (with ``release`` its entries are
+    set to None as they are read). ``prefix`` adds the prefix-cache columns ``num_cached_tokens``
+    and ``session_id``, ``extra_fields`` more recorded fields (e.g.
+    :data:`~simsched.cluster.records.LORA_FIELDS`). ``requests`` may also be a
     :class:`~simsched.cluster.lazy.LazyRequests` store: its recorded columns give the same frame.
     ``replica``, if given, becomes the second column (each request's replica).
 
@@ -103,62 +53,68 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     Several replicas: ``step_end_at`` concatenates their step arrays (each starting with its NaN
     placeholder) and ``step_offset[k]`` is where request ``k``'s replica's array starts.
     """
-    attrs = _REQUEST_ATTRS + PREFIX_ATTRS if prefix else _REQUEST_ATTRS
+    fields = (REQUEST_FIELDS + PREFIX_FIELDS if prefix else REQUEST_FIELDS) + extra_fields
     if hasattr(requests, "columns"):
-        # Requests recorded into arrays as they finished (simsched.cluster.lazy): same data.
-        data = requests.columns(prefix)
+        # Requests recorded into arrays as they finished (simsched.cluster.lazy).
+        data = requests.columns(prefix, extra_fields)
     else:
-        data = _extract(requests, release, attrs)
+        data = record_all(requests, prefix, release, extra_fields)
     n = data["n"]
     n_steps = len(step_end_at)
     step_gap = np.zeros(n_steps + 1)              # one spare slot for reduceat's end index
     if n_steps > 2:
-        step_gap[2:n_steps] = np.diff(step_end_at[1:])
+        # np.diff's values, written in place (no step-sized temporary).
+        np.subtract(step_end_at[2:], step_end_at[1:-1], out=step_gap[2:n_steps])
     if step_offset is not None:
         # Gaps across two replicas' arrays touch a NaN placeholder; no decode run spans them.
         step_gap[np.isnan(step_gap)] = 0.0
-    if "runs3" in data:
-        # Already split: (prev_token_at, a, b, owner) per run, in request order.
-        prev, a, b, owner = data.pop("runs3")
-    else:
-        flat = data.pop("runs")
-        owner = np.repeat(np.arange(n), data.pop("num_runs"))
-        prev, a, b = flat[0::3], flat[1::3].astype(np.int64), flat[2::3].astype(np.int64)
-        del flat
+    # (prev_token_at, a, b, owner) per decode run, in request order.
+    prev, a, b, owner = data.pop("runs3")
     if step_offset is not None:
         shift = step_offset[owner]
         a += shift
         b += shift
     gaps = data.pop("gaps")
-    first_gaps = step_end_at[a] - prev
+    first_gaps = step_end_at[a]
+    first_gaps -= prev
+    del step_end_at         # the caller may have handed it over (simulate does): free it now
     itl_max = np.full(n, -np.inf)
     np.maximum.at(itl_max, owner, first_gaps)
     long = b > a
     delta = np.zeros(n_steps + 1, dtype=np.int64)
-    np.add.at(delta, a[long] + 1, 1)
-    np.add.at(delta, b[long] + 1, -1)
-    if long.any():
-        runs = long                     # a mask; an index array when the order must change
-        if step_offset is not None:
-            # reduceat also reduces the stretch from one run's end to the next run's start;
-            # in order of start these never overlap, but replicas' runs interleave: sort them.
-            runs = np.flatnonzero(long)
-            runs = runs[np.argsort(a[runs], kind="stable")]
-        bounds = np.empty(2 * int(long.sum()), dtype=np.int64)
-        bounds[0::2] = a[runs]
-        bounds[1::2] = b[runs]
-        bounds += 1
-        np.maximum.at(itl_max, owner[runs], np.maximum.reduceat(step_gap, bounds)[0::2])
-        del runs, bounds
+    runs = np.flatnonzero(long)
+    del long
+    if step_offset is not None and len(runs):
+        # reduceat also reduces the stretch from one run's end to the next run's start;
+        # in order of start these never overlap, but replicas' runs interleave: sort them.
+        runs = runs[np.argsort(a[runs], kind="stable")]
+    # A slice of runs at a time (a big run's peak memory): maxima and counts are the same
+    # whatever the order they are taken in; each slice's last reduction runs to the array's end.
+    for lo in range(0, len(runs), _RUN_SLICE):
+        part = runs[lo:lo + _RUN_SLICE]
+        starts, ends = a[part], b[part]
+        starts += 1
+        ends += 1
+        np.add.at(delta, starts, 1)
+        np.add.at(delta, ends, -1)
+        bounds = np.empty(2 * len(part), dtype=np.int64)
+        bounds[0::2] = starts
+        bounds[1::2] = ends
+        del starts, ends
+        np.maximum.at(itl_max, owner[part], np.maximum.reduceat(step_gap, bounds)[0::2])
+        del part, bounds
+    del runs
     gap_arr = np.array(gaps, dtype=float).reshape(-1, 2)
     np.maximum.at(itl_max, gap_arr[:, 0].astype(np.int64), gap_arr[:, 1])
     itl_max[np.isinf(itl_max)] = np.nan
     counts = np.cumsum(delta, out=delta)[:n_steps]
+    if n_steps and counts.max() < 2**31:
+        counts = counts.astype(np.int32)    # decoders per step: half the memory, same values
     itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
     # Per-run temporaries go before the frame's columns come (a big run's peak memory).
-    del prev, a, b, owner, long, first_gaps, gap_arr, gaps, delta, counts
+    del prev, a, b, owner, first_gaps, gap_arr, gaps, delta, counts
     cols = {}
-    for name, _ in attrs:
+    for name, *_ in fields:
         cols[name] = _text(data[name]) if name in _TEXT_COLUMNS else data[name]
         if name == "request_id" and replica is not None:
             cols["replica"] = replica     # placed here: an insert would copy it

@@ -37,7 +37,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[fl
         return [math.nan for _ in qs]
     order = np.argsort(values, kind="stable")
     values = values[order]
-    cum = weights[order]
+    cum = weights[order].astype(np.int64, copy=False)    # counts may be int32: no overflow
     del order, weights
     np.cumsum(cum, out=cum)
     total = int(cum[-1])

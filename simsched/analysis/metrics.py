@@ -45,7 +45,8 @@ class Results:
     DataFrames; ``config`` is the run's :class:`~simsched.config.SimConfig`; ``info`` holds what
     the run derived (``num_blocks``) and its end state. ``steps`` (one row per request per
     scheduling step, :mod:`simsched.engine.steps`) is None unless the run recorded steps
-    (``simulate(..., record_steps=True)``).
+    (``simulate(..., record_steps=True)``). ``fleet`` is an autoscaled run's
+    :class:`~simsched.analysis.fleet_metrics.FleetResults` (replicas, cost, timeline), else None.
     """
 
     def __init__(self, requests: pd.DataFrame, iterations: pd.DataFrame, itl: ItlSamples,
@@ -60,6 +61,7 @@ class Results:
         self.config = config
         self.sim_time = sim_time
         self.info = info or {}
+        self.fleet = None   # an autoscaled run's FleetResults (simsched.analysis.fleet_metrics)
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -125,11 +127,16 @@ class Results:
                      # Arrival after the run ended (max_sim_time): neither served nor unserved.
                      "num_not_arrived": int((df["status"] == Status.PENDING.value).sum())}
         for name in ("ttft", "tpot", "e2el", "queue_time"):
-            values = df[name].to_numpy() if name in ("ttft", "queue_time") else done[name]
-            values = values[~np.isnan(values)]
+            column = df[name].to_numpy()
+            keep = ~np.isnan(column)
+            if name not in ("ttft", "queue_time"):
+                keep &= finished
+            values = column[keep]           # one copy of the rows (a big run's peak memory)
+            del column, keep
             out[f"{name}_mean"] = float(values.mean()) if len(values) else math.nan
-            for q, v in zip(PERCENTILES, _percentiles(values)):
+            for q, v in zip(PERCENTILES, _percentiles(values, overwrite=True)):
                 out[f"{name}_p{q}"] = v
+        del values
         out["itl_mean"] = self._itl.mean()
         for q, v in zip(PERCENTILES, self._itl.percentiles(PERCENTILES)):
             out[f"itl_p{q}"] = v
@@ -172,6 +179,13 @@ class Results:
             prompt = float(df["num_prompt_tokens"].to_numpy()[admitted].sum())
             out["prefix_hit_rate"] = (float(df["num_cached_tokens"].to_numpy()[admitted].sum())
                                       / prompt if prompt else math.nan)
+            for key, value in self.info.get("kv_tiers", {}).items():   # tiered KV cache
+                out[key] = value
+                if key.endswith("_hit_tokens"):
+                    out[key[:-len("tokens")] + "rate"] = value / prompt if prompt else math.nan
+                elif key == "kv_request_load_time":     # TTFT = queue time + this + compute
+                    firsts = int(df["ttft"].notna().sum())
+                    out["ttft_loading_mean"] = value / firsts if firsts else math.nan
         if "num_evicted_blocks" in it:
             out["num_evicted_blocks"] = int(it["num_evicted_blocks"].sum())
         out.update(cluster_summary(self.replicas, self.info))
@@ -186,14 +200,16 @@ class Results:
         return pd.DataFrame([self.summary()])
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas`` and ``steps``
-        by name."""
+        """``requests``, ``iterations``, ``preemptions`` and (if known) ``replicas``, ``steps``
+        and an autoscaled fleet's ``fleet_units`` and ``fleet_timeline`` by name."""
         out = {"requests": self.requests, "iterations": self.iterations,
                "preemptions": self.preemptions}
         if self.replicas is not None:
             out["replicas"] = self.replicas
         if self.steps is not None:
             out["steps"] = self.steps
+        if self.fleet is not None:
+            out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
         return out
 
     def resolved_config(self) -> dict:
@@ -422,7 +438,9 @@ def _span(requests: pd.DataFrame) -> float:
                  - requests["arrival_at"].min())
 
 
-def _percentiles(values: np.ndarray) -> list[float]:
+def _percentiles(values: np.ndarray, overwrite: bool = False) -> list[float]:
+    """``np.percentile`` at PERCENTILES; ``overwrite``: ``values`` is a scratch copy numpy may
+    reorder (the same figures, without numpy's own copy)."""
     if not len(values):
         return [math.nan] * len(PERCENTILES)
-    return [float(v) for v in np.percentile(values, PERCENTILES)]
+    return [float(v) for v in np.percentile(values, PERCENTILES, overwrite_input=overwrite)]

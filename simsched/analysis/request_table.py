@@ -18,8 +18,8 @@ import pandas as pd
 from simsched.cluster.sessions import UNIQUE, SYSTEM_PROMPT
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments, parse_hash_ids
-from simsched.workloads.tables import (INT64_MAX, PREFIX_COLUMNS, numbers as _numbers,
-                                       prefix_columns, session_columns)
+from simsched.workloads.tables import (INT64_MAX, PREFIX_COLUMNS, adapter_column,
+                                       numbers as _numbers, prefix_columns, session_columns)
 from simsched.workloads.trace_files import TraceWarning
 from simsched.workloads.traces import check_hash_ids
 
@@ -79,6 +79,9 @@ def _priorities(df: pd.DataFrame) -> np.ndarray:
 def validated_sessions(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its length, time, priority and tenant columns checked as
     :func:`make_requests` checks them (a closed-loop session table)."""
+    if "adapter" in df.columns:
+        raise ValueError("requests table: an adapter column is not supported in a closed-loop "
+                         "session table (one with think_time)")
     out = df.copy()
     out["arrival_at"] = _numbers(df, "arrival_at", False, 0)
     out["num_prompt_tokens"] = _numbers(df, "num_prompt_tokens", True, 1).astype(np.int64)
@@ -151,23 +154,32 @@ def make_requests(table: Any, hash_block_size: int | None = None) -> list[Reques
     ``(arrival_at, prompt, output[, priority[, tenant]])`` or of dicts with those keys.
     Optional prefix-identity columns (``hash_ids`` in blocks of ``hash_block_size`` tokens,
     default ``table.attrs["hash_block_size"]`` or 512; ``prefix_group`` and ``prefix_len``;
-    ``session_id``) give each request a :class:`~simsched.request.Content`.
+    ``session_id``) give each request a :class:`~simsched.request.Content`; an ``adapter``
+    column its LoRA adapter (``Request.adapter``: an integer >= 0, -1 or missing: none).
     Validation is vectorised; the first bad row is named in the error. Token counts and
     priorities must be integers within int64 (booleans and strings are refused), arrival times
     finite numbers >= 0, tenants hashable labels. A table out of arrival order is sorted with a
     :class:`~simsched.workloads.trace_files.TraceWarning`, as the trace loader sorts a file.
     """
-    arrival, prompt, output, priority, tenant, contents = request_columns(table, hash_block_size)
+    df = as_frame(table)
+    arrival, prompt, output, priority, tenant, contents = request_columns(df, hash_block_size)
     arrival, prompt, output, priority = (arrival.tolist(), prompt.tolist(), output.tolist(),
                                          priority.tolist())
     if tenant is None:
         tenant = [None] * len(arrival)
     if contents is None:
-        return [Request(n, a, p, o, pr, t)
+        reqs = [Request(n, a, p, o, pr, t)
                 for n, (a, p, o, pr, t) in enumerate(zip(arrival, prompt, output, priority,
                                                          tenant))]
-    return [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
-            in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
+    else:
+        reqs = [Request(n, a, p, o, pr, t, c) for n, (a, p, o, pr, t, c)
+                in enumerate(zip(arrival, prompt, output, priority, tenant, contents))]
+    if "adapter" in df.columns:
+        # LoRA adapter ids, in the arrival order the requests were built in.
+        order = np.argsort(_numbers(df, "arrival_at", False, 0), kind="stable")
+        for req, adapter in zip(reqs, adapter_column(df)[order].tolist()):
+            req.adapter = adapter
+    return reqs
 
 
 def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tuple:
@@ -175,7 +187,8 @@ def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False)
     output and priority, the tenants (a list, or None when there is no tenant column) and the
     contents (a list, or None without prefix columns).
 
-    With ``lazy`` the contents are not built: None if there are no prefix columns, else False.
+    With ``lazy`` the contents are not built: None if there are no prefix columns, else False
+    (also for an ``adapter`` column: requests with adapters are built by :func:`make_requests`).
     """
     df = as_frame(table)
     if hash_block_size is None:
@@ -195,7 +208,7 @@ def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False)
         priority[order]
     if tenant is not None:
         tenant = [tenant[i] for i in order.tolist()]
-    if lazy and any(c in df.columns for c in PREFIX_COLUMNS):
+    if lazy and any(c in df.columns for c in PREFIX_COLUMNS + ("adapter",)):
         return arrival, prompt, output, priority, tenant, False
     contents = _contents(df, order, prompt.tolist(), hash_block_size)
     return arrival, prompt, output, priority, tenant, contents

@@ -16,14 +16,19 @@ from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
+from simsched.analysis import stream
+from simsched.analysis.fleet_metrics import FleetResults
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.analysis.progress import RunWatcher
 # make_requests is re-exported (simsched.api and callers import it from here).
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
+from simsched.engine.kv_tiers import tier_summary
 from simsched.engine.log import concat_frames, decode_step_ends
+from simsched.engine.lora import check_adapters, lora_info
 from simsched.engine.speculative import merge_stats
 from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
@@ -80,8 +85,53 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
     return table
 
 
+def _run_streaming(config, frame, block, prefix, cost_model, path, progress, other):
+    """:func:`run` writing its records under ``path`` as it goes (simsched.analysis.stream)."""
+    if other or config.check_invariants or config.cluster.disaggregated \
+            or is_closed_loop(frame):
+        raise ValueError("stream_to supports plain runs: no closed-loop sessions, "
+                         "disaggregation, check_invariants, record_steps or keep_engine")
+    columns = request_columns(frame, block, lazy=True)
+    if columns[-1] is not None:
+        raise ValueError("stream_to supports plain workloads: no prefix-cache content "
+                         "(hash_ids, shared prefixes)")
+    del frame
+    reqs = stream.StreamingRequests(path, *columns[:-1], prefix=prefix)
+    del columns
+    if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
+        raise ValueError("cost_model must have an iteration_time(batch) method")
+    specs = replica_specs(config, cost_model)
+    engine = Cluster(config, reqs, specs=specs)
+    reqs.bind(engine)
+    if progress:
+        with RunWatcher(engine, len(reqs)):
+            engine.run()
+    else:
+        engine.run()
+    reqs.finish()
+    sim_time = engine.env.now
+    info = {"num_requests": len(reqs), "sim_time": sim_time, "num_events": engine.num_events,
+            "num_shed": engine.num_shed, "num_replicas": len(engine.replicas),
+            "replica_num_blocks": [s.num_blocks for s in specs]}
+    extra = {}
+    if engine.fleet is not None:
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
+                             sim_time)
+        info.update(fleet_cost=fleet.cost, fleet_replica_hours=fleet.replica_hours)
+        extra = {"fleet_units": fleet.units, "fleet_timeline": fleet.timeline}
+    return stream.write_end(reqs, extra, info)
+
+
+def _joined(step_ends: list) -> np.ndarray:
+    """The replicas' step-end arrays as one, emptying ``step_ends`` (the caller keeps none)."""
+    joined = step_ends[0] if len(step_ends) == 1 else np.concatenate(step_ends)
+    step_ends.clear()
+    return joined
+
+
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
-             cost_model=None, progress: bool = False, record_steps: bool = False) -> Results:
+             cost_model=None, progress: bool = False, record_steps: bool = False,
+             stream_to=None):
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
@@ -92,14 +142,20 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     ``record_steps`` also records every scheduling step (``Results.steps``: one row per request
     per step, see :mod:`simsched.engine.steps`); off, it costs nothing.
     The same config and seed give identical frames.
+
+    ``stream_to`` (a directory) streams the run's records to Parquet as it goes and returns a
+    :class:`~simsched.analysis.stream.StreamedRun` instead of Results (see
+    :mod:`simsched.analysis.stream`; plain workloads only).
     """
-    return run(config, requests, cost_model, progress=progress, record_steps=record_steps)[0]
+    return run(config, requests, cost_model, progress=progress, record_steps=record_steps,
+               stream_to=stream_to)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
         from_workload: bool | None = None,
-        progress: bool = False, record_steps: bool = False) -> tuple[Results, Cluster | None]:
+        progress: bool = False, record_steps: bool = False,
+        stream_to=None) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -121,6 +177,13 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     prefix = config.cache.enable_prefix_caching or any(
         c in frame.columns for c in ("hash_ids", "prefix_group", "session_id"))
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
+    lora = "adapter" in frame.columns and check_adapters(config, frame)
+    if stream_to is not None:
+        if lora:
+            raise ValueError("stream_to supports plain workloads: no LoRA adapters (the "
+                             "'adapter' column)")
+        return _run_streaming(config, frame, block, prefix, cost_model, stream_to, progress,
+                              keep_engine or record_steps), None
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
@@ -160,6 +223,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
             "num_waiting_at_end": sum(r.num_waiting for r in replicas),
             "num_running_at_end": sum(len(r.scheduler.running) for r in replicas),
             "kv_blocks_used_at_end": sum(r.kv.num_used for r in replicas)}
+    tiers = tier_summary([r.kv for r in replicas])     # tiered KV cache: per-tier totals
+    if tiers:
+        info["kv_tiers"] = tiers
     spec_stats = merge_stats(replicas)
     if spec_stats is not None:      # speculative decoding: simsched.analysis.speculative
         info["speculative"] = spec_stats
@@ -171,19 +237,27 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         r.iteration_rows = None
     step_ends = decode_step_ends(iterations, len(replicas))
     sim_time = engine.env.now
+    fleet = None
+    if engine.fleet is not None:
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
+                             sim_time)
+        info["fleet_cost"] = fleet.cost
+        info["fleet_replica_hours"] = fleet.replica_hours
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
+    if lora:
+        info.update(lora_info(engine.replicas))
+        waited = info.pop("lora_waited")
     if engine.replica_of is None:
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
         owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
-    if len(step_ends) == 1:
-        step_end, step_offset = step_ends[0], None
-    else:
+    step_offset = None
+    if len(step_ends) > 1:
         # Each request's decode steps index its own replica's array: shift them into one.
         starts = np.cumsum([0] + [len(s) for s in step_ends[:-1]])
-        step_end, step_offset = np.concatenate(step_ends), starts[np.maximum(owner, 0)]
-    del step_ends, replicas
+        step_offset = starts[np.maximum(owner, 0)]
+    del replicas
     # Without end-of-run checks nothing needs the request objects once read: let them go while
     # the request frame is built, so a big run's peak memory is the simulation's, not twice it.
     release = not (config.check_invariants or keep_engine)
@@ -193,9 +267,17 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     # Client-side token times where an engine profile has an output path (vllm_v1); a request
     # that never reached a replica (shed) has no tokens to delay.
     delay = delays[np.maximum(owner, 0)] if delays.any() else None
-    req_df, itl, causes = build_requests_frame(reqs, step_end, release=release,
+    # The step ends are handed over (_joined keeps no reference): the builder drops them as
+    # soon as it has read them, before the frame's columns come.
+    req_df, itl, causes = build_requests_frame(reqs, _joined(step_ends), release=release,
                                                step_offset=step_offset, prefix=prefix,
-                                               replica=owner, output_delay=delay)
+                                               replica=owner, output_delay=delay,
+                                               extra_fields=LORA_FIELDS if lora else ())
+    del step_offset, delay, owner, reqs
+    if lora:
+        ids = req_df["request_id"].to_numpy()
+        # TTFT = queue time + lora_load_time (adapter loads in its prefill's steps) + the rest.
+        req_df["lora_load_time"] = [waited.get(i, 0.0) for i in ids.tolist()]
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):
@@ -203,6 +285,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described),
                       steps=steps)
+    results.fleet = fleet
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -141,6 +141,9 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--record-steps", action="store_true",
                      help="also write steps.csv: one row per request per scheduling step "
                           "(tokens scheduled, cache hits, preemptions, completions)")
+    run.add_argument("--stream", action="store_true",
+                     help="stream the records to Parquet under OUT/stream as the run goes "
+                          "(memory bounded by the requests in flight); print per-window sums")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
@@ -197,10 +200,15 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
+    if args.stream:
+        return _run_streamed(args, config)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
                                   record_steps=args.record_steps)
     summary.update(feature_figures(results))
+    if results.fleet is not None:
+        summary.update(fleet_cost=results.fleet.cost,
+                       fleet_replica_hours=results.fleet.replica_hours)
     if args.config and Path(args.config).suffix.lower() == ".json":
         _check_derived(args.config, results)
     row = pd.DataFrame([summary])
@@ -210,7 +218,8 @@ def cmd_run(args) -> int:
     row.to_csv(path / "summary.csv", index=False)
     results.to_csv(path)
     written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
-               "config.json"] + (["steps.csv"] if results.steps is not None else [])
+               "config.json"] + (["steps.csv"] if results.steps is not None else []) \
+        + (["fleet_units.csv", "fleet_timeline.csv"] if results.fleet is not None else [])
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")
@@ -227,6 +236,20 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _run_streamed(args, config) -> int:
+    """``simsched run --stream``: records to OUT/stream/*.parquet, per-window sums printed."""
+    from simsched.analysis.runner import simulate
+
+    path = Path(args.out or "out/run")
+    path.mkdir(parents=True, exist_ok=True)
+    run = simulate(config, stream_to=path / "stream", progress=sys.stderr.isatty())
+    _print_table(run.windows, ())
+    (path / "config.json").write_text(config.to_json())
+    print(f"wrote {path}/: config.json, stream/ (requests/, iterations/, preemptions/ part "
+          f"files, windows.parquet, info.json)")
+    return 0 if run.windows["num_finished"].sum() else 1
 
 
 def feature_figures(results) -> dict:

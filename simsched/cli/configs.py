@@ -51,8 +51,15 @@ STRUCTURED_EXAMPLES = {
     "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
     "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
+    "parallel": '{"pipeline_parallel_size":2}',
+    "lora": '{"max_loras":4,"max_cpu_loras":16}',
+    "kv_tiers": '{"tiers":[{"name":"cpu","capacity_gib":256}]}',
+    "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
+    "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
     "speculative": '{"method":"eagle","num_speculative_tokens":3}',
 }
+# --set takes these as JSON
+_MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")
 
 
 def _structured_fields() -> dict[str, str]:
@@ -61,7 +68,7 @@ def _structured_fields() -> dict[str, str]:
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
-            if "tuple" in kind or "Mapping" in kind or f.name in ("model_spec", "speculative"):
+            if "tuple" in kind or "Mapping" in kind or f.name in _MAPPINGS:
                 out[f.name] = kind
     return out
 
@@ -90,8 +97,7 @@ def parse_set_value(key: str, text: str) -> Any:
     if value is None or ("float" in kind and isinstance(value, (int, float))
                          and not isinstance(value, bool)):
         return value
-    what = "a mapping" if "Mapping" in kind or name in ("model_spec", "speculative") \
-        else "a list"
+    what = "a mapping" if "Mapping" in kind or name in _MAPPINGS else "a list"
     raise ValueError(f"--set {key}: {name} takes {what}, written as JSON, e.g. {example} "
                      f"(quote it for the shell), got {text!r}")
 

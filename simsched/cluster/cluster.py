@@ -33,11 +33,15 @@ from typing import Any
 import numpy as np
 import simpy
 
+from simsched.cluster import fleet
+from simsched.cluster.autoscaler import Autoscaler
 from simsched.cluster.disagg import Disagg, disagg_request
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
+from simsched.engine.lora import lora_blocks_left
+from simsched.engine.kv_tiers import share_remote_tier
 from simsched.cluster.sessions import run_sessions
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
@@ -79,7 +83,10 @@ def replica_specs(config, cost_model=None, num_blocks: int | None = None,
 def _num_blocks(rcfg) -> int:
     if rcfg.cache.num_blocks is not None:
         return rcfg.cache.num_blocks
-    return hardware.kv_capacity_blocks(rcfg.hardware, rcfg.cache.block_size)
+    blocks = hardware.kv_capacity_blocks(rcfg.hardware, rcfg.cache.block_size)
+    if rcfg.scheduler.lora is not None:
+        return lora_blocks_left(rcfg, blocks)
+    return blocks
 
 
 def replica_rng(seed: int, index: int) -> np.random.Generator:
@@ -125,12 +132,21 @@ class Cluster:
         self.env = simpy.Environment()
         if specs is None:
             specs = replica_specs(config, cost_model, num_blocks, max_model_len)
-        check = self._check if config.check_invariants else None
+        self.specs = specs      # an autoscaled fleet appends its new replicas' specs
+        if config.cluster.autoscaling is not None:
+            limit = None if specs[0].max_model_len is None else "hardware"
+            pools, pool_of = fleet.prepare(
+                config, specs, lambda rcfg: replica_specs(rcfg, None, None, limit)[0])
+        self.on_iteration = check = self._check if config.check_invariants else None
         self.replicas = [
             Replica(self.env, spec.config, spec.cost_model, spec.num_blocks, spec.max_model_len,
                     rng if i == 0 and rng is not None else replica_rng(config.seed, i),
                     index=i, on_iteration=check)
             for i, spec in enumerate(specs)]
+        self.remote_tier = None         # a KV store all replicas share (replicas added later too)
+        if config.cluster.kv_remote_tier is not None:
+            self.remote_tier = share_remote_tier([r.kv for r in self.replicas],
+                                                 config.cluster.kv_remote_tier)
         self.requests = requests
         self.num_arrived = 0
         self.num_events = 0             # request-process wake-ups, for the events benchmark
@@ -138,8 +154,13 @@ class Cluster:
         self.replica_of: array | None = None
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
         cl = config.cluster
-        self.disagg = None
-        if cl.disaggregated:
+        self.disagg = self.fleet = self.autoscaler = None
+        if cl.autoscaling is not None:
+            self.fleet = fleet.Fleet(self, pools, pool_of, router_rng(config.seed),
+                                     np.random.default_rng(
+                                         np.random.SeedSequence(config.seed, spawn_key=(4,))))
+            self.autoscaler = Autoscaler(self.fleet)
+        elif cl.disaggregated:
             self._setup_disagg(cl)
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
@@ -149,6 +170,10 @@ class Cluster:
             self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
             self.env.process(run_sessions(self, sessions))
+
+    def replica_rng(self, index: int) -> np.random.Generator:
+        """Replica ``index``'s Generator (a replica added during the run asks for its own)."""
+        return replica_rng(self.config.seed, index)
 
     def _setup_routing(self, cl) -> None:
         n = len(self.replicas)

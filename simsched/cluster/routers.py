@@ -15,7 +15,8 @@ Cost per request: O(1) for ``round_robin``, ``random``, ``power_of_two`` and
 each minimum once per refresh); ``prefix_affinity`` scores only the replicas caching blocks of
 the prompt's first segment (a :class:`~simsched.cluster.state.PrefixHolders` index fed by the
 caches' events), O(prompt segments x such replicas); ``weighted`` scores every replica, O(replicas
-x prompt segments), as llm-d's scheduler scores every pod.
+x prompt segments), as llm-d's scheduler scores every pod; ``lora_affinity`` looks only at the
+replicas holding the request's adapter (an index kept from the adapter caches' events).
 """
 
 from __future__ import annotations
@@ -214,8 +215,21 @@ def _under_cap(view, i: int, ratio: float | None, slack: float) -> bool:
     return view.outstanding[i] <= ratio * mean + slack
 
 
+class _Capped(Router):
+    """An affinity router's load cap: a replica may be chosen for affinity while its outstanding
+    requests are at most ``max_load_ratio`` x the mean plus ``load_slack``."""
+
+    def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
+                 load_slack: float = 4.0) -> None:
+        super().__init__(num_replicas, rng)
+        _check_ratio("max_load_ratio", max_load_ratio)
+        _check_slack(load_slack)
+        self.max_load_ratio = max_load_ratio
+        self.load_slack = load_slack
+
+
 @register("prefix_affinity")
-class PrefixAffinity(Router):
+class PrefixAffinity(_Capped):
     """The replica caching the longest prefix of the prompt, unless it is overloaded.
 
     Only replicas whose outstanding requests are at most ``max_load_ratio`` x the mean plus
@@ -226,14 +240,6 @@ class PrefixAffinity(Router):
 
     needs = ("outstanding",)
     uses_prefix_index = True
-
-    def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
-                 load_slack: float = 4.0) -> None:
-        super().__init__(num_replicas, rng)
-        _check_ratio("max_load_ratio", max_load_ratio)
-        _check_slack(load_slack)
-        self.max_load_ratio = max_load_ratio
-        self.load_slack = load_slack
 
     def choose(self, view, req) -> int:
         if getattr(req, "content", None) is None:
@@ -282,22 +288,84 @@ class SessionAffinity(Router):
         return i
 
 
+def _adapter_holders(view) -> list:
+    """Per replica, the set of adapters on its GPU (empty without LoRA): the live replicas'
+    :class:`~simsched.engine.lora.AdapterCache` key views, read as a gateway reads the adapters
+    an engine reports loaded."""
+    return [r.lora.cache.gpu.keys() if getattr(r, "lora", None) is not None else ()
+            for r in view.replicas]
+
+
+@register("lora_affinity")
+class LoRAAffinity(_Capped):
+    """A replica that has the request's LoRA adapter on its GPU, unless it is overloaded.
+
+    Among the replicas holding the adapter (or the one its last request went to, where it will
+    be loaded) whose outstanding requests are at most ``max_load_ratio`` x the mean plus
+    ``load_slack``, the least loaded wins (lowest index on ties); with none, and for base-model
+    requests, the least loaded replica. O(replicas holding the adapter) per request: an index
+    from adapter to the replicas holding it, kept from the caches' load and eviction events.
+    """
+
+    needs = ("outstanding",)
+
+    def __init__(self, num_replicas, rng, max_load_ratio: float = 1.5,
+                 load_slack: float = 4.0) -> None:
+        super().__init__(num_replicas, rng, max_load_ratio, load_slack)
+        self.holders: dict[int, set] | None = None
+        self.home: dict[int, int] = {}      # adapter -> the replica its last request went to
+
+    def _listen(self, view) -> dict:
+        holders: dict[int, set] = {}
+        for i, r in enumerate(view.replicas):
+            if getattr(r, "lora", None) is not None:
+                def note(adapter, on_gpu, i=i):
+                    if on_gpu:
+                        holders.setdefault(adapter, set()).add(i)
+                    else:
+                        holders[adapter].discard(i)
+                r.lora.cache.listener = note
+                for adapter in r.lora.cache.gpu:
+                    holders.setdefault(adapter, set()).add(i)
+        self.holders = holders
+        return holders
+
+    def choose(self, view, req) -> int:
+        adapter = getattr(req, "adapter", -1)
+        if adapter < 0:
+            return view.least("outstanding")
+        holders = self.holders if self.holders is not None else self._listen(view)
+        outstanding = view.outstanding
+        best = -1
+        home = self.home.get(adapter, -1)
+        for i in sorted(holders.get(adapter, ())) + ([home] if home >= 0 else []):
+            if (best < 0 or outstanding[i] < outstanding[best]) \
+                    and _under_cap(view, i, self.max_load_ratio, self.load_slack):
+                best = i
+        if best < 0:
+            best = view.least("outstanding")
+        self.home[adapter] = best
+        return best
+
+
 @register("weighted")
 class Weighted(Router):
     """The best weighted sum of normalised scores, as llm-d's scheduler scores pods.
 
     Each score is in [0, 1], higher is better: ``prefix`` = cached prompt tokens / prompt tokens;
     ``queue`` = (most outstanding - outstanding) / (most - fewest) over the replicas (1 when all
-    are equal); ``kv`` = 1 - KV use. ``weights`` maps score names to weights (default 1 each);
-    the lowest index wins ties.
+    are equal); ``kv`` = 1 - KV use; ``lora`` = 1 where the request's LoRA adapter is on the
+    replica's GPU (0 for base-model requests everywhere). ``weights`` maps score names to
+    weights (default 1 each); the lowest index wins ties.
     """
 
-    SCORERS = ("prefix", "queue", "kv")
+    SCORERS = ("prefix", "queue", "kv", "lora")
     reads_kv = True
 
     def __init__(self, num_replicas, rng, weights: Mapping[str, float] | None = None) -> None:
         super().__init__(num_replicas, rng)
-        weights = {"prefix": 1.0, "queue": 1.0, "kv": 1.0} if weights is None else weights
+        weights = {"prefix": 1.0, "queue": 1.0, "kv": 1.0, "lora": 1.0} if weights is None \
+            else weights
         if not isinstance(weights, Mapping):
             raise ValueError(f"weights must be a mapping of scorer to weight, got {weights!r}")
         for name, w in weights.items():
@@ -313,6 +381,7 @@ class Weighted(Router):
         self.w_prefix = float(weights.get("prefix", 0.0))
         self.w_queue = float(weights.get("queue", 0.0))
         self.w_kv = float(weights.get("kv", 0.0))
+        self.w_lora = float(weights.get("lora", 0.0))
 
     def choose(self, view, req) -> int:
         queue = view.outstanding
@@ -321,6 +390,9 @@ class Weighted(Router):
         kv = view.kv_use
         prefix = self.w_prefix and getattr(req, "content", None) is not None
         prompt = max(1, req.num_prompt_tokens)
+        adapter = getattr(req, "adapter", -1)
+        # Base-model requests score 0 everywhere: no lookups, the same choice as without LoRA.
+        loaded = _adapter_holders(view) if self.w_lora and adapter >= 0 else None
         best, best_score = 0, -1.0
         for i in range(self.num_replicas):
             score = self.w_kv * (1.0 - kv[i])
@@ -330,6 +402,8 @@ class Weighted(Router):
                 score += self.w_queue
             if prefix:
                 score += self.w_prefix * _cached_tokens(view.replicas[i], req) / prompt
+            if loaded is not None and adapter in loaded[i]:
+                score += self.w_lora
             if score > best_score:
                 best, best_score = i, score
         return best

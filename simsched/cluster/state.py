@@ -87,7 +87,13 @@ class ReplicaLoad:
         unknown = set(ordered) - set(METRICS)
         if unknown:
             raise ValueError(f"unknown load figure(s) {sorted(unknown)}; known: {METRICS}")
-        self._index = {name: MinIndex(getattr(self, name)) for name in ordered}
+        self._ordered = tuple(ordered)
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Build the ordered figures' indexes from the figures as they are (an autoscaled
+        fleet's router view sets them in bulk when its routing set changes)."""
+        self._index = {name: MinIndex(getattr(self, name)) for name in self._ordered}
         self._outstanding_index = self._index.get("outstanding")
         self._tokens_index = self._index.get("tokens")
         self._kv_index = self._index.get("kv_use")

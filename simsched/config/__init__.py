@@ -66,6 +66,14 @@ class SimConfig:
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
         if self.cluster.replicas:
             self.replica_configs()      # every override is valid against these base settings
+        if self.cluster.roles and any(c.scheduler.lora is not None
+                                      for c in self.replica_configs()):
+            # A handed-off request would join its decode replica without an adapter slot.
+            raise ValueError("scheduler.lora is not supported with disaggregated prefill/decode "
+                             "(cluster.roles)")
+        if self.cluster.kv_remote_tier is not None and self.cache.kv_tiers is None:
+            raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
+                             "config; its tier list may be empty)")
 
     _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
 

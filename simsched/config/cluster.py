@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from simsched.config.autoscaling import AutoscalingConfig
 from simsched.config.checks import check_float, check_int, plain
+from simsched.config.kv_tiers import KVTierConfig, as_tier
 from simsched.config.parts import replica_fields
 
 # Routers live in the cluster layer, above config; simsched.cluster.routers installs its name and
@@ -44,6 +46,14 @@ class ClusterConfig:
     ``roce200``, ``roce400``, ``pcie``); ``link_bandwidth_gbps`` (GB/s per GPU, 1e9 bytes/s) and
     ``link_latency`` (seconds) override it. Prompts shorter than ``disagg_min_prompt_tokens``
     are prefilled on the decode replica itself.
+
+    ``kv_remote_tier`` (a :class:`~simsched.config.kv_tiers.KVTierConfig` named ``remote``,
+    default None) is a KV store shared by all replicas, below their own tiers
+    (``cache.kv_tiers``, which must be set): blocks one replica evicts can be loaded by
+    another (:mod:`simsched.engine.kv_tiers`).
+    ``autoscaling`` (:class:`~simsched.config.autoscaling.AutoscalingConfig`, None: a fixed
+    fleet) adds and removes replicas during the run; ``num_replicas`` is then the count at the
+    start.
     """
 
     num_replicas: int = 1
@@ -62,10 +72,18 @@ class ClusterConfig:
     link_bandwidth_gbps: float | None = None
     link_latency: float | None = None
     disagg_min_prompt_tokens: int = 0
+    # A remote KV store shared by every replica (simsched.config.kv_tiers); None: none.
+    kv_remote_tier: KVTierConfig | Mapping | None = None
+    autoscaling: AutoscalingConfig | None = None
 
     def __post_init__(self) -> None:
         plain(self)
         o = "cluster"
+        if self.kv_remote_tier is not None:
+            tier = as_tier(self.kv_remote_tier, f"{o}.kv_remote_tier")
+            if tier.name != "remote":
+                raise ValueError(f"{o}.kv_remote_tier must be named 'remote', got {tier.name!r}")
+            object.__setattr__(self, "kv_remote_tier", tier)
         check_int(o, "num_replicas", self.num_replicas, 1, 100_000)
         self._check_disagg(o)
         replicas = self.replicas
@@ -113,6 +131,28 @@ class ClusterConfig:
             if self.rate_limit is None:
                 raise ValueError(f"{o}.burst needs {o}.rate_limit")
             check_float(o, "burst", self.burst, 1.0)
+        self._check_autoscaling(o)
+
+    def _check_autoscaling(self, o: str) -> None:
+        auto = self.autoscaling
+        if auto is None:
+            return
+        if isinstance(auto, Mapping):           # from JSON data
+            auto = AutoscalingConfig(**dict(auto))
+            object.__setattr__(self, "autoscaling", auto)
+        if not isinstance(auto, AutoscalingConfig):
+            raise ValueError(f"{o}.autoscaling must be an AutoscalingConfig, a mapping of its "
+                             f"fields or None, got {auto!r}")
+        if self.disaggregated:
+            raise ValueError(f"{o}.autoscaling does not support disaggregated clusters (roles)")
+        if self.replicas:
+            raise ValueError(f"{o}.autoscaling builds replicas from its pools: leave "
+                             f"{o}.replicas empty and give each pool its replica fields")
+        pools = auto.pool_specs()
+        low, high = sum(p["min_replicas"] for p in pools), sum(p["max_replicas"] for p in pools)
+        if not low <= self.num_replicas <= high:
+            raise ValueError(f"{o}.num_replicas={self.num_replicas} (the replicas at the start) "
+                             f"must be within the pools' limits [{low}, {high}]")
 
     def _check_disagg(self, o: str) -> None:
         roles = self.roles

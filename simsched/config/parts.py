@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
+from simsched.config.kv_tiers import KVTiersConfig, as_tiers
+from simsched.config.lora import LoRAConfig, as_lora_config
 from simsched.config.speculative import check_speculative
 from simsched.cost.factory import COST_MODELS
 
@@ -48,6 +50,8 @@ class SchedulerConfig:
     With ``plan_ahead`` on, the replica's arrival rule (``async_scheduling``) is off: one model
     of when an arrival becomes visible, not two; setting both is refused.
     :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
+    ``lora``: LoRA adapters (:class:`~simsched.config.lora.LoRAConfig`; None, the default, serves
+    the base model only).
     ``speculative`` (a :class:`~simsched.config.speculative.SpeculativeConfig` or a mapping of
     its fields; None is off) turns on speculative decoding.
     """
@@ -67,6 +71,7 @@ class SchedulerConfig:
     plan_ahead: bool = False
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     async_scheduling: bool | None = None
+    lora: LoRAConfig | None = None
     speculative: Any = None
 
     def __post_init__(self) -> None:
@@ -107,6 +112,12 @@ class SchedulerConfig:
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{o}.policy_options {dict(self.policy_options)!r} are invalid for "
                              f"policy {self.policy!r}: {exc}") from None
+        if self.lora is not None:
+            object.__setattr__(self, "lora", as_lora_config(self.lora))
+            if self.preemption_mode == "swap":
+                # A swapped-in request rejoins the batch without asking the adapter slots.
+                raise ValueError(f"{o}.lora does not support {o}.preemption_mode='swap' "
+                                 "(use 'recompute')")
         if self.speculative is not None:
             object.__setattr__(self, "speculative", check_speculative(self))
 
@@ -131,6 +142,9 @@ class CacheConfig:
     copy of each block, tracked per prompt segment, fast at any scale) or ``"blocks"`` (vLLM V1's
     block pool block by block: a block a request recomputes is its own copy even when an
     identical one is cached, as in vLLM; see :mod:`simsched.engine.block_pool`).
+    ``kv_tiers`` (a :class:`~simsched.config.kv_tiers.KVTiersConfig`, default None: off) keeps
+    blocks evicted from the GPU in CPU memory, on disk or in a remote store and loads them back
+    on a hit (:mod:`simsched.engine.kv_tiers`); it needs prefix caching (segments model).
     """
 
     block_size: int = 16
@@ -142,6 +156,8 @@ class CacheConfig:
     prefix_hit_rule: str = "token"
     watermark_counts_null_block: bool = False
     prefix_cache_model: str = "segments"
+    # Tiers below the GPU for evicted prefix blocks (simsched.config.kv_tiers); None: GPU only.
+    kv_tiers: KVTiersConfig | Mapping | None = None
 
     def __post_init__(self) -> None:
         plain(self)
@@ -156,6 +172,12 @@ class CacheConfig:
         check_choice(o, "prefix_hit_rule", self.prefix_hit_rule, PREFIX_HIT_RULES)
         check_bool(o, "watermark_counts_null_block", self.watermark_counts_null_block)
         check_choice(o, "prefix_cache_model", self.prefix_cache_model, PREFIX_CACHE_MODELS)
+        if self.kv_tiers is not None:
+            object.__setattr__(self, "kv_tiers", as_tiers(self.kv_tiers))
+            if not self.enable_prefix_caching or self.prefix_cache_model != "segments":
+                raise ValueError(f"{o}.kv_tiers needs {o}.enable_prefix_caching=True and "
+                                 f"{o}.prefix_cache_model='segments' (tiers hold evicted "
+                                 "prefix blocks of the segments model)")
 
 
 @dataclass(frozen=True)
@@ -172,6 +194,10 @@ class HardwareConfig:
     ``vllm_v1`` (default: a current vLLM V1 deployment, also async scheduling and a client-side
     output delay), ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``
     or ``none``.
+
+    ``parallel``: pipeline, data-parallel-attention and expert parallelism of the replica (a
+    :class:`~simsched.config.parallel.ParallelConfig` or a mapping of its fields; None, the
+    default: tensor parallelism only).
     """
 
     model: str = "llama-2-7b"
@@ -184,8 +210,12 @@ class HardwareConfig:
     # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
     # vllm_v1 is the default: simsched.cost.overhead and docs/cost_model.md.
     engine_overhead: str = "vllm_v1"
+    # Pipeline / data-parallel-attention / expert parallelism: simsched.config.parallel (None:
+    # tensor parallelism only).
+    parallel: Any = None
 
     def __post_init__(self) -> None:
+        from simsched.config.parallel import as_parallel, check_layout
         from simsched.cost import hardware
 
         plain(self)
@@ -205,6 +235,10 @@ class HardwareConfig:
             check_int(o, "max_model_len", self.max_model_len, 1)
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
+        object.__setattr__(self, "parallel", as_parallel(self.parallel))
+        if self.parallel is not None:
+            check_layout(self.parallel, hardware.model_spec(self), self.tensor_parallel_size,
+                         self.model)
 
 
 def replica_fields() -> set[str]:

@@ -51,14 +51,17 @@ class CalibratedCostModel:
     serving system) or ``vllm_v1`` terms (as :func:`simsched.cost.vllm_v1.terms` gives).
     ``output_delay``: seconds from a step's end until the client sees its tokens (``vllm_v1``;
     0 otherwise); the engine adds it to the reported first-token and finish times.
+    ``parallel``: a :class:`simsched.config.parallel.ParallelConfig` whose expert-parallel and
+    data-parallel settings shape the MoE layers (:mod:`simsched.cost.moe`); the pipeline and
+    data-parallel batch split is :class:`simsched.cost.parallel.ParallelCostModel`'s.
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
                  coefficients: dict | None = None, table_tokens: int | None = None,
                  engine_overhead: str = overhead.DEFAULT_ENGINE_OVERHEAD,
-                 engine_terms: dict | None = None) -> None:
+                 engine_terms: dict | None = None, parallel=None) -> None:
         overhead.check(engine_overhead)
-        k = KernelTables(spec, gpu, tp, model_name, coefficients, table_tokens)
+        k = KernelTables(spec, gpu, tp, model_name, coefficients, table_tokens, parallel)
         self.spec, self.gpu, self.tp, self.model_name = spec, gpu, tp, model_name
         self.engine_overhead = engine_overhead
         self.kernels = k
@@ -116,6 +119,8 @@ class CalibratedCostModel:
         self._linear, self._emb = k.linear.tolist(), k.emb.tolist()
         if engine_overhead == "eager_2023":
             comm = comm + big  # the large-message term is collective time too
+        if k.moe_comm is not None:
+            comm = comm + k.moe_comm  # expert-parallel all-to-alls (simsched.cost.moe)
         self._comm = comm.tolist()
         self._lm_head, self._cpu = lm_head.tolist(), cpu.tolist()
         self._per_token = (k.linear + comm + k.emb).tolist()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from simsched.cost import shapes
+
 GIB = 2**30
 TP_SIZES = (1, 2, 4, 8)
 
@@ -26,6 +28,17 @@ class ModelSpec:
     (set it where a config gives its own, as Mistral-NeMo's 128 with 5,120 / 32 = 160). ``rope``: rotary position embedding (an element-wise op per layer); False for ALiBi models
     (BLOOM), whose position bias is fused into attention. ``tied_embeddings``: the LM head shares
     the embedding matrix (counted once in the weights).
+
+    Mixture of experts (all 0 for a dense model): ``num_experts`` routed experts of width
+    ``expert_intermediate_size`` (0: ``intermediate_size``), ``experts_per_token`` (top-k) of them
+    per token, ``num_shared_experts`` always-on experts of the same width; MoE layers are every
+    ``moe_layer_step``-th layer after the first ``first_dense_layers`` (the others are dense
+    MLPs of ``intermediate_size``). Multi-head latent attention (DeepSeek-V3; 0: grouped-query
+    attention): ``kv_lora_rank`` (the compressed KV a token caches per layer, with
+    ``qk_rope_head_dim`` rotary channels), ``q_lora_rank``; ``head_dim`` is then the per-head
+    no-rope query/key and value width. ``weight_dtype``: the linear layers' weights (``auto``:
+    the activation dtype of ``bytes_per_param``; ``fp8``; ``int4`` weight-only);
+    ``kv_cache_dtype``: the KV cache's (``auto`` or ``fp8``). Sizes: :mod:`simsched.cost.shapes`.
     """
 
     num_layers: int
@@ -40,6 +53,17 @@ class ModelSpec:
     rope: bool = True
     tied_embeddings: bool = False
     head_dim: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    num_shared_experts: int = 0
+    expert_intermediate_size: int = 0
+    moe_layer_step: int = 1
+    first_dense_layers: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    weight_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -59,11 +83,13 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec.num_heads ({self.num_heads}) must be divisible by "
                              f"num_kv_heads ({self.num_kv_heads})")
+        shapes.check_fields(self)
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | os.PathLike,
                        bytes_per_param: int = 2) -> "ModelSpec":
-        """Build a spec from a Hugging Face ``config.json`` (Llama/Mistral/Phi keys).
+        """Build a spec from a Hugging Face ``config.json`` (Llama/Mistral/Phi keys; the MoE,
+        MLA and FP8 keys of Mixtral, Llama-4, Qwen3-MoE and DeepSeek-V3).
 
         ``config`` is the parsed mapping, the path of the JSON file, or a model folder holding a
         ``config.json``.
@@ -73,9 +99,12 @@ class ModelSpec:
         if not isinstance(config, Mapping):
             raise ValueError(f"hf config must be a mapping or the path of a config.json, got "
                              f"{type(config).__name__}")
+        if isinstance(config.get("text_config"), Mapping):    # Llama-4: the text model's keys
+            config = {**config["text_config"],
+                      "quantization_config": config.get("quantization_config")}
         try:
             heads = int(config["num_attention_heads"])
-            spec = cls(
+            fields = dict(
                 num_layers=int(config["num_hidden_layers"]),
                 hidden_size=int(config["hidden_size"]),
                 num_heads=heads,
@@ -88,13 +117,21 @@ class ModelSpec:
                 max_context=int(config.get("max_position_embeddings", 4096)),
                 head_dim=int(config.get("head_dim") or 0),
             )
+            fields.update(shapes.hf_variant_fields(config))
         except KeyError as exc:
             raise ValueError(f"hf config is missing field {exc.args[0]!r}") from None
-        return spec
+        return cls(**fields)
+
+    @property
+    def is_plain(self) -> bool:
+        """Dense, grouped-query attention, weights and KV in the activation dtype."""
+        return shapes.is_plain(self)
 
     @property
     def num_params(self) -> int:
         """Parameters: embedding and LM head (once if tied) plus every layer's projections and norms."""
+        if not self.is_plain:
+            return sum(shapes.param_counts(self).values())
         h, d = self.hidden_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
         mlp = h * self.intermediate_size * (3 if self.gated_mlp else 2)
@@ -103,12 +140,16 @@ class ModelSpec:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of all weights."""
+        """Bytes of all weights (linear layers in ``weight_dtype``)."""
+        if not self.is_plain:
+            return int(shapes.weight_bytes(self))
         return self.num_params * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes over all layers: 2 x layers x kv_heads x head_dim x bytes."""
+        if not self.is_plain:
+            return int(shapes.kv_bytes_per_token(self))
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
 
 
@@ -178,6 +219,29 @@ MODELS: dict[str, ModelSpec] = {
     "qwen2.5-7b": ModelSpec(28, 3584, 28, 4, 18944, 152064, max_context=32768),
     # 01-ai/Yi-34B: 56 heads, 8 KV heads, 4k context.
     "yi-34b": ModelSpec(60, 7168, 56, 8, 20480, 64000, max_context=4096),
+    # Mixture-of-experts models (from memory of each public config.json, not fetched; bf16
+    # checkpoints unless said). mistralai/Mixtral-8x7B-v0.1: 8 experts, top-2, every layer.
+    "mixtral-8x7b": ModelSpec(32, 4096, 32, 8, 14336, 32000, max_context=32768,
+                              num_experts=8, experts_per_token=2),
+    # mistralai/Mixtral-8x22B-v0.1: 8 experts, top-2, 64k context.
+    "mixtral-8x22b": ModelSpec(56, 6144, 48, 8, 16384, 32768, max_context=65536,
+                               num_experts=8, experts_per_token=2),
+    # meta-llama/Llama-4-Scout-17B-16E: 16 routed experts (top-1) and a shared expert of 8,192
+    # in every layer (dense MLP width 16,384 unused); its 10M context capped at 128k here.
+    "llama-4-scout-17b-16e": ModelSpec(48, 5120, 40, 8, 16384, 202048, max_context=131072,
+                                       head_dim=128, num_experts=16, experts_per_token=1,
+                                       num_shared_experts=1, expert_intermediate_size=8192),
+    # Qwen/Qwen3-30B-A3B: 128 experts of 768, top-8, no shared expert, 4 KV heads of 128.
+    "qwen3-30b-a3b": ModelSpec(48, 2048, 32, 4, 6144, 151936, max_context=40960, head_dim=128,
+                               num_experts=128, experts_per_token=8,
+                               expert_intermediate_size=768),
+    # deepseek-ai/DeepSeek-V3: MLA (512-wide compressed KV + 64 rope channels), 3 dense layers
+    # then 256 experts of 2,048 (top-8) and one shared expert; shipped in FP8.
+    "deepseek-v3": ModelSpec(61, 7168, 128, 128, 18432, 129280, max_context=163840,
+                             head_dim=128, num_experts=256, experts_per_token=8,
+                             num_shared_experts=1, expert_intermediate_size=2048,
+                             first_dense_layers=3, kv_lora_rank=512, q_lora_rank=1536,
+                             qk_rope_head_dim=64, weight_dtype="fp8"),
 }
 
 # Dense (non-sparse) bf16 tensor FLOP/s, HBM bandwidth and NVLink bandwidth (total, both
@@ -324,6 +388,10 @@ def max_model_len(hw) -> int:
 def kv_bytes_per_token(hw) -> int:
     """KV-cache bytes one token takes on each GPU (KV heads split, or replicated, across TP)."""
     spec = model_spec(hw)
+    par = getattr(hw, "parallel", None)
+    if par is not None or not spec.is_plain:   # pipeline stages' layers, KV dtype, MLA latent
+        pp = par.pipeline_parallel_size if par is not None else 1
+        return int(shapes.kv_bytes_per_token(spec, hw.tensor_parallel_size, pp))
     kv_heads_per_gpu = max(1, spec.num_kv_heads // hw.tensor_parallel_size)
     return 2 * spec.num_layers * kv_heads_per_gpu * spec.head_dim * spec.bytes_per_param
 
@@ -344,6 +412,10 @@ def activation_reserve_bytes(hw) -> int:
 def kv_capacity_blocks(hw, block_size: int) -> int:
     """KV blocks per GPU as vLLM computes them: (memory x utilisation - weights - reserve) / block.
 
+    With ``hw.parallel`` or a non-plain model the weights per GPU follow
+    :func:`simsched.cost.shapes.weight_bytes` (weight dtype, experts over tp x dp ranks, pp
+    stages) and a data-parallel replica has ``data_parallel_size`` GPUs' blocks.
+
     Raises ValueError when the weights (sharded over ``tensor_parallel_size`` GPUs) and the
     reserve leave no room for even one block.
     """
@@ -351,9 +423,18 @@ def kv_capacity_blocks(hw, block_size: int) -> int:
         raise ValueError(f"cache.block_size must be a positive integer, got {block_size!r}")
     spec, gpu = model_spec(hw), GPUS[hw.gpu]
     budget = gpu.memory_bytes * hw.gpu_memory_utilization
-    weights = spec.param_bytes / hw.tensor_parallel_size
+    par = getattr(hw, "parallel", None)
+    if par is None and spec.is_plain:
+        weights = spec.param_bytes / hw.tensor_parallel_size
+        ranks = 1
+    else:  # dense weights over tp, routed experts over tp x dp, everything over pp stages
+        ranks = par.data_parallel_size if par is not None else 1
+        weights = shapes.weight_bytes(spec, hw.tensor_parallel_size,
+                                      par.pipeline_parallel_size if par is not None else 1,
+                                      hw.tensor_parallel_size * ranks)
     free = budget - weights - activation_reserve_bytes(hw)
-    blocks = int(free // (kv_bytes_per_token(hw) * block_size))
+    # Every data-parallel rank caches its own sequences: the replica has dp GPUs' blocks.
+    blocks = int(free // (kv_bytes_per_token(hw) * block_size)) * ranks
     if blocks < 1:
         raise ValueError(
             f"hardware: {hw.model} weights ({weights / GIB:.1f} GiB per GPU) do not fit in "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cost import calibration as cal
+from simsched.cost import moe
 from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
 from simsched.cost.profiles import PROFILES, get_profile
 
@@ -34,11 +35,15 @@ class KernelTables:
     part and cost per cached token read) with the floor ``sat_a + sat_s x cached tokens``.
     ``coefficients`` maps anchor names to fitted coefficients (default: the shipped fits,
     :mod:`simsched.cost.fits`; an A100 coefficient dict as
-    :func:`simsched.cost.calibration.fit_all` returns also works).
+    :func:`simsched.cost.calibration.fit_all` returns also works). ``parallel`` (a
+    :class:`simsched.config.parallel.ParallelConfig`) and a non-plain model (MoE, MLA,
+    quantised) route the linear part through :mod:`simsched.cost.moe`; ``moe_comm`` is then its
+    expert-parallel all-to-all seconds by token count (None for a plain model).
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
-                 coefficients: dict | None = None, table_tokens: int | None = None) -> None:
+                 coefficients: dict | None = None, table_tokens: int | None = None,
+                 parallel=None) -> None:
         if not isinstance(spec, ModelSpec):
             raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
         if not isinstance(gpu, GPUSpec):
@@ -68,6 +73,9 @@ class KernelTables:
         comm[0] = 0.0
         self.comm = comm
         self.num_collectives = 2 * spec.num_layers if tp > 1 else 0
+        self.moe_comm = None
+        if parallel is not None or not spec.is_plain:  # MoE, MLA, quantised: simsched.cost.moe
+            moe.apply(self, coefficients[gpu.kernels], n, parallel)
 
     def finish_linear(self, per_layer: np.ndarray, emb_t: np.ndarray) -> None:
         """Set ``linear`` (all layers) and ``emb`` from per-layer linear and embedding times."""

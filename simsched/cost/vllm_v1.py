@@ -46,6 +46,7 @@ one run out. The coefficients ship as ``data/fits/engine-vllm-v1.json``.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -106,16 +107,21 @@ def prompt_tokens(model: str, system: int, question: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def load_runs(include_moe: bool = False) -> pd.DataFrame:
+def load_runs(include_moe: bool = False, data_dir=None) -> pd.DataFrame:
     """The bundled runs, one row each: settings, stages, tokenised prompt lengths and the
     measured metrics in seconds (``ttft_mean`` ... ``itl_mean``) plus ``engine_itl``, the measured
     time per generated token ((E2E - TTFT) / (output - 1), which the published ``itl_mean`` is
-    only outside the Llama-2 family). MoE runs are dropped unless ``include_moe``."""
-    runs = pd.read_csv(DATA_DIR / "runs.csv")
-    meas = pd.read_csv(DATA_DIR / "measured.csv")
+    only outside the Llama-2 family). MoE runs are dropped unless ``include_moe``.
+    ``data_dir``: another folder of runs in the same two files (default: the bundled one)."""
+    folder = DATA_DIR if data_dir is None else Path(data_dir)
+    for name in ("runs.csv", "measured.csv"):
+        if not (folder / name).is_file():
+            raise ValueError(f"data_dir: {folder / name} not found")
+    runs = pd.read_csv(folder / "runs.csv")
+    meas = pd.read_csv(folder / "measured.csv")
     bad = set(meas.experiment) - set(runs.experiment)
     if bad:
-        raise ValueError(f"{DATA_DIR / 'measured.csv'}: experiments not in runs.csv: "
+        raise ValueError(f"{folder / 'measured.csv'}: experiments not in runs.csv: "
                          f"{sorted(bad)}")
     wide = meas.pivot(index="experiment", columns="metric", values="measured_ms") * _MS
     moe = runs.model.str.contains("moe", case=False, regex=False) \
@@ -124,7 +130,7 @@ def load_runs(include_moe: bool = False) -> pd.DataFrame:
         runs = runs[~moe]
         unknown = set(runs.model) - set(MODELS)
         if unknown:
-            raise ValueError(f"{DATA_DIR / 'runs.csv'}: models not in the catalog: "
+            raise ValueError(f"{folder / 'runs.csv'}: models not in the catalog: "
                              f"{sorted(unknown)}")
     runs = runs.join(wide, on="experiment").reset_index(drop=True)
     runs["gpu"] = runs.gpu.map(lambda g: GPU_NAMES.get(g, g))

@@ -27,7 +27,9 @@ class AdmissionMixin:
     ``_memo_heads``, ``_memo_kv``); it changes the plan (``planned``, ``planned_tokens``),
     ``running``, ``prefilling``, ``num_admitted``, ``running_version``, ``num_cached_tokens``,
     ``swap_in_bytes`` and the memo ``_blocked``, and takes requests out of the queue and the
-    swap space (``swap``, ``swapped``); ``add_constraint`` adds to ``constraints``. It calls
+    swap space (``swap``, ``swapped``); ``add_constraint`` adds to ``constraints`` (and, for a
+    constraint that skips, ``_skipped``, the requests a scan sets aside, and ``_admit``, which
+    becomes :meth:`_admit_skipping`). It calls
     down into preemption (``_make_room``, ``_preempt_for_admission``) and decode
     (``_start_run``), never up.
     """
@@ -46,13 +48,31 @@ class AdmissionMixin:
     def add_constraint(self, constraint) -> None:
         """Ask ``constraint`` (an :class:`~simsched.engine.constraints.AdmissionConstraint`)
         before every admission: once the head of the queue's first chunk is sized, after the
-        constraints added before it and before ``KVBlocks``."""
+        constraints added before it and before ``KVBlocks``. A constraint that ``skips``
+        makes the scheduler admit with :meth:`_admit_skipping` from then on."""
         if constraint.preemptible:
             raise ValueError(f"admission constraint {constraint!r}: preemption frees only sequence "
                              "slots and KV blocks, so an added constraint cannot be preemptible")
         self.constraints.insert(len(self.constraints) - 1, constraint)   # KVBlocks stays last
         self._added += (constraint,)
         self._blocked = None
+        if constraint.skips and self._skipped is None:
+            # Decided once: schedulers without a skipping constraint never pay for skips.
+            self._skipped = []
+            self._admit = self._admit_skipping
+
+    def _admit_skipping(self) -> None:
+        """:meth:`_admit` where a refusal by a ``skips`` constraint sets the request aside and
+        the scan goes on; the requests set aside go back into the queue with their keys."""
+        AdmissionMixin._admit(self)
+        skipped = self._skipped
+        if skipped:
+            restore = self._queue.restore
+            for req in skipped:
+                restore(req)
+            skipped.clear()
+            # A refusal remembered after a skip is not the queue head's: ask again next time.
+            self._blocked = None
 
     def _admit_waiting(self) -> None:
         """Swap-ins first, then admissions, unless the last refusal of the queue's head would
@@ -198,10 +218,21 @@ class AdmissionMixin:
             else:
                 need = -(-(remaining if static else chunk) // self.block_size) + reserved
             if added:
+                refused = None
                 for constraint in added:
                     if not constraint.admits(self, req, need):
-                        self._refused(constraint)
+                        refused = constraint
+                        break
+                if refused is not None:
+                    if not refused.skips:
+                        self._refused(refused)
                         return
+                    if forget is None:          # set aside (see _admit_skipping)
+                        queue.pop()
+                    else:
+                        del forget[req.id]
+                    self._skipped.append(req)
+                    continue
             # reserve_full_isl (vLLM's scheduler_reserve_full_isl): admit only if the whole
             # prompt's blocks are free, though only the first chunk's are taken now.
             check = need

@@ -6,7 +6,7 @@ sequence slot, a prefill slot, token budget left); it then sizes the head's firs
 under the token budget and asks the added constraints (LoRA adapter slots, a per-tenant cap, ...,
 each with :meth:`~simsched.engine.scheduler.Scheduler.add_constraint`) and last the KV blocks for
 that chunk. The first refusal ends the iteration's admissions (nobody overtakes the refused
-request), unless preempting lower-ranked running requests can lift it: a sequence slot under a
+request; a constraint that ``skips`` sets the request aside instead and the scan goes on), unless preempting lower-ranked running requests can lift it: a sequence slot under a
 preemptive queue policy, KV blocks under one or with ``preemption=True``. Those are asked last, so
 nobody is preempted for a request another constraint refuses anyway.
 
@@ -33,12 +33,15 @@ class AdmissionConstraint:
     Subclass it, implement :meth:`admits` (and :meth:`stamp` with :meth:`still_blocked` to be
     remembered), and register an instance with ``Scheduler.add_constraint``. ``preemptible``:
     preempting lower-ranked running requests can lift a refusal (only the built-in sequence
-    slots and KV blocks: preemption frees nothing else).
+    slots and KV blocks: preemption frees nothing else). ``skips``: a refused request is set
+    aside for this iteration and the requests behind it may be admitted (vLLM's LoRA rule),
+    instead of the refusal ending the iteration's admissions.
     """
 
     __slots__ = ()
     name = "constraint"
     preemptible = False
+    skips = False
 
     def admits(self, sched, req, need: int) -> bool:
         """Whether ``req``, the head of ``sched``'s waiting queue, may be admitted now, its

@@ -66,6 +66,11 @@ def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     held = kv.holders()
     if kv.prefix_caching:       # its own structure (segments, reference counts, LRU) too
         _check_prefix_cache(sched, kv, held, now)
+        tiers = getattr(kv, "tier_inconsistency", None)
+        if tiers is not None:   # a tiered cache: each tier's books, blocks offered down
+            problem = tiers()
+            if problem:
+                raise InvariantError("kv_tiers", now, problem)
     elif kv.num_free < 0 or kv.num_free + sum(held.values()) != kv.num_blocks:
         raise InvariantError("kv_conservation", now,
                              f"free {kv.num_free} + held {sum(held.values())} != {kv.num_blocks}")

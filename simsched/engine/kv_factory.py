@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from simsched.engine.block_pool import BlockPool
 from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv_tiers import TieredPrefixCache
 from simsched.engine.prefix_cache import PrefixCache
 
 
@@ -11,8 +12,13 @@ def make_kv_cache(num_blocks: int, cache) -> KVCacheManager:
     """The KV cache manager ``cache`` (a :class:`~simsched.config.CacheConfig`) asks for: private
     blocks, or with ``enable_prefix_caching`` a :class:`~simsched.engine.prefix_cache.PrefixCache`
     (``prefix_cache_model="segments"``) or a :class:`~simsched.engine.block_pool.BlockPool`
-    (``"blocks"``)."""
-    if getattr(cache, "enable_prefix_caching", False):
+    (``"blocks"``); with ``kv_tiers`` a :class:`~simsched.engine.kv_tiers.TieredPrefixCache`
+    (the replica binds it to its clock and model)."""
+    tiers = getattr(cache, "kv_tiers", None)
+    if tiers is not None:       # tiers below the GPU (simsched.engine.kv_tiers); bound later
+        kv = TieredPrefixCache(num_blocks, cache.block_size, cache.watermark,
+                               cache.prefix_hit_rule, tiers)
+    elif getattr(cache, "enable_prefix_caching", False):
         hit_rule = getattr(cache, "prefix_hit_rule", "token")
         model = BlockPool if getattr(cache, "prefix_cache_model", "segments") == "blocks" \
             else PrefixCache

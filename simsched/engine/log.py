@@ -26,8 +26,9 @@ class IterationLog:
     """One row per GPU iteration, packed into one growing byte buffer (8 bytes per value:
     float64, or int64 for counts).
 
-    The engine appends ``pack(*row)`` to ``values`` once per iteration: one C call packs the
-    row, where a growing array per column took a call per value and parsed each value's type on
+    The engine appends ``pack(*row)`` to ``values`` once per iteration, its values held in
+    variables named as the columns, in their order (tests/test_iteration_log.py checks the
+    engine's calls against :data:`ITERATION_COLUMNS` by name); one C call packs the row, where a growing array per column took a call per value and parsed each value's type on
     the way in (about five times the cost). The frame's columns are filled from the end of the
     log backwards, a chunk at a time, and the buffer shrinks as they fill, so building them
     needs little more memory than the log itself.
@@ -69,8 +70,7 @@ class IterationLog:
             del chunk
             del values[lo * size:]                  # gives the memory back as the log empties
             hi = lo
-        self.values = bytearray()
-        return n
+        return n                # values is empty now, and still the one the engine appends to
 
     def columns_arrays(self) -> dict:
         """The columns as numpy arrays; empties the log."""

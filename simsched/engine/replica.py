@@ -37,6 +37,7 @@ import simpy
 from simsched.cost import hardware, overhead
 from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv_factory import make_kv_cache
+from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.speculative import SpeculativeScheduler
@@ -88,6 +89,9 @@ class Replica:
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
+        if getattr(cache, "kv_tiers", None) is not None:
+            # Tiered KV cache: the steps that admit tier hits also wait for their loads.
+            self.cost_model = self.kv.bind(env, config.hardware, cost_model)
         self.iteration_rows = IterationLog(ITERATION_COLUMNS + PREFIX_COLUMNS
                                            if self.kv.prefix_caching else ITERATION_COLUMNS)
         self.on_iteration = on_iteration
@@ -99,6 +103,8 @@ class Replica:
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
         self.async_scheduling = overhead.async_scheduling(config, cost_model)
         self.pending: deque = deque()
+        # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
+        self.lora = attach_lora(self) if config.scheduler.lora is not None else None
         env.process(self._gpu())
 
     def add(self, req: Request, handles: tuple, now: float) -> bool:
@@ -187,7 +193,7 @@ class Replica:
         kv = self.kv
         num_blocks = kv.num_blocks
         prefix = kv.prefix_caching
-        rows, pack = log.values, log.pack    # rows += pack(*row): see IterationLog
+        rows, pack = log.values, log.pack    # rows += pack(*row), as the columns: see log.py
         schedule, commit, has_work = sched.schedule, sched.commit, sched.has_work
         # The event heap, the event ids and the iteration-end event this loop schedules again
         # and again (see simpy_fast.iteration_clock).
@@ -196,7 +202,7 @@ class Replica:
         swapping = sched.swapping            # only swap preemption moves KV over the host link
         on_iteration = self.on_iteration
         inf = math.inf
-        hits = evictions = cached = last_hits = last_evictions = 0
+        num_cached_tokens = num_evicted_blocks = kv_blocks_cached = last_hits = last_evictions = 0
         ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
         ulp_floor = 0.0
         now = env.now        # the clock, kept here: only this loop and its sleeps move it
@@ -216,8 +222,8 @@ class Replica:
                 yield from self._sleep()
                 now = env.now
                 continue
-            started = now
-            batch = schedule(started)
+            started_at = now
+            batch = schedule(started_at)
             preempted = sched.preempted
             num_preempted = len(preempted) if preempted else 0
             new = batch.prefill_new_tokens
@@ -226,7 +232,7 @@ class Replica:
                 # charge any swap transfer of the abandoned plan to the iteration that runs.
                 self._interrupt_victims()
                 carried = (batch.swap_out_bytes, batch.swap_in_bytes)
-                batch = schedule(started)
+                batch = schedule(started_at)
                 batch.swap_out_bytes += carried[0]
                 batch.swap_in_bytes += carried[1]
                 num_preempted += len(sched.preempted)
@@ -247,31 +253,31 @@ class Replica:
             if preempted:
                 self._interrupt_victims()
             if prefix:
-                used = kv.num_used
+                kv_blocks_used = kv.num_used
                 # Cumulative counters -> this iteration's admissions' cache hits and evictions.
-                hits = sched.num_cached_tokens - last_hits
-                evictions = kv.num_evicted_blocks - last_evictions
+                num_cached_tokens = sched.num_cached_tokens - last_hits
+                num_evicted_blocks = kv.num_evicted_blocks - last_evictions
                 last_hits, last_evictions = sched.num_cached_tokens, kv.num_evicted_blocks
-                cached = kv.num_evictable
+                kv_blocks_cached = kv.num_evictable
             else:
-                used = num_blocks - kv.num_free
+                kv_blocks_used = num_blocks - kv.num_free
             if self.on_kv is not None:
-                self.on_kv(self.index, used, num_blocks)
+                self.on_kv(self.index, kv_blocks_used, num_blocks)
             # schedule() has re-queued its victims; arrivals no plan has seen yet wait too.
-            waiting = len(sched._waiting) + len(pending)
+            num_waiting = len(sched._waiting) + len(pending)
             duration = cost.iteration_time(batch)
             # One cheap check per iteration: a float, positive, finite from now on, and large
             # enough that now + duration still resolves it (arrivals near 1e17 s do not). The
             # clock's spacing changes only at powers of two: recompute it when one is crossed.
-            if duration.__class__ is not float or started >= ulp_below \
-                    or not (duration >= ulp_floor and started + duration < inf):
-                duration, ulp_floor, ulp_below = self._checked(duration, batch, started)
+            if duration.__class__ is not float or started_at >= ulp_below \
+                    or not (duration >= ulp_floor and started_at + duration < inf):
+                duration, ulp_floor, ulp_below = self._checked(duration, batch, started_at)
             if swapping:
                 swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
                 duration += swap_time
             else:
                 swap_time = 0.0
-            now = end = started + duration
+            now = end = started_at + duration
             if queue and queue[0][0] <= end:
                 # Another event comes first, or at the same instant (it goes before a batch's
                 # end): wait on the clock, on an iteration-end event of this loop's own. Once
@@ -286,16 +292,18 @@ class Replica:
                 # one SimPy internal written outside simpy_fast, see its docstring).
                 env._now = end
             firsts, finished = commit(end)
-            n_dec = batch.num_decode_seqs
+            num_decode_tokens = batch.num_decode_seqs
+            num_prefill_tokens = sum(new) if new else 0
+            num_seqs = len(new) + num_decode_tokens
+            # The row, its values named as the log's columns in their order (see log.py;
+            # tests/test_iteration_log.py checks these calls against the columns by name).
             if prefix:
-                rows += pack(started, duration, sum(new) if new else 0, n_dec, len(new) + n_dec,
-                             waiting, used, num_preempted, swap_time, hits, evictions, cached)
-            elif new:
-                rows += pack(started, duration, sum(new), n_dec, len(new) + n_dec, waiting, used,
-                             num_preempted, swap_time)
+                rows += pack(started_at, duration, num_prefill_tokens, num_decode_tokens,
+                             num_seqs, num_waiting, kv_blocks_used, num_preempted, swap_time,
+                             num_cached_tokens, num_evicted_blocks, kv_blocks_cached)
             else:
-                rows += pack(started, duration, 0, n_dec, n_dec, waiting, used, num_preempted,
-                             swap_time)
+                rows += pack(started_at, duration, num_prefill_tokens, num_decode_tokens,
+                             num_seqs, num_waiting, kv_blocks_used, num_preempted, swap_time)
             if firsts:
                 on_first_token = self.on_first_token
                 for req in firsts:

@@ -82,7 +82,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
                  "planned_tokens", "decode_step", "preempted", "_decodes_count", "_grown_step",
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
                  "_num_pushed", "_blocked", "_static", "_special", "_memo_heads", "_memo_kv",
-                 "constraints", "_kv_blocks", "_added", "_plan_ahead", "_unseen", "_zombies",
+                 "constraints", "_kv_blocks", "_added", "_skipped", "_plan_ahead", "_unseen",
+                 "_zombies",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVManager, max_model_len: int | None = None,
@@ -152,6 +153,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
                                   PrefillSlots(self.max_num_prefills),
                                   *(() if self._static else (TokenBudget(),)), self._kv_blocks]
         self._added: tuple = ()                   # constraints add_constraint added
+        self._skipped: list | None = None         # set aside by a scan (a constraint that skips)
         # plan_ahead (vLLM's async scheduling): arrivals not yet seen by a plan, and finished
         # requests still holding their blocks and slots until the next plan is made.
         self._plan_ahead = cfg.plan_ahead

@@ -85,6 +85,12 @@ class QueuePolicy(ABC):
     def __iter__(self) -> Iterator[Request]:
         """The waiting requests, in any order."""
 
+    def restore(self, req: Request) -> None:
+        """Put back ``req``, popped in this iteration's admission scan and not admitted (an
+        admission constraint skipped it), in its place (default: pushed again at the time it was
+        queued, which gives it its key again when the key depends on that time only)."""
+        self.push(req, req.queued_at)
+
     def bind(self, scheduler) -> None:
         """Called once with the scheduler that owns this queue (default: nothing)."""
 

@@ -77,6 +77,19 @@ class HeapQueue(QueuePolicy):
         if self.max_wait is not None:
             self._fifo.append((now, tb, req))
 
+    def restore(self, req: Request) -> None:
+        """Put back ``req``, popped and not admitted, with the key it had (into the heap: it
+        ranks before requests pushed since, as it did)."""
+        tb = next(self._tiebreak)
+        self._live[req.id] = tb
+        heapq.heappush(self._heap, (req.sort_key, tb, req))
+        if self.max_wait is not None:
+            fifo = self._fifo      # ordered by queue time: put it back where it was
+            i = len(fifo)
+            while i and fifo[i - 1][0] > req.queued_at:
+                i -= 1
+            fifo.insert(i, (req.queued_at, tb, req))
+
     def update(self, now: float) -> None:
         """Set the time at which waiting times are judged (called once per iteration)."""
         self.now = now

@@ -18,7 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-ARRIVALS = ("poisson", "gamma", "deterministic", "piecewise", "onoff", "trace")
+ARRIVALS = ("poisson", "gamma", "deterministic", "piecewise", "onoff", "trace", "windows",
+            "servegen")
 
 
 def _expected_count(rate: float, duration: float, cv: float = 1.0) -> int:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from simsched.workloads import arrivals
 from simsched.workloads import lengths
+from simsched.workloads import rate_schedule
 from simsched.workloads import sessions
 from simsched.workloads import traces
 from simsched.workloads.traces import LoadReport
@@ -30,6 +31,8 @@ def synthetic_arrivals(cfg, rng: np.random.Generator) -> np.ndarray:
         return arrivals.deterministic(rate, n, d)
     if kind == "onoff":
         return arrivals.onoff(rng, rate, cfg.on_seconds, cfg.off_seconds, n, d)
+    if kind in ("windows", "servegen"):
+        return rate_schedule.windowed(rng, cfg.window_table(), rate, d, n)
     return arrivals.piecewise(rng, cfg.rate_schedule, n, d, rate)
 
 

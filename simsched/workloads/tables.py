@@ -134,3 +134,10 @@ def session_columns(df: pd.DataFrame) -> dict[str, np.ndarray]:
     out = prefix_columns(df.drop(columns="session_id"))
     out["session_id"], out["think_time"] = sessions, think
     return out
+
+
+def adapter_column(df: pd.DataFrame) -> np.ndarray:
+    """A request table's checked ``adapter`` column (LoRA adapter ids, int64): an integer >= 0
+    names an adapter, -1 or missing the base model."""
+    return _optional_integers(df, "adapter", -1, -1,
+                              "an integer >= 0 (-1 or missing: the base model)")

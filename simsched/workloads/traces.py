@@ -7,7 +7,8 @@ Formats, recognised from the header (CSV) or field names (JSONL, one object per 
   request.
 * **generic**: ``arrival_at`` (seconds, >= 0, kept as given), ``num_prompt_tokens``,
   ``num_output_tokens``, optional ``priority`` (integer), ``tenant`` (string), ``hash_ids``,
-  ``session_id`` (integer >= 0) and ``think_time`` (seconds >= 0; see below).
+  ``session_id`` (integer >= 0), ``think_time`` (seconds >= 0; see below) and ``adapter`` (a
+  LoRA adapter id, integer >= 0; empty: the base model).
 * **mooncake**: ``timestamp`` (milliseconds from the start), ``input_length``,
   ``output_length``, ``hash_ids`` (JSONL), as in Mooncake's released traces.
 
@@ -95,7 +96,8 @@ def bundled_path(name: str) -> Path:
 
 
 def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> None:
-    """Parse ``hash_ids``, ``session_id`` and ``think_time`` into ``out`` when the file has them."""
+    """Parse ``hash_ids``, ``session_id``, ``think_time`` and ``adapter`` into ``out`` when the
+    file has them."""
     if "hash_ids" in table.columns:
         raw = table["hash_ids"]
         ids = [parse_hash_ids(v) for v in raw.tolist()]
@@ -103,7 +105,7 @@ def _optional_columns(path, table: pd.DataFrame, lines, out: pd.DataFrame) -> No
         fail_first_bad(path, lines, bad, raw,
                        "hash_ids must be a non-empty list of integers >= 0")
         out["hash_ids"] = pd.Series(ids, dtype=object)
-    for column, integer in (("session_id", True), ("think_time", False)):
+    for column, integer in (("session_id", True), ("think_time", False), ("adapter", True)):
         if column not in table.columns:
             continue
         raw = table[column]

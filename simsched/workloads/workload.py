@@ -26,6 +26,7 @@ import pandas as pd
 
 from simsched.workloads import arrivals
 from simsched.workloads import lengths
+from simsched.workloads import rate_schedule
 from simsched.workloads import sessions
 from simsched.workloads import traces
 from simsched.workloads.arrivals import ARRIVALS
@@ -35,6 +36,8 @@ from simsched.workloads.generation import (draw_classes, draw_lengths, session_t
 from simsched.workloads.lengths import LENGTHS
 from simsched.workloads.traces import LONG_PROMPT_POLICIES, LoadReport
 
+# Arrival processes whose schedule is used as given with rate=None (a number rescales it).
+SCHEDULED = ("trace", "piecewise", "windows", "servegen")
 REQUEST_COLUMNS = ("arrival_at", "num_prompt_tokens", "num_output_tokens", "priority", "tenant")
 
 WORKLOADS = {
@@ -95,6 +98,15 @@ class WorkloadConfig:
     ``duration``, ``num_requests=None`` as :data:`DEFAULT_NUM_REQUESTS` (500);
     :attr:`resolved_rate` and :attr:`resolved_num_requests` give the values in effect.
 
+    Time-varying load (:mod:`simsched.workloads.rate_schedule`): ``arrival='windows'`` plays
+    ``rate_schedule`` once, window after window, each ``(seconds, rate[, cv])`` a stationary
+    renewal process with gaps of family ``gap_family`` (``gamma`` or ``weibull``) and that CV
+    (default ``cv``). ``arrival='servegen'`` replays ServeGen's per-client windows of
+    ``servegen_model`` (the bundled day, or the ServeGen window file ``trace_path`` with
+    ``name='custom'``) from ``start``; ``speedup`` compresses its time axis (windows
+    ``speedup`` times shorter and busier) and ``duration`` is in the compressed clock; ``rate``
+    scales either to that mean rate (the scale factor), keeping the shape.
+
     Prefix sharing: ``hash_block_size`` is the tokens per trace ``hash_ids`` entry (512 in
     Mooncake's traces). ``system_prompt_len`` tokens of a shared system prompt, one of
     ``num_prefix_groups`` drawn uniformly per request (per session), are prepended to every
@@ -103,6 +115,11 @@ class WorkloadConfig:
     ``num_turns`` turns whose new user tokens and outputs come from the length distribution, the
     next sent ``think_time`` seconds after the previous finished (both distributions, see
     :mod:`simsched.workloads.sessions`).
+
+    LoRA: with ``num_adapters`` > 0 each request names one of that many adapters (an ``adapter``
+    column), adapter ``i`` drawn with probability proportional to ``1 / (i + 1) **
+    adapter_zipf`` (0: uniform); a trace with an ``adapter`` column replays its adapters
+    instead. The run serves them with ``scheduler.lora``.
     """
 
     name: str = "lesson"
@@ -115,6 +132,8 @@ class WorkloadConfig:
     on_seconds: float = 10.0
     off_seconds: float = 10.0
     rate_schedule: tuple | None = None
+    gap_family: str = "gamma"
+    servegen_model: str = "m-large"
     # lengths
     lengths: str | None = None
     prompt_len: int = 128
@@ -139,6 +158,9 @@ class WorkloadConfig:
     num_prefix_groups: int = 1
     num_turns: float | tuple = 4
     think_time: float | tuple = ("exponential", 5.0)
+    # LoRA adapters (see simsched.config.lora): 0 serves every request with the base model
+    num_adapters: int = 0
+    adapter_zipf: float = 1.0
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -170,13 +192,15 @@ class WorkloadConfig:
         self._check_sources(arrival, length)
         _number("start", self.start, low_open=False)
         _number("speedup", self.speedup)
-        if self.speedup != 1.0 and arrival != "trace":
-            raise ValueError(f"workload.speedup only applies to arrival='trace', not {arrival!r}")
-        if self.speedup != 1.0 and self.rate is not None:
+        if self.speedup != 1.0 and arrival not in ("trace", "servegen"):
+            raise ValueError(f"workload.speedup only applies to arrival='trace' or 'servegen', "
+                             f"not {arrival!r}")
+        if self.speedup != 1.0 and self.rate is not None and arrival == "trace":
             raise ValueError(f"workload.speedup={self.speedup} and workload.rate={self.rate} "
                              "both rescale the trace; set rate=None to use speedup")
-        if self.start != 0 and "trace" not in (arrival, length):
-            raise ValueError("workload.start only applies to trace arrivals or lengths")
+        if self.start != 0 and "trace" not in (arrival, length) and arrival != "servegen":
+            raise ValueError("workload.start only applies to trace or servegen arrivals or "
+                             "trace lengths")
         _integer("max_prompt_tokens", self.max_prompt_tokens, allow_none=True)
         if self.long_prompt_policy not in LONG_PROMPT_POLICIES:
             raise ValueError(f"workload.long_prompt_policy must be one of "
@@ -185,6 +209,11 @@ class WorkloadConfig:
                                ("num_priorities", "priority_weights")):
             self._check_mix(count, weights)
         self._check_prefix(arrival)
+        _integer("num_adapters", self.num_adapters, low=0)
+        _number("adapter_zipf", self.adapter_zipf, low_open=False)
+        if self.num_adapters and self.name == "sessions":
+            raise ValueError("workload.num_adapters is not supported for name='sessions' (give "
+                             "a session table an adapter column instead)")
 
     def _check_prefix(self, arrival: str) -> None:
         _integer("hash_block_size", self.hash_block_size)
@@ -205,20 +234,38 @@ class WorkloadConfig:
                            sessions.parse_distribution("think_time", self.think_time, False))
 
     def _check_schedule(self, arrival: str) -> None:
+        if self.gap_family not in rate_schedule.FAMILIES:
+            raise ValueError(f"workload.gap_family must be one of {list(rate_schedule.FAMILIES)}, "
+                             f"got {self.gap_family!r}")
+        if arrival == "servegen":
+            if self.trace_path is None and self.servegen_model not in rate_schedule.SERVEGEN_MODELS:
+                raise ValueError(f"workload.servegen_model must be one of "
+                                 f"{list(rate_schedule.SERVEGEN_MODELS)} for the bundled day, "
+                                 f"got {self.servegen_model!r}")
+            if self.name not in ("custom", "lesson", "sharegpt"):
+                raise ValueError(f"arrival='servegen' needs name 'custom', 'lesson' or "
+                                 f"'sharegpt' (for its lengths), not {self.name!r}")
         s = self.rate_schedule
         if s is None:
-            if arrival == "piecewise":
-                raise ValueError("workload.rate_schedule is required for arrival='piecewise': "
+            if arrival in ("piecewise", "windows"):
+                raise ValueError(f"workload.rate_schedule is required for arrival={arrival!r}: "
                                  "((seconds, rate), ...)")
             return
+        # arrival='windows' takes an optional per-window CV: (seconds, rate, cv).
+        width = (2, 3) if arrival == "windows" else (2,)
         try:
-            s = tuple((float(sec), float(r)) for sec, r in s)
+            s = tuple(tuple(float(v) for v in entry) for entry in s)
+            if any(len(entry) not in width for entry in s):
+                raise ValueError
         except (TypeError, ValueError):
-            raise ValueError(f"workload.rate_schedule must be ((seconds, rate), ...), got {s!r}")
-        if not s or any(not (math.isfinite(sec) and sec > 0 and math.isfinite(r) and r >= 0)
-                        for sec, r in s) or arrivals.schedule_mean_rate(s) <= 0:
+            shape = "((seconds, rate[, cv]), ...)" if arrival == "windows" \
+                else "((seconds, rate), ...)"
+            raise ValueError(f"workload.rate_schedule must be {shape}, got {s!r}")
+        if not s or any(not (math.isfinite(e[0]) and e[0] > 0 and math.isfinite(e[1]) and e[1] >= 0
+                             and (len(e) < 3 or (math.isfinite(e[2]) and e[2] > 0)))
+                        for e in s) or arrivals.schedule_mean_rate([e[:2] for e in s]) <= 0:
             raise ValueError("workload.rate_schedule needs segments with seconds > 0, rate >= 0 "
-                             f"and some rate > 0, got {self.rate_schedule!r}")
+                             f"(cv > 0) and some rate > 0, got {self.rate_schedule!r}")
         object.__setattr__(self, "rate_schedule", s)
 
     def _check_range(self, name: str) -> None:
@@ -266,7 +313,7 @@ class WorkloadConfig:
     @property
     def resolved_rate(self) -> float | None:
         """The mean rate in effect; None replays a trace's times or a rate schedule as given."""
-        if self.rate is not None or self.arrival_process in ("trace", "piecewise"):
+        if self.rate is not None or self.arrival_process in SCHEDULED:
             return self.rate
         return DEFAULT_RATE
 
@@ -274,7 +321,7 @@ class WorkloadConfig:
     def resolved_num_requests(self) -> int | None:
         """The request cap in effect; None keeps every request of the trace or the duration."""
         if self.num_requests is not None or self.duration is not None \
-                or self.arrival_process == "trace":
+                or self.arrival_process in ("trace", "windows", "servegen"):
             return self.num_requests
         return DEFAULT_NUM_REQUESTS
 
@@ -282,6 +329,18 @@ class WorkloadConfig:
     def length_distribution(self) -> str:
         """The length distribution in effect: ``lengths`` or the workload's own."""
         return self.lengths or _DEFAULTS[self.name][1]
+
+    def window_table(self) -> pd.DataFrame:
+        """The per-client window table of ``arrival='windows'`` or ``'servegen'``
+        (:mod:`simsched.workloads.rate_schedule`); ``start`` and ``duration`` pick the
+        ServeGen period read."""
+        if self.arrival_process == "servegen":
+            table = rate_schedule.read_servegen(self.trace_path, self.servegen_model, self.start,
+                                                None if self.duration is None
+                                                else self.duration * self.speedup)
+            return rate_schedule.compress(table, self.speedup)
+        return rate_schedule.windows_from_schedule(self.rate_schedule, self.cv,
+                                                   self.gap_family)
 
     def trace_source(self) -> Path | None:
         """The timestamped trace file this workload reads, if any."""
@@ -372,7 +431,7 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
                           "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
     if kind == "trace":     # rows are the trace's, in order: keep their prefix identity
-        for column in ("hash_ids", "session_id", "think_time"):
+        for column in ("hash_ids", "session_id", "think_time", "adapter"):
             if column in trace.columns:
                 frame[column] = trace[column].iloc[:n].to_numpy()
     if cfg.system_prompt_len:
@@ -390,4 +449,18 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
                                          max_prompt_tokens=cfg.max_prompt_tokens,
                                          long_prompt_policy=cfg.long_prompt_policy, **merged)
     frame.attrs["hash_block_size"] = cfg.hash_block_size
+    if cfg.num_adapters:
+        if "adapter" in frame.columns:
+            raise ValueError(f"workload.num_adapters={cfg.num_adapters} would replace the "
+                             f"adapter column of {source}; set num_adapters=0 to replay it")
+        # Drawn last, so every other column is what it is without adapters.
+        frame["adapter"] = draw_adapters(cfg.num_adapters, cfg.adapter_zipf, rng, len(frame))
     return frame
+
+
+def draw_adapters(num_adapters: int, zipf: float, rng: np.random.Generator,
+                  n: int) -> np.ndarray:
+    """``n`` adapter ids in ``[0, num_adapters)``, id ``i`` with probability proportional to
+    ``1 / (i + 1) ** zipf``."""
+    weights = 1.0 / np.arange(1, num_adapters + 1, dtype=float) ** zipf
+    return rng.choice(num_adapters, size=n, p=weights / weights.sum()).astype(np.int64)

@@ -1,0 +1,93 @@
+"""A fleet over a day: wall time and peak memory of a streamed 64-replica ServeGen day.
+
+``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--utilisation 0.65]
+[--autoscale] [--out DIR]``
+
+Llama-2-7B replicas on A100-80GB (calibrated cost model, default engine), prompts uniform in
+``--prompt-range``, outputs in ``--output-range``. One replica's capacity on those lengths is
+measured first (offered far above it); the ServeGen ``m-large`` day (bundled) is then scaled so
+the fleet's mean utilisation is ``--utilisation`` and replayed for ``--hours`` (the day's first
+hours, real clock), streamed to Parquet under ``--out`` (``simulate(..., stream_to=...)``), router
+``least_tokens``. ``--autoscale`` adds a threshold autoscaler (running requests per replica at
+70 % of capacity, 30 s delay). Prints requests, iterations, wall time, peak RSS, and the rates
+per request and per replica-iteration, so a full day can be extrapolated from a shorter run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.common import peak_rss_mb
+from simsched import SimConfig, simulate
+from simsched.config.autoscaling import AutoscalingConfig
+from simsched.config.cluster import ClusterConfig
+from simsched.workloads import rate_schedule
+from simsched.workloads.workload import WorkloadConfig
+
+
+def lengths(args, **changes) -> WorkloadConfig:
+    """The benchmark's request lengths, with ``changes``."""
+    return WorkloadConfig(name="custom", lengths="uniform", prompt_range=tuple(args.prompt_range),
+                          output_range=tuple(args.output_range), **changes)
+
+
+def main(argv=None) -> None:
+    """Calibrate one replica, run the streamed fleet, print the figures."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, default=64)
+    p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--utilisation", type=float, default=0.65)
+    p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
+    p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
+    p.add_argument("--autoscale", action="store_true")
+    p.add_argument("--out", help="stream directory (default: a temporary one, removed)")
+    args = p.parse_args(argv)
+    base = SimConfig(workload=lengths(args))
+    sat = simulate(base.replace(workload=lengths(args, rate=40.0, duration=120.0)))
+    capacity = sat.summary()["request_throughput"]
+    it = sat.iterations
+    running = float(np.average(it["num_seqs"], weights=it["duration"])) * 0.7
+    day = rate_schedule.read_servegen(model="m-large")
+    rate = args.utilisation * args.replicas * capacity
+    duration = args.hours * 3600.0
+    workload = lengths(args, arrival="servegen", servegen_model="m-large",
+                       rate=rate * rate_schedule.mean_rate(
+                           rate_schedule.read_servegen(model="m-large", duration=duration))
+                       / rate_schedule.mean_rate(day),
+                       duration=duration)
+    auto = None
+    if args.autoscale:
+        auto = AutoscalingConfig(policy="threshold", metric="running", target=running,
+                                 provisioning_time=20.0, model_load_time=10.0,
+                                 max_replicas=args.replicas, price_per_hour=2.0)
+    cfg = dataclasses.replace(base, workload=workload, cluster=ClusterConfig(
+        num_replicas=args.replicas, router="least_tokens", autoscaling=auto))
+    out = args.out or tempfile.mkdtemp(prefix="fleet_day_")
+    before = peak_rss_mb()
+    started = time.perf_counter()
+    run = simulate(cfg, stream_to=out)
+    wall = time.perf_counter() - started
+    n = int(run.windows["num_requests"].sum())
+    iterations = run.dataset("iterations").count_rows()
+    print(f"{args.replicas} replicas, {args.hours:g} h of ServeGen m-large at "
+          f"{args.utilisation:.0%} mean utilisation (one replica serves {capacity:.2f} req/s; "
+          f"mean offered {rate:.1f} req/s): {n} requests, {iterations} iterations, "
+          f"{int(run.windows['num_finished'].sum())} finished")
+    print(f"wall {wall:.1f} s ({wall / n * 1e6:.1f} us per request, "
+          f"{wall / iterations * 1e6:.2f} us per iteration); peak RSS {peak_rss_mb():.0f} MiB "
+          f"(before the run: {before:.0f} MiB)")
+    if auto is not None:
+        print(f"fleet cost {run.info['fleet_cost']:.1f} ({run.info['fleet_replica_hours']:.1f} "
+              f"replica-hours)")
+    if args.out is None:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""Runs that stream their records to Parquet as they go (``simulate(..., stream_to=PATH)``).
+
+A big run (a fleet over a day: tens of millions of requests, hundreds of millions of GPU
+iterations) does not fit in memory as frames. Streaming writes, every ``chunk`` ended requests:
+
+- ``PATH/iterations/part-*.parquet``: the GPU iterations logged since the last chunk (every
+  replica's log is emptied into it, with a ``replica`` column; also whenever the logs hold
+  :data:`ITERATION_BYTES`);
+- ``PATH/requests/part-*.parquet``: the ended requests' rows, built by the same code as the
+  in-memory request frame (:func:`~simsched.analysis.frames.build_requests_frame`), so the
+  streamed frames equal the in-memory ones row for row once sorted by ``request_id``
+  (iterations: stably by ``replica``);
+- ``PATH/preemptions/part-*.parquet``: their preemption causes;
+
+and at the end ``PATH/windows.parquet`` (per-window summaries accumulated chunk by chunk),
+``PATH/replicas.parquet``, ``PATH/fleet_units.parquet`` and ``PATH/fleet_timeline.parquet`` (an
+autoscaled run), and ``PATH/info.json``. Only requests in flight are objects; of the decode
+steps' end times (per-token gaps are rebuilt from them) only those an in-flight request may
+still need are kept. What stays per request is the workload's columns (arrival, lengths,
+priority, tenant: about 40 bytes).
+
+:func:`read_stream` reads a streamed run back (pandas frames, or pyarrow datasets to scan
+without loading). Plain workloads only: no prefix-cache content, no closed-loop sessions, no
+disaggregation, no invariant checks or step recording (they read every request object).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
+from simsched.cluster.lazy import LazyRequests
+from simsched.engine.log import _is_count
+from simsched.request import Request
+
+CHUNK = 65536
+WINDOW = 600.0
+# Iteration logs are also drained when they hold this many bytes (checked every 1,024 ended
+# requests): a busy fleet logs ~20 iterations per request, and one drain holds a few copies.
+ITERATION_BYTES = 16 << 20
+
+
+class StreamingRequests:
+    """The run's requests, created at arrival from workload columns and written out in chunks
+    when they end (the :class:`~simsched.cluster.lazy.LazyRequests` interface the cluster
+    uses: iteration, ``record``, ``len``)."""
+
+    __iter__ = LazyRequests.__iter__
+
+    def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
+                 chunk: int | None = None, window: float = WINDOW) -> None:
+        self.arrival = np.asarray(arrival, dtype=float)
+        self.prompt = np.asarray(prompt, dtype=np.int64)
+        self.output = np.asarray(output, dtype=np.int64)
+        self.priority = np.asarray(priority, dtype=np.int64)
+        self.tenant = tenant
+        self.n = len(self.arrival)
+        self.live: dict = {}
+        self.done: list = []
+        self.max_recorded = -1
+        self.path, self.prefix, self.window = Path(path), prefix, window
+        self.chunk = chunk if chunk is not None else CHUNK
+        self.cluster = None
+        self.steps: list[array] = []        # per replica: decode step end times kept
+        self.kept_from: list[int] = []      # per replica: the step number of steps[r][0]
+        self.num_steps: list[int] = []      # per replica: decode steps so far
+        self.parts = 0
+        self.iteration_parts = 0
+        self.since_check = 0
+        self.windows: dict[int, np.ndarray] = {}
+        for sub in ("requests", "iterations", "preemptions"):
+            (self.path / sub).mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def bind(self, cluster) -> None:
+        """Attach the cluster whose replicas' logs and routing this store reads."""
+        self.cluster = cluster
+
+    def record(self, req) -> None:
+        """``req``'s process has ended: write it out with the next chunk."""
+        del self.live[req.id]
+        self.done.append(req)
+        if req.id > self.max_recorded:
+            self.max_recorded = req.id
+        if len(self.done) >= self.chunk:
+            self.flush()
+        else:
+            self.since_check += 1
+            if self.since_check >= 1024:
+                self.since_check = 0
+                if sum(len(r.iteration_rows.values) for r in self.cluster.replicas) \
+                        > ITERATION_BYTES:
+                    self._drain_iterations()
+
+    # ------------------------------------------------------------- chunks
+    def _drain_iterations(self) -> None:
+        replicas = self.cluster.replicas
+        while len(self.steps) < len(replicas):          # replicas added by an autoscaler
+            self.steps.append(array("d"))
+            self.kept_from.append(1)
+            self.num_steps.append(0)
+        frames = []
+        for r, replica in enumerate(replicas):
+            log = replica.iteration_rows
+            if not log.values:
+                continue
+            rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
+            del log.values[:]           # in place: the GPU loop appends to this very buffer
+            frame = pd.DataFrame({"replica": np.full(len(rows), r, dtype=np.int64),
+                                  **{c: rows[c] for c in log.columns}})
+            frames.append(frame)
+            decodes = rows["num_decode_tokens"] > 0
+            self.steps[r].extend((rows["started_at"] + rows["duration"])[decodes].tolist())
+            self.num_steps[r] += int(decodes.sum())
+        if frames:
+            frame = pd.concat(frames, ignore_index=True)
+            for col in frame.columns:               # replicas without a prefix cache: 0
+                if frame[col].isna().any():
+                    frame[col] = frame[col].fillna(0).astype(np.int64 if _is_count(col)
+                                                             else float)
+            name = f"part-{self.iteration_parts:06d}.parquet"
+            frame.to_parquet(self.path / "iterations" / name)
+            self.iteration_parts += 1
+
+    def flush(self) -> None:
+        """Write the iterations logged so far and the ended requests' rows, then forget them."""
+        self._drain_iterations()
+        done, self.done = self.done, []
+        if done:
+            self._write_requests(done)
+        self.parts += 1
+        self._prune()
+
+    def _write_requests(self, done: list) -> None:
+        cluster = self.cluster
+        ids = np.fromiter((r.id for r in done), dtype=np.int64, count=len(done))
+        if cluster.replica_of is None:
+            owner = np.zeros(len(done), dtype=np.int64)
+        else:
+            owners = np.frombuffer(cluster.replica_of, dtype=np.int32)
+            owner = owners[ids].astype(np.int64)
+        pieces, starts, pos = [], [], 0
+        for r, steps in enumerate(self.steps):
+            piece = np.concatenate(([np.nan], np.frombuffer(steps, dtype=float)))
+            pieces.append(piece)
+            starts.append(pos - (self.kept_from[r] - 1))
+            pos += len(piece)
+        step_end = np.concatenate(pieces)
+        offset = np.asarray(starts, dtype=np.int64)[np.maximum(owner, 0)]
+        delays = np.array([float(getattr(s.cost_model, "output_delay", 0.0))
+                           for s in cluster.specs])
+        delay = delays[np.maximum(owner, 0)] if delays.any() else None
+        frame, _, causes = build_requests_frame(done, step_end, step_offset=offset,
+                                                prefix=self.prefix, replica=owner,
+                                                output_delay=delay)
+        name = f"part-{self.parts:05d}.parquet"
+        frame.to_parquet(self.path / "requests" / name)
+        if len(causes):
+            causes.to_parquet(self.path / "preemptions" / name)
+        self._summarise(frame)
+
+    def _prune(self) -> None:
+        """Drop the decode step ends no request in flight can still need."""
+        replica_of = self.cluster.replica_of
+        need = list(self.num_steps)
+        for req in self.live.values():
+            runs, start = req.runs, req.run_start_step
+            first = runs[1] if runs else (start if start >= 0 else None)
+            if first is None:
+                continue
+            r = replica_of[req.id] if replica_of is not None else 0
+            if r >= 0 and first < need[r]:
+                need[r] = int(first)
+        for r, steps in enumerate(self.steps):
+            drop = need[r] - self.kept_from[r]
+            if drop > 0:
+                del steps[:drop]
+                self.kept_from[r] += drop
+
+    def _summarise(self, frame: pd.DataFrame) -> None:
+        """Add a chunk to the per-window sums: requests, finished, rejected, TTFT, E2EL, TPOT
+        and output tokens (by arrival window)."""
+        k = np.floor(frame["arrival_at"].to_numpy() / self.window).astype(np.int64)
+        finished = (frame["status"] == "finished").to_numpy()
+        rejected = (frame["status"] == "rejected").to_numpy()
+        ttft = np.nan_to_num(frame["ttft"].to_numpy(float))
+        e2el = np.where(finished, np.nan_to_num(frame["e2el"].to_numpy(float)), 0.0)
+        tpot = frame["tpot"].to_numpy(float)
+        has_tpot = finished & ~np.isnan(tpot)
+        values = np.stack([np.ones(len(k)), finished, rejected, ttft,
+                           ~np.isnan(frame["ttft"].to_numpy(float)), e2el,
+                           np.where(has_tpot, tpot, 0.0), has_tpot,
+                           np.where(finished, frame["num_generated_tokens"].to_numpy(), 0)])
+        for w in np.unique(k):
+            sums = values[:, k == w].sum(axis=1)
+            self.windows[int(w)] = self.windows.get(int(w), 0) + sums
+
+    def windows_frame(self) -> pd.DataFrame:
+        """Per arrival window: counts, means of TTFT, E2EL and TPOT, output tokens."""
+        keys = sorted(self.windows)
+        v = np.array([self.windows[w] for w in keys]).reshape(-1, 9)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return pd.DataFrame({
+                "start": np.asarray(keys, dtype=float) * self.window,
+                "num_requests": v[:, 0].astype(np.int64), "num_finished": v[:, 1].astype(np.int64),
+                "num_rejected": v[:, 2].astype(np.int64), "ttft_mean": v[:, 3] / v[:, 4],
+                "e2el_mean": v[:, 5] / v[:, 1], "tpot_mean": v[:, 6] / v[:, 7],
+                "num_output_tokens": v[:, 8].astype(np.int64)})
+
+    def finish(self) -> None:
+        """After the run: record the requests in flight as they stand and those that never
+        arrived (status pending), then write the last chunk."""
+        created = max(self.max_recorded, max(self.live, default=-1)) + 1
+        self.done.extend(self.live.values())
+        self.live.clear()
+        tenant = self.tenant
+        for rid in range(created, self.n):
+            self.done.append(Request(rid, self.arrival[rid], self.prompt[rid], self.output[rid],
+                                     self.priority[rid],
+                                     tenant[rid] if tenant is not None else None))
+        self.flush()
+
+
+@dataclass
+class StreamedRun:
+    """A streamed run on disk: ``path``, what it derived (``info``) and per-window sums."""
+
+    path: Path
+    info: dict
+    windows: pd.DataFrame
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """The run's frames read back (see :func:`read_stream`)."""
+        return read_stream(self.path)
+
+    def dataset(self, name: str):
+        """``requests``, ``iterations`` or ``preemptions`` as a pyarrow dataset (lazy scans)."""
+        import pyarrow.dataset as ds
+        return ds.dataset(self.path / name, format="parquet")
+
+
+def read_stream(path) -> dict[str, pd.DataFrame]:
+    """A streamed run's frames: ``requests`` (by request id), ``iterations`` (replica after
+    replica, each in time order), ``preemptions`` (by request), ``windows``, and where written
+    ``replicas``, ``fleet_units``, ``fleet_timeline``. A missing directory raises ValueError."""
+    path = Path(path)
+    if not (path / "requests").is_dir():
+        raise ValueError(f"{path}: not a streamed run (no requests/ directory)")
+    out = {}
+    for name, key in (("requests", "request_id"), ("iterations", "replica"),
+                      ("preemptions", "request_id")):
+        parts = sorted((path / name).glob("part-*.parquet"))
+        frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts \
+            else pd.DataFrame()
+        if len(frame):
+            frame = frame.sort_values(key, kind="stable", ignore_index=True)
+        for col in _TEXT_COLUMNS:       # as the in-memory frames store their text
+            if _STR is not None and col in frame.columns:
+                frame[col] = frame[col].astype(_STR)
+        out[name] = frame
+    for name in ("windows", "replicas", "fleet_units", "fleet_timeline"):
+        if (path / f"{name}.parquet").exists():
+            out[name] = pd.read_parquet(path / f"{name}.parquet")
+    return out
+
+
+def write_end(store: StreamingRequests, extra: dict, info: dict) -> StreamedRun:
+    """Write the end-of-run files (``extra`` frames, ``info``) and return the run's handle."""
+    windows = store.windows_frame()
+    windows.to_parquet(store.path / "windows.parquet")
+    for name, frame in extra.items():
+        if frame is not None:
+            frame.to_parquet(store.path / f"{name}.parquet")
+    plain = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+             for k, v in info.items() if isinstance(v, (int, float, str, list))}
+    (store.path / "info.json").write_text(json.dumps(plain, indent=1))
+    return StreamedRun(store.path, info, windows)

@@ -1,0 +1,216 @@
+"""GPU kernel time of mixture-of-experts, MLA and quantised models, derived from the dense fits.
+
+No MoE kernel was timed for this project: every GEMM here is the measured anchor's dense GEMM
+model (:func:`simsched.cost.calibration.predict_linear`'s roofline over the fitted efficiency
+curve, plus the fitted fixed time per GEMM) applied to the shapes the model actually runs. For
+one layer on one GPU, with ``x`` the GPU's tokens:
+
+* attention projections (QKV and output, or MLA's low-rank ones) and dense MLPs: as a dense
+  model, split over tensor parallelism;
+* an MoE layer: the router (``hidden x experts``, activation dtype), the shared experts (a dense
+  MLP), and the routed experts as one grouped GEMM per projection over the ``D`` experts that
+  receive tokens this step: ``D`` GEMMs of ``m = assignments / D`` tokens each, each timed by the
+  dense model at ``m`` tokens (the efficiency of an ``m``-row GEMM). ``D`` is the expected
+  number of distinct experts hit, ``sum_i 1 - (1 - p_i)^n`` (uniform routing: ``N (1 - (1 -
+  k/N)^n)``; ``expert_routing_skew`` makes the routing Zipf-skewed);
+* expert parallelism (``enable_expert_parallel``): the experts are spread over the MoE ranks
+  (tp x data-parallel; expert i on rank i mod ranks), each rank computes its own experts'
+  GEMMs and the layer waits for the slowest rank (expected assignments plus sqrt(2 ln ranks)
+  standard deviations of the routing's randomness), plus a dispatch and a combine all-to-all
+  (:func:`all_to_all_time`); without it every rank holds a 1/ranks slice of every expert;
+* element-wise work: the dense fit's per-layer constant and bytes, with the MoE activation over
+  the top-k experts' width, the token permutation (scatter and gather of ``k`` copies) and, for
+  FP8 weights, the dynamic quantisation of every GEMM's input.
+
+Weight bytes follow ``weight_dtype``; on Hopper (the ``h200`` kernel anchor) FP8 GEMMs run at
+twice the bf16 tensor-core rate, elsewhere (A100: FP8 weight-only kernels) and for int4
+weight-only at the bf16 rate. The decode attention's KV reads scale with ``kv_cache_dtype``
+(and MLA's compressed KV). What is assumed rather than measured: that the dense GEMM
+efficiency at ``m`` rows holds for a grouped expert GEMM, the all-to-all latency
+(:data:`A2A_LATENCY`), and the MLA attention kernels (timed as grouped-query ones reading the
+latent's bytes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simsched.cost import shapes
+from simsched.cost.hardware import GPUS, GPUSpec, ModelSpec
+
+# Seconds per all-to-all call beyond its bytes, per log2 of the ranks (launch and the peers'
+# handshake; assumed, of the order of vLLM's NVLink all-to-all kernels, not measured here).
+A2A_LATENCY = 8e-6
+FP8_ANCHORS = ("h200",)          # kernel anchors whose GPUs have FP8 tensor cores (Hopper)
+_GRID_EXACT = 1024               # token counts computed exactly; beyond, a geometric grid
+
+
+def _on_grid(n: np.ndarray, fn) -> np.ndarray:
+    """``fn`` over token counts ``n``: exact up to :data:`_GRID_EXACT`, interpolated on a
+    geometric grid beyond (routing statistics are smooth there; this keeps big tables cheap)."""
+    top = float(max(n.max(), 1.0))
+    grid = np.unique(np.concatenate([np.arange(_GRID_EXACT + 1, dtype=float),
+                                     np.geomspace(_GRID_EXACT, max(top, _GRID_EXACT), 256)]))
+    vals = fn(grid)
+    return np.stack([np.interp(n, grid, v) for v in vals]) if vals.ndim == 2 \
+        else np.interp(n, grid, vals)
+
+
+def all_to_all_time(tokens, ranks: int, spec: ModelSpec, link_bandwidth: float) -> np.ndarray:
+    """Seconds of one MoE layer's dispatch and combine all-to-alls on one rank: each of its
+    ``tokens`` sends ``experts_per_token`` hidden vectors, the ``(ranks - 1) / ranks`` of them
+    bound to other ranks over ``link_bandwidth`` (bytes/s one GPU sends), twice; plus
+    :data:`A2A_LATENCY` x log2(ranks) per call. 0 on one rank."""
+    x = np.asarray(tokens, dtype=float)
+    if ranks <= 1:
+        return np.zeros_like(x)
+    nbytes = x * spec.experts_per_token * spec.hidden_size * spec.bytes_per_param \
+        * (ranks - 1) / ranks
+    return 2.0 * (A2A_LATENCY * math.log2(ranks) + nbytes / link_bandwidth)
+
+
+class _Gemm:
+    """The dense GEMM model of one anchor's fit, for any shape and weight dtype."""
+
+    def __init__(self, lin: dict, spec: ModelSpec, gpu: GPUSpec) -> None:
+        self.lin, self.gpu = lin, gpu
+        self.const = lin.get("gemm_const", 0.0)
+        self.wb = shapes.weight_bytes_per_element(spec)
+        self.ab = float(spec.bytes_per_param)
+        fp8_rate = spec.weight_dtype == "fp8" and gpu.kernels in FP8_ANCHORS
+        self.peak = gpu.peak_flops * (2.0 if fp8_rate else 1.0)
+
+    def bare(self, x, k: int, n: int, quantised: bool = True) -> np.ndarray:
+        """Seconds of one GEMM of ``x`` rows by (k, n) weights without the fixed launch time:
+        the roofline over the fitted efficiency at ``x`` rows."""
+        x = np.maximum(np.asarray(x, dtype=float), 1.0)
+        wb = self.wb if quantised else self.ab
+        eff = np.interp(np.log(x), np.log(self.lin["eff_tokens"]), self.lin["eff"])
+        roof = np.maximum(2.0 * x * k * n / (self.peak if quantised else self.gpu.peak_flops),
+                          (wb * k * n + self.ab * x * (k + n)) / self.gpu.mem_bandwidth)
+        return roof / eff
+
+    def __call__(self, x, k: int, n: int, quantised: bool = True) -> np.ndarray:
+        """Seconds of one GEMM launch of ``x`` rows by (k, n) weights."""
+        return self.bare(x, k, n, quantised) + self.const
+
+
+def _layer_parts(spec: ModelSpec, tp: int, gemm: _Gemm, x: np.ndarray) -> tuple:
+    """(attention projection seconds, their element-wise bytes per token, GEMM inputs' widths)
+    of one layer for ``x`` tokens per GPU."""
+    h, d, hq = spec.hidden_size, spec.head_dim, spec.num_heads // tp
+    if spec.kv_lora_rank:
+        c, r, q = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.q_lora_rank
+        t = gemm(x, h, c + r) + gemm(x, c, hq * 2 * d) + gemm(x, hq * d, h)
+        t = t + (gemm(x, h, q) + gemm(x, q, hq * (d + r)) if q else gemm(x, h, hq * (d + r)))
+        rope, inputs = 2 * (hq + 1) * r, 3 * h + c + hq * d + (q or 0)
+    else:
+        kv = max(1, spec.num_kv_heads // tp)
+        t = gemm(x, h, (hq + 2 * kv) * d) + gemm(x, hq * d, h)
+        rope, inputs = (2 * (hq + kv) * d if spec.rope else 0), h + hq * d
+    return t, 4 * h + rope + 6 * h, inputs
+
+
+def linear_tables(spec: ModelSpec, gpu: GPUSpec, tp: int, lin: dict, n: np.ndarray,
+                  parallel=None) -> tuple[np.ndarray, np.ndarray]:
+    """(linear seconds of all layers, all-to-all seconds of all layers) by the GPU's token count
+    ``n`` for an MoE, MLA or quantised model (``parallel``: a
+    :class:`simsched.config.parallel.ParallelConfig` or None)."""
+    dp = parallel.data_parallel_size if parallel is not None else 1
+    ep = bool(parallel is not None and parallel.enable_expert_parallel)
+    skew = parallel.expert_routing_skew if parallel is not None else 0.0
+    gemm = _Gemm(lin, spec, gpu)
+    h, g = spec.hidden_size, (2 if spec.gated_mlp else 1)
+    elt_unit = lin["elt_per_byte"] * GPUS[lin["gpu"]].mem_bandwidth / gpu.mem_bandwidth \
+        * spec.bytes_per_param
+    quant = (1.0 + 1.0 / spec.bytes_per_param) if spec.weight_dtype == "fp8" else 0.0
+    x = np.maximum(n, 1.0)
+    attn, elt_tok, inputs = _layer_parts(spec, tp, gemm, x)
+    inter = spec.intermediate_size
+    dense = attn + gemm(x, h, g * inter // tp) + gemm(x, inter // tp, h)
+    dense_elt = elt_tok + 3 * inter // tp + quant * (inputs + h + inter // tp)
+    dense = dense + lin["elt_const"] + x * dense_elt * elt_unit
+    moe_layers = shapes.num_moe_layers(spec)
+    total = dense * (spec.num_layers - moe_layers)
+    a2a = np.zeros_like(x)
+    if moe_layers:
+        moe, moe_a2a = _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel)
+        moe = moe + attn + lin["elt_const"] + x * (elt_tok + quant * inputs) * elt_unit
+        total = total + moe * moe_layers
+        a2a = moe_a2a * moe_layers
+    total[0] = a2a[0] = 0.0
+    return np.maximum.accumulate(total), np.maximum.accumulate(a2a)
+
+
+def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
+    """(seconds of one MoE block on the slowest rank, its all-to-all seconds) for ``x`` tokens
+    per GPU (``x * dp`` tokens over the data-parallel ranks)."""
+    h, g, k = spec.hidden_size, (2 if spec.gated_mlp else 1), spec.experts_per_token
+    width, num = spec.expert_intermediate_size, spec.num_experts
+    ranks = tp * dp
+    quant = (1.0 + 1.0 / spec.bytes_per_param) if spec.weight_dtype == "fp8" else 0.0
+    t = gemm(x, h, num, quantised=False)                            # router
+    shared = spec.num_shared_experts * width
+    elt = 4.0 * k * h                                               # scatter + gather
+    if shared:
+        t = t + gemm(x, h, g * shared // tp) + gemm(x, shared // tp, h)
+        elt = elt + 3 * shared // tp + quant * (h + shared // tp)
+    p = shapes.expert_hit_probabilities(num, k, skew)
+    total = x * dp
+    if ep and ranks > 1:
+        owner = np.arange(num) % ranks
+
+        def per_rank(grid):
+            share = np.array([p[owner == r].sum() for r in range(ranks)])
+            hit = np.stack([(1.0 - (1.0 - p[owner == r][None, :]) ** grid[:, None]).sum(axis=1)
+                            for r in range(ranks)])
+            sd = np.sqrt(np.maximum(grid[None, :] * share[:, None]
+                                    * (1.0 - share[:, None] / k), 0.0))
+            assign = grid[None, :] * share[:, None] + math.sqrt(2 * math.log(ranks)) * sd
+            return np.concatenate([hit, assign])
+
+        stats = _on_grid(total, per_rank)
+        hit, assign = np.maximum(stats[:ranks], 1e-9), stats[ranks:]
+        m = assign / hit
+        rank_t = hit * (gemm.bare(m, h, g * width) + gemm.bare(m, width, h)) + 2 * gemm.const
+        t = t + rank_t.max(axis=0)
+        slow = assign.max(axis=0)
+        elt = elt + (3 * width + quant * (h + width)) * slow / np.maximum(x, 1.0)
+        link = gpu.interconnect_bandwidth / 2 if ranks <= parallel.gpus_per_node \
+            else parallel.inter_node_bandwidth
+        a2a = all_to_all_time(x, ranks, spec, link)
+    else:
+        hit = np.maximum(_on_grid(total, lambda grid: shapes.expected_distinct_experts(
+            grid, num, k, skew)), 1e-9)
+        m = total * k / hit
+        w = width // ranks
+        t = t + hit * (gemm.bare(m, h, g * w) + gemm.bare(m, w, h)) + 2 * gemm.const
+        elt = elt + k * dp * (3 * w + quant * (h + w))
+        a2a = np.zeros_like(x)
+    unit = gemm.lin["elt_per_byte"] * GPUS[gemm.lin["gpu"]].mem_bandwidth \
+        / gpu.mem_bandwidth * spec.bytes_per_param
+    return t + gemm.lin["elt_const"] + x * elt * unit, a2a
+
+
+def kv_read_scale(spec: ModelSpec, tp: int) -> float:
+    """Decode attention's KV bytes relative to the dense bf16 grouped-query layout the kernel
+    fits assume (KV dtype; MLA's compressed latent)."""
+    plain = 2 * spec.num_layers * max(1, spec.num_kv_heads // tp) * spec.head_dim \
+        * spec.bytes_per_param
+    return shapes.kv_bytes_per_token(spec, tp) / plain
+
+
+def apply(tables, coef: dict, n: np.ndarray, parallel=None) -> None:
+    """Replace ``tables``' linear part (and scale its decode attention) for a non-plain model;
+    set ``tables.moe_comm`` (expert-parallel all-to-all seconds by token count)."""
+    spec, gpu, tp = tables.spec, tables.gpu, tables.tp
+    if spec.num_experts or spec.kv_lora_rank or spec.weight_dtype != "auto":
+        # (A dense model with only an FP8 KV cache keeps its measured linear table.)
+        tables.linear, tables.moe_comm = linear_tables(spec, gpu, tp, coef["linear"], n,
+                                                       parallel)
+    scale = kv_read_scale(spec, tp)
+    tables.dec_s = tables.dec_s * scale
+    tables.sat_s = tables.sat_s * scale
+
