@@ -30,8 +30,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from benchmarks.parity.cases import MAX_MODEL_LEN, make_case  # noqa: E402
 from benchmarks.parity.compare import compare  # noqa: E402
-from benchmarks.parity.engine import (OUTPUT_BASE, StuckError, _arrive, _finished,  # noqa: E402
-                                      make_requests, make_scheduler)
+from benchmarks.parity.engine import (OUTPUT_BASE, StuckError, _Recorder,  # noqa: E402
+                                      _run_sync, make_requests, make_scheduler)
 from benchmarks.parity.sim import run_sim  # noqa: E402
 
 from benchmarks.parity.cases import FAMILIES  # noqa: E402
@@ -57,79 +57,64 @@ def write_trace(path: Path, num_requests: int, k: int, max_verifications: int = 
                 w.writerow([rid, accepted(rid, v, k)])
 
 
-def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
-    """vLLM's steps for ``case`` with K proposals per decoder (see the module docstring)."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+class _SpecRecorder(_Recorder):
+    """The parity recorder with a drafter and a verifier: before each schedule the requests that
+    sampled in the last step get their proposals (``update_draft_token_ids``); each scheduled
+    verification samples 1 + :func:`accepted` tokens."""
 
-    sched = make_scheduler(case)
-    requests = make_requests(case)
-    max_tokens = {r.request_id: r.max_tokens for r in requests}
-    steps: list = []
-    pending_preempted: list[int] = []
-    verifications: dict[str, int] = defaultdict(int)
-    sampled_count: dict[str, int] = defaultdict(int)
-    now = nxt = idle = 0
-    for _ in range(max_steps):
-        nxt = _arrive(sched, requests, nxt, now)
-        if not sched.has_requests():
-            if nxt == len(requests):
-                return steps
-            now = int(requests[nxt].arrival_time)
-            continue
-        waiting = {rid for rid, r in sched.requests.items() if not r.is_finished()
-                   and r.status.name in ("WAITING", "PREEMPTED")}
-        out = sched.schedule()
-        pending_preempted.extend(int(rid) for rid in out.preempted_req_ids)
+    def __init__(self, sched, k: int, max_tokens: dict) -> None:
+        super().__init__(sched)
+        self.k = k
+        self.max_tokens = max_tokens
+        self.verifications: dict[str, int] = defaultdict(int)
+        self.sampled: list[str] = []            # requests that sampled in the last step
+        self.model_output = self._verify
+
+    def schedule(self, now: int):
+        from vllm.v1.outputs import DraftTokenIds
+
+        ids, drafts = [], []
+        for rid in self.sampled:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            n = min(self.k, self.max_tokens[rid] - req.num_output_tokens - 1)
+            if n > 0:
+                ids.append(rid)
+                drafts.append([7] * n)
+        if ids:
+            self.sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+        return super().schedule(now)
+
+    def _verify(self, sched, out, counts: dict):
+        from vllm.v1.outputs import ModelRunnerOutput
+
         ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in ids:
-            req = sched.requests[rid]
-            if req.is_prefill_chunk:
+            if sched.requests[rid].is_prefill_chunk:
                 sampled.append([])
                 continue
             drafts = out.scheduled_spec_decode_tokens.get(rid, [])
             a = 0
             if drafts:
-                a = min(accepted(int(rid), verifications[rid], k), len(drafts))
-                verifications[rid] += 1
-            n0 = sampled_count[rid]
-            sampled_count[rid] = n0 + 1 + a
+                a = min(accepted(int(rid), self.verifications[rid], self.k), len(drafts))
+                self.verifications[rid] += 1
+            n0 = counts.get(rid, 0)
+            counts[rid] = n0 + 1 + a
             sampled.append([OUTPUT_BASE + int(rid) * MAX_MODEL_LEN + n0 + j for j in range(1 + a)])
-        model_out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in
-                                                                      enumerate(ids)},
-                                      sampled_token_ids=sampled)
-        step = None
-        if out.total_num_scheduled_tokens:
-            scheduled = []
-            for rid, n in out.num_scheduled_tokens.items():
-                cached = sched.requests[rid].num_computed_tokens - n if rid in waiting else 0
-                scheduled.append([int(rid), int(n), int(cached)])
-            step = [now, sorted(scheduled), sorted(set(pending_preempted)), []]
-            pending_preempted = []
-            steps.append(step)
-        outputs = sched.update_from_output(out, model_out)
-        # The drafter proposes for every request that sampled a token this step.
-        draft_ids, drafts = [], []
-        for rid, toks in zip(ids, sampled):
-            req = sched.requests.get(rid)
-            if not toks or req is None or req.is_finished():
-                continue
-            left = max_tokens[rid] - req.num_output_tokens
-            n = min(k, left - 1)
-            if n > 0:
-                draft_ids.append(rid)
-                drafts.append([7] * n)
-        if draft_ids:
-            sched.update_draft_token_ids(DraftTokenIds(draft_ids, drafts))
-        if step is None:
-            idle += 1
-            if idle > 2 and sched.has_unfinished_requests():
-                raise StuckError(f"vLLM scheduled nothing {idle} times in a row at t={now}")
-            continue
-        idle = 0
-        step[3] = sorted(_finished(outputs))
-        now += 1
-    raise StuckError(f"over {max_steps} steps")
+        self.sampled = [rid for rid, toks in zip(ids, sampled) if toks]
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled)
+
+
+def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
+    """vLLM's steps for ``case`` with K proposals per decoder (see the module docstring)."""
+    sched = make_scheduler(case)
+    requests = make_requests(case)
+    rec = _SpecRecorder(sched, k, {r.request_id: r.max_tokens for r in requests})
+    _run_sync(sched, requests, rec, max_steps)
+    return rec.steps
 
 
 def sim_steps(case, k: int, trace_dir: Path) -> list:
