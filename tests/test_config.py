@@ -37,6 +37,7 @@ BAD = [
     ("scheduler", "admit_after_preemption", 0, {}, "True or False"),
     ("scheduler", "reserve_full_isl", "yes", {}, "True or False"),
     ("scheduler", "plan_ahead", 1, {}, "True or False"),
+    ("scheduler", "speculative", 3, {}, "SpeculativeConfig"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
     ("scheduler", "async_scheduling", 1, {}, "True, False or None"),
     ("cache", "enable_prefix_caching", "yes", {}, "True or False"),

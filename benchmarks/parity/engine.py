@@ -116,6 +116,9 @@ def make_requests(case: Case) -> list:
 class _Recorder:
     """Collects one case's steps in the comparison's form (see :mod:`benchmarks.parity.sim`)."""
 
+    # What the model returns for a schedule (a subclass may sample more than one token).
+    model_output = staticmethod(lambda sched, out, counts: _model_output(sched, out, counts))
+
     def __init__(self, sched) -> None:
         self.sched = sched
         self.steps: list = []
@@ -128,7 +131,7 @@ class _Recorder:
         waiting = {rid for rid, r in sched.requests.items() if not r.is_finished()
                    and r.status.name in ("WAITING", "PREEMPTED")}
         out = sched.schedule()
-        model_out = _model_output(sched, out, self.counts)
+        model_out = self.model_output(sched, out, self.counts)
         self.preempted.extend(int(rid) for rid in out.preempted_req_ids)
         if out.total_num_scheduled_tokens == 0:
             return out, model_out, None

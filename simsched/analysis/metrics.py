@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from simsched.analysis.itl import ItlSamples
+from simsched.analysis.speculative import SUMMARY_KEYS as SPEC_SUMMARY_KEYS, spec_counters
 from simsched.request import Status
 
 PERCENTILES = (50, 90, 95, 99)
@@ -188,6 +189,10 @@ class Results:
         if "num_evicted_blocks" in it:
             out["num_evicted_blocks"] = int(it["num_evicted_blocks"].sum())
         out.update(cluster_summary(self.replicas, self.info))
+        spec = self.info.get("speculative")
+        if spec is not None:        # speculative decoding: simsched.analysis.speculative
+            counters = spec_counters(spec)
+            out.update((key, counters[key]) for key in SPEC_SUMMARY_KEYS)
         return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in out.items()}
 
     def summary_frame(self) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from simsched.analysis.request_table import (as_frame, make_requests, request_co
 from simsched.engine.kv_tiers import tier_summary
 from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.engine.lora import check_adapters, lora_info
+from simsched.engine.speculative import merge_stats
 from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate
@@ -225,6 +226,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     tiers = tier_summary([r.kv for r in replicas])     # tiered KV cache: per-tier totals
     if tiers:
         info["kv_tiers"] = tiers
+    spec_stats = merge_stats(replicas)
+    if spec_stats is not None:      # speculative decoding: simsched.analysis.speculative
+        info["speculative"] = spec_stats
     described = [{"model": s.config.hardware.model, "gpu": s.config.hardware.gpu,
                   "tensor_parallel_size": s.config.hardware.tensor_parallel_size,
                   "num_blocks": s.num_blocks} for s in specs]

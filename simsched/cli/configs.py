@@ -56,8 +56,10 @@ STRUCTURED_EXAMPLES = {
     "kv_tiers": '{"tiers":[{"name":"cpu","capacity_gib":256}]}',
     "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
     "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
+    "speculative": '{"method":"eagle","num_speculative_tokens":3}',
 }
-_MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling")   # --set takes these as JSON
+# --set takes these as JSON
+_MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")
 
 
 def _structured_fields() -> dict[str, str]:

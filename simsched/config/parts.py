@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
 from simsched.config.kv_tiers import KVTiersConfig, as_tiers
 from simsched.config.lora import LoRAConfig, as_lora_config
+from simsched.config.speculative import check_speculative
 from simsched.cost.factory import COST_MODELS
 
 SCHEDULER_STYLES = ("stall_free", "prefill_first", "static")
@@ -51,6 +52,8 @@ class SchedulerConfig:
     :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
     ``lora``: LoRA adapters (:class:`~simsched.config.lora.LoRAConfig`; None, the default, serves
     the base model only).
+    ``speculative`` (a :class:`~simsched.config.speculative.SpeculativeConfig` or a mapping of
+    its fields; None is off) turns on speculative decoding.
     """
 
     style: str = "stall_free"
@@ -69,6 +72,7 @@ class SchedulerConfig:
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     async_scheduling: bool | None = None
     lora: LoRAConfig | None = None
+    speculative: Any = None
 
     def __post_init__(self) -> None:
         from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
@@ -114,6 +118,8 @@ class SchedulerConfig:
                 # A swapped-in request rejoins the batch without asking the adapter slots.
                 raise ValueError(f"{o}.lora does not support {o}.preemption_mode='swap' "
                                  "(use 'recompute')")
+        if self.speculative is not None:
+            object.__setattr__(self, "speculative", check_speculative(self))
 
 
 @dataclass(frozen=True)

@@ -362,13 +362,18 @@ def check_results(results) -> None:
                 + done["num_recomputed_tokens"]).sum())
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need -= int(it["num_cached_tokens"].sum())
+    spec = results.info.get("speculative")
+    if spec is not None:
+        # A verification's accepted proposals advance a decoder beyond its one logged token.
+        need -= spec["num_accepted_tokens"]
     work = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum()) if len(it) else 0
     if work != need:
         raise InvariantError("work_conservation", now,
                              f"iterations computed {work} tokens, finished requests need {need}")
     if len(it) and not (it["num_seqs"] >= 1).all():
         raise InvariantError("no_empty_iterations", now, "an iteration ran no sequence")
-    if len(done) and len(it) < done["num_output_tokens"].max():
+    steps_per_token = 1 + (spec["num_speculative_tokens"] if spec is not None else 0)
+    if len(done) and len(it) * steps_per_token < done["num_output_tokens"].max():
         raise InvariantError("iteration_count", now,
                              f"{len(it)} iterations for a {done['num_output_tokens'].max()}"
                              "-token output")
@@ -380,10 +385,10 @@ def check_results(results) -> None:
     # A disaggregated request's prefill and decode ran on two replicas (recomputation on
     # either): only the total is checked.
     if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df:
-        _check_replica_work(df, it, now)
+        _check_replica_work(df, it, now, spec)
 
 
-def _check_replica_work(df, it, now: float) -> None:
+def _check_replica_work(df, it, now: float, spec: dict | None = None) -> None:
     """Each replica computed exactly what the finished requests routed to it needed."""
     done = df[df["status"] == Status.FINISHED.value]
     need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
@@ -391,6 +396,9 @@ def _check_replica_work(df, it, now: float) -> None:
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need = need.sub(it["num_cached_tokens"].groupby(it["replica"]).sum(), fill_value=0)
     work = (it["num_prefill_tokens"] + it["num_decode_tokens"]).groupby(it["replica"]).sum()
+    if spec is not None:
+        for replica, accepted in spec["per_replica_accepted"].items():
+            need[replica] = need.get(replica, 0) - accepted
     for replica in set(need.index) | set(work.index):
         if int(need.get(replica, 0)) != int(work.get(replica, 0)):
             raise InvariantError("work_conservation", now,

@@ -78,6 +78,10 @@ class KVManager(Protocol):
     def join_group(self, req_id: int, group: int) -> None:
         """Make ``req_id`` a member of decode growth group ``group``."""
 
+    def shrink(self, req_id: int, num_tokens: int) -> int:
+        """Give back ``req_id``'s blocks beyond those of its first ``num_tokens`` tokens
+        (a speculative step's rejected proposals); return how many."""
+
     def leave_group(self, req_id: int) -> None:
         """Take ``req_id`` out of its growth group."""
 
@@ -231,6 +235,20 @@ class KVCacheManager:
             raise KVCacheError(f"request {req_id} needs 1 block, none free")
         self._held[req_id] += 1
         self.num_free -= 1
+
+    def shrink(self, req_id: int, num_tokens: int) -> int:
+        """Give back ``req_id``'s blocks beyond those of its first ``num_tokens`` tokens; return
+        how many. Only a decoder's tail blocks go (a speculative step's rejected proposals):
+        never registered in a prefix cache (decode blocks are registered when freed), so the
+        subclasses share this."""
+        if req_id in self._members:
+            self._settle(req_id)
+        extra = self._held[req_id] + (num_tokens // -self.block_size)
+        if extra <= 0:
+            return 0
+        self._held[req_id] -= extra
+        self.num_free += extra
+        return extra
 
     def free(self, req_id: int, num_tokens: int = 0) -> int:
         """Release all of ``req_id``'s blocks; return how many.

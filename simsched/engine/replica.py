@@ -35,10 +35,12 @@ import numpy as np
 import simpy
 
 from simsched.cost import hardware, overhead
+from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv_factory import make_kv_cache
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler import Scheduler
+from simsched.engine.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
 from simsched.request import Request, Status
 
@@ -74,7 +76,14 @@ class Replica:
         self.config = config
         cache = config.cache
         self.kv = make_kv_cache(num_blocks, cache)
-        self.scheduler = Scheduler(
+        spec = config.scheduler.speculative
+        if spec is not None and spec.enabled:
+            # Speculative decoding: an eager-decode scheduler and the verify + proposer cost.
+            make_scheduler = SpeculativeScheduler
+            cost_model = speculative_cost_model(cost_model, spec, config.hardware)
+        else:
+            make_scheduler = Scheduler
+        self.scheduler = make_scheduler(
             config.scheduler, self.kv, max_model_len, rng,
             kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
             swap_space_bytes=cache.swap_space_gib * 2**30)

@@ -58,7 +58,10 @@ class StepRecorder:
         # A request admitted in this step has computed only its cached tokens so far.
         self._planned = [(req.id, chunk, req.num_computed_tokens if req.admitted_seq >= first else 0)
                          for req, chunk in sched.planned.values()]
-        self._decoding = list(sched.decoding) if batch.num_decode_seqs else []
+        # Speculative decoding grants a decoder 1 + K tokens, or none (simsched.engine.speculative).
+        grants = getattr(sched, "decode_grants", None)
+        self._decoding = ([] if not batch.num_decode_seqs else list(grants.items())
+                          if grants is not None else [(rid, 1) for rid in sched.decoding])
         self._started_at = now
         return batch
 
@@ -70,8 +73,8 @@ class StepRecorder:
         rows: dict[int, list] = {}
         for rid, chunk, cached in self._planned:
             rows[rid] = [step, at, replica, rid, chunk, 0, cached, False, rid in done]
-        for rid in self._decoding:
-            rows[rid] = [step, at, replica, rid, 0, 1, 0, False, rid in done]
+        for rid, n in self._decoding:
+            rows[rid] = [step, at, replica, rid, 0, n, 0, False, rid in done]
         for rid in self._preempted:
             row = rows.get(rid)
             if row is None:
