@@ -18,7 +18,8 @@ from simsched.workloads import sessions
 
 
 def check_number(name: str, value, low: float = 0, low_open: bool = True,
-            allow_none: bool = False) -> None:
+                 allow_none: bool = False) -> None:
+    """Raise unless ``value`` is a finite number above ``low`` (or at it, with ``low_open=False``)."""
     if value is None and allow_none:
         return
     ok = (not isinstance(value, bool) and isinstance(value, (int, float))
@@ -29,6 +30,7 @@ def check_number(name: str, value, low: float = 0, low_open: bool = True,
 
 
 def check_integer(name: str, value, low: int = 1, allow_none: bool = False) -> None:
+    """Raise unless ``value`` is an integer >= ``low`` (or None, with ``allow_none``)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -36,6 +38,7 @@ def check_integer(name: str, value, low: int = 1, allow_none: bool = False) -> N
 
 
 def check_prefix(cfg, arrival: str) -> None:
+    """Check the prefix-identity and session fields; parse the session distributions."""
     check_integer("hash_block_size", cfg.hash_block_size)
     check_integer("system_prompt_len", cfg.system_prompt_len, low=0)
     check_integer("num_prefix_groups", cfg.num_prefix_groups)
@@ -55,6 +58,7 @@ def check_prefix(cfg, arrival: str) -> None:
 
 
 def check_schedule(cfg, arrival: str) -> None:
+    """Check the gap family, the ServeGen options and ``rate_schedule`` (made float tuples)."""
     if cfg.gap_family not in rate_schedule.FAMILIES:
         raise ValueError(f"workload.gap_family must be one of {list(rate_schedule.FAMILIES)}, "
                          f"got {cfg.gap_family!r}")
@@ -91,6 +95,7 @@ def check_schedule(cfg, arrival: str) -> None:
 
 
 def check_range(cfg, name: str) -> None:
+    """Check the ``(low, high)`` length range ``name`` (made a pair of ints)."""
     value = getattr(cfg, name)
     try:
         low, high = value
@@ -103,6 +108,7 @@ def check_range(cfg, name: str) -> None:
 
 
 def check_sources(cfg, arrival: str, length: str) -> None:
+    """Check that a trace is given exactly where the workload and its processes need one."""
     uses_trace = "trace" in (arrival, length)
     if cfg.trace_path is not None and cfg.name not in ("trace", "custom"):
         raise ValueError(f"workload.trace_path needs name='trace' or 'custom', not "
@@ -116,6 +122,7 @@ def check_sources(cfg, arrival: str, length: str) -> None:
 
 
 def check_mix(cfg, count_name: str, weights_name: str) -> None:
+    """Check a class count and its optional weights (made a float tuple)."""
     count, weights = getattr(cfg, count_name), getattr(cfg, weights_name)
     check_integer(count_name, count)
     if weights is None:
