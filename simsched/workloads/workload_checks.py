@@ -19,7 +19,7 @@ from simsched.workloads import sessions
 
 def check_number(name: str, value, low: float = 0, low_open: bool = True,
                  allow_none: bool = False) -> None:
-    """Raise unless ``value`` is a finite number above ``low`` (or at it, with ``low_open=False``)."""
+    """Raise unless ``value`` is a finite number > ``low`` (>= with ``low_open=False``)."""
     if value is None and allow_none:
         return
     ok = (not isinstance(value, bool) and isinstance(value, (int, float))
