@@ -185,7 +185,7 @@ class HardwareConfig:
     """Which model runs on which GPU, at which tensor-parallel degree, under which cost model.
 
     ``model`` names a catalog model, or, with ``model_spec`` set, a custom one: ``model_spec``
-    (a :class:`~simsched.cost.hardware.ModelSpec`, a mapping of its fields or of a Hugging Face
+    (a :class:`~simsched.cost.specs.ModelSpec`, a mapping of its fields or of a Hugging Face
     ``config.json``, or the path of that file) then defines the model's shape. A config carrying
     its model's shape runs on any executor (spawned worker processes, Ray) with no
     ``register_model`` call there.

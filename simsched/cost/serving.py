@@ -265,7 +265,7 @@ def fit_engine_terms() -> dict:
 ENGINE_FIT = fits.register(fits.ShippedFit(
     "engine-eager-2023", fit_engine_terms,
     sources=("data/real_serving/splitwise.csv", "serving.py", "kernels.py", "profiles",
-             "calibration.py", "calibration_h200.py", "linalg.py", "hardware.py",
+             "calibration.py", "calibration_h200.py", "linalg.py", "hardware.py", "specs.py",
              "data/fits/a100-80gb.json", "data/fits/h200.json")))
 
 

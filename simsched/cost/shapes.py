@@ -1,6 +1,6 @@
 """Parameter, weight and KV-cache sizes of mixture-of-experts, MLA and quantised models.
 
-Pure functions of a :class:`simsched.cost.hardware.ModelSpec` (read by attribute, so this module
+Pure functions of a :class:`simsched.cost.specs.ModelSpec` (read by attribute, so this module
 imports nothing of the catalog): which layers are MoE layers, how many parameters and weight
 bytes a model has and how they shard over tensor-, pipeline- and expert-parallel GPUs, and the
 KV bytes a token takes (grouped-query attention, or multi-head latent attention's compressed

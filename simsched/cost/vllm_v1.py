@@ -313,7 +313,8 @@ FIT = fits.register(fits.ShippedFit(
     "engine-vllm-v1", fit_terms,
     sources=("data/vllm_v1/runs.csv", "data/vllm_v1/measured.csv", "data/h200/iteration.csv",
              "vllm_v1.py", "overhead.py", "kernels.py", "profiles", "calibration.py", "calibration_h200.py",
-             "linalg.py", "hardware.py", "data/fits/a100-80gb.json", "data/fits/h200.json")))
+             "linalg.py", "hardware.py", "specs.py", "data/fits/a100-80gb.json",
+             "data/fits/h200.json")))
 
 
 def terms() -> dict:

@@ -12,10 +12,11 @@ references the same way, so its re-admission may hit them.
 How it is kept fast (work grows with the segments a request touches, never with the cache):
 
 * Blocks are grouped by the prompt *segment* their last token falls in (a trace block of 512
-  tokens, a system prompt, a turn of a conversation). A :class:`_Node` per segment key holds the
-  cached blocks of that segment as positions ``[0, num_cached)``: every holder of a block also
-  holds all blocks before it, and ties in release time evict the deeper block first, so a
-  segment's cached blocks always form a prefix and are evicted from their tail.
+  tokens, a system prompt, a turn of a conversation). A node per segment key
+  (:class:`~simsched.engine.prefix_blocks._Node`) holds the cached blocks of that segment as
+  positions ``[0, num_cached)``: every holder of a block also holds all blocks before it, and
+  ties in release time evict the deeper block first, so a segment's cached blocks always form a
+  prefix and are evicted from their tail.
 * A holder covers positions ``[0, reach)`` of a node; the node keeps how many holders have each
   reach, so a block's reference count is the number of holders reaching past it, and the
   referenced blocks are ``[0, max_reach)``. Evictable blocks ``[max_reach, num_cached)`` form
@@ -41,74 +42,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from simsched.engine.kv_cache import KVCacheError, KVCacheManager
-
-OPEN_END = 1 << 62          # the output segment has no end
-
-
-class _Node:
-    """The cached full blocks of one segment key: positions ``[0, num_cached)``."""
-
-    __slots__ = ("key", "num_cached", "max_reach", "reach", "runs")
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        self.num_cached = 0
-        self.max_reach = 0          # positions [0, max_reach) are referenced
-        self.reach: dict[int, int] = {}   # reach -> number of holders reaching exactly that far
-        self.runs: list[_Run] = []  # evictable runs, deepest (oldest) first
-
-
-class _Run:
-    """Evictable positions ``[lo, hi)`` of a node, released together."""
-
-    __slots__ = ("node", "lo", "hi")
-
-    def __init__(self, node: _Node, lo: int, hi: int) -> None:
-        self.node = node
-        self.lo = lo
-        self.hi = hi
-
-
-class _Holding:
-    """A request's registered blocks: the first ``num_registered`` blocks of its segment runs.
-
-    Run ``i`` covers the request's blocks ``[los[i], his[i])`` (those whose last token lies in
-    segment ``keys[i]``); ``index`` is the first run not fully registered.
-    """
-
-    __slots__ = ("keys", "los", "his", "num_registered", "index")
-
-    def __init__(self, runs: tuple) -> None:
-        _, self.keys, self.los, self.his = runs
-        self.num_registered = 0
-        self.index = 0
-
-
-def segment_runs(content, block_size: int) -> tuple | None:
-    """``(block_size, keys, los, his)``: each segment's blocks, the output's last; memoised.
-
-    None for a request without identity. Blocks ``[lo, hi)`` of a run are those whose last token
-    falls in the segment; segments too short to hold a block end are skipped.
-    """
-    memo = content.runs
-    if memo is not None and memo[0] == block_size:
-        return memo
-    if not content.keys:
-        return None
-    keys, los, his = [], [], []
-    start = 0
-    for key, end in zip(content.keys, content.ends):
-        lo, hi = start // block_size, end // block_size
-        if hi > lo:
-            keys.append(key)
-            los.append(lo)
-            his.append(hi)
-        start = end
-    keys.append(content.output_key)
-    los.append(start // block_size)
-    his.append(OPEN_END)
-    memo = content.runs = (block_size, keys, los, his)
-    return memo
+from simsched.engine.prefix_blocks import (  # noqa: F401  (re-exported)
+    OPEN_END, _Holding, _Node, _Run, segment_runs)
 
 
 class PrefixCache(KVCacheManager):

@@ -15,7 +15,6 @@ system prompt) and ``session_id``/``think_time`` (closed-loop multi-turn session
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -24,10 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simsched.workloads import arrivals
 from simsched.workloads import lengths
 from simsched.workloads import rate_schedule
-from simsched.workloads import sessions
 from simsched.workloads import traces
 from simsched.workloads.arrivals import ARRIVALS
 from simsched.workloads.describe import WorkloadDescription, describe
@@ -35,6 +32,9 @@ from simsched.workloads.generation import (draw_classes, draw_lengths, session_t
                                            synthetic_arrivals)
 from simsched.workloads.lengths import LENGTHS
 from simsched.workloads.traces import LONG_PROMPT_POLICIES, LoadReport
+from simsched.workloads.workload_checks import (check_integer, check_mix, check_number,
+                                                check_prefix, check_range, check_schedule,
+                                                check_sources)
 
 # Arrival processes whose schedule is used as given with rate=None (a number rescales it).
 SCHEDULED = ("trace", "piecewise", "windows", "servegen")
@@ -61,24 +61,6 @@ _DEFAULTS = {"lesson": ("poisson", "lognormal"), "sharegpt": ("poisson", "empiri
              "mooncake": ("trace", "trace"), "shared-prefix": ("poisson", "fixed"),
              "sessions": ("poisson", "lognormal"),
              "trace": ("trace", "trace"), "custom": ("poisson", "lognormal")}
-
-
-def _number(name: str, value, low: float = 0, low_open: bool = True,
-            allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = (not isinstance(value, bool) and isinstance(value, (int, float))
-          and math.isfinite(value) and (value > low if low_open else value >= low))
-    if not ok:
-        bound = ">" if low_open else ">="
-        raise ValueError(f"workload.{name} must be a finite number {bound} {low}, got {value!r}")
-
-
-def _integer(name: str, value, low: int = 1, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"workload.{name} must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -172,26 +154,26 @@ class WorkloadConfig:
             raise ValueError(f"workload.lengths must be one of {list(LENGTHS)} or None, "
                              f"got {self.lengths!r}")
         arrival, length = self.arrival_process, self.length_distribution
-        _number("rate", self.rate, allow_none=True)
-        _integer("num_requests", self.num_requests, allow_none=True)
-        _number("duration", self.duration, allow_none=True)
-        _number("cv", self.cv)
-        _number("on_seconds", self.on_seconds)
-        _number("off_seconds", self.off_seconds)
-        self._check_schedule(arrival)
-        _integer("prompt_len", self.prompt_len)
-        _integer("output_len", self.output_len)
+        check_number("rate", self.rate, allow_none=True)
+        check_integer("num_requests", self.num_requests, allow_none=True)
+        check_number("duration", self.duration, allow_none=True)
+        check_number("cv", self.cv)
+        check_number("on_seconds", self.on_seconds)
+        check_number("off_seconds", self.off_seconds)
+        check_schedule(self, arrival)
+        check_integer("prompt_len", self.prompt_len)
+        check_integer("output_len", self.output_len)
         for name in ("prompt_range", "output_range"):
-            self._check_range(name)
+            check_range(self, name)
         for name in ("lengths_path", "trace_path"):
             value = getattr(self, name)
             if isinstance(value, os.PathLike):
                 object.__setattr__(self, name, os.fspath(value))
             elif value is not None and not isinstance(value, str):
                 raise ValueError(f"workload.{name} must be a path or None, got {value!r}")
-        self._check_sources(arrival, length)
-        _number("start", self.start, low_open=False)
-        _number("speedup", self.speedup)
+        check_sources(self, arrival, length)
+        check_number("start", self.start, low_open=False)
+        check_number("speedup", self.speedup)
         if self.speedup != 1.0 and arrival not in ("trace", "servegen"):
             raise ValueError(f"workload.speedup only applies to arrival='trace' or 'servegen', "
                              f"not {arrival!r}")
@@ -201,109 +183,19 @@ class WorkloadConfig:
         if self.start != 0 and "trace" not in (arrival, length) and arrival != "servegen":
             raise ValueError("workload.start only applies to trace or servegen arrivals or "
                              "trace lengths")
-        _integer("max_prompt_tokens", self.max_prompt_tokens, allow_none=True)
+        check_integer("max_prompt_tokens", self.max_prompt_tokens, allow_none=True)
         if self.long_prompt_policy not in LONG_PROMPT_POLICIES:
             raise ValueError(f"workload.long_prompt_policy must be one of "
                              f"{list(LONG_PROMPT_POLICIES)}, got {self.long_prompt_policy!r}")
         for count, weights in (("num_tenants", "tenant_weights"),
                                ("num_priorities", "priority_weights")):
-            self._check_mix(count, weights)
-        self._check_prefix(arrival)
-        _integer("num_adapters", self.num_adapters, low=0)
-        _number("adapter_zipf", self.adapter_zipf, low_open=False)
+            check_mix(self, count, weights)
+        check_prefix(self, arrival)
+        check_integer("num_adapters", self.num_adapters, low=0)
+        check_number("adapter_zipf", self.adapter_zipf, low_open=False)
         if self.num_adapters and self.name == "sessions":
             raise ValueError("workload.num_adapters is not supported for name='sessions' (give "
                              "a session table an adapter column instead)")
-
-    def _check_prefix(self, arrival: str) -> None:
-        _integer("hash_block_size", self.hash_block_size)
-        _integer("system_prompt_len", self.system_prompt_len, low=0)
-        _integer("num_prefix_groups", self.num_prefix_groups)
-        if self.name == "shared-prefix" and self.system_prompt_len < 1:
-            raise ValueError("workload.system_prompt_len must be >= 1 for name='shared-prefix' "
-                             "(the shared system prompt's tokens)")
-        if self.name == "sessions" and self.max_prompt_tokens is not None:
-            raise ValueError("workload.max_prompt_tokens cannot cut a session's history; turns "
-                             "too long for the model are rejected when they arrive")
-        if self.system_prompt_len and arrival == "trace":
-            raise ValueError("workload.system_prompt_len applies to synthetic workloads only; a "
-                             "trace names its shared blocks with hash_ids")
-        object.__setattr__(self, "num_turns",
-                           sessions.parse_distribution("num_turns", self.num_turns, True))
-        object.__setattr__(self, "think_time",
-                           sessions.parse_distribution("think_time", self.think_time, False))
-
-    def _check_schedule(self, arrival: str) -> None:
-        if self.gap_family not in rate_schedule.FAMILIES:
-            raise ValueError(f"workload.gap_family must be one of {list(rate_schedule.FAMILIES)}, "
-                             f"got {self.gap_family!r}")
-        if arrival == "servegen":
-            if self.trace_path is None and self.servegen_model not in rate_schedule.SERVEGEN_MODELS:
-                raise ValueError(f"workload.servegen_model must be one of "
-                                 f"{list(rate_schedule.SERVEGEN_MODELS)} for the bundled day, "
-                                 f"got {self.servegen_model!r}")
-            if self.name not in ("custom", "lesson", "sharegpt"):
-                raise ValueError(f"arrival='servegen' needs name 'custom', 'lesson' or "
-                                 f"'sharegpt' (for its lengths), not {self.name!r}")
-        s = self.rate_schedule
-        if s is None:
-            if arrival in ("piecewise", "windows"):
-                raise ValueError(f"workload.rate_schedule is required for arrival={arrival!r}: "
-                                 "((seconds, rate), ...)")
-            return
-        # arrival='windows' takes an optional per-window CV: (seconds, rate, cv).
-        width = (2, 3) if arrival == "windows" else (2,)
-        try:
-            s = tuple(tuple(float(v) for v in entry) for entry in s)
-            if any(len(entry) not in width for entry in s):
-                raise ValueError
-        except (TypeError, ValueError):
-            shape = "((seconds, rate[, cv]), ...)" if arrival == "windows" \
-                else "((seconds, rate), ...)"
-            raise ValueError(f"workload.rate_schedule must be {shape}, got {s!r}")
-        if not s or any(not (math.isfinite(e[0]) and e[0] > 0 and math.isfinite(e[1]) and e[1] >= 0
-                             and (len(e) < 3 or (math.isfinite(e[2]) and e[2] > 0)))
-                        for e in s) or arrivals.schedule_mean_rate([e[:2] for e in s]) <= 0:
-            raise ValueError("workload.rate_schedule needs segments with seconds > 0, rate >= 0 "
-                             f"(cv > 0) and some rate > 0, got {self.rate_schedule!r}")
-        object.__setattr__(self, "rate_schedule", s)
-
-    def _check_range(self, name: str) -> None:
-        value = getattr(self, name)
-        try:
-            low, high = value
-        except (TypeError, ValueError):
-            raise ValueError(f"workload.{name} must be a (low, high) pair, got {value!r}")
-        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in (low, high)) \
-                or not 1 <= low <= high:
-            raise ValueError(f"workload.{name} must be integers 1 <= low <= high, got {value!r}")
-        object.__setattr__(self, name, (int(low), int(high)))
-
-    def _check_sources(self, arrival: str, length: str) -> None:
-        uses_trace = "trace" in (arrival, length)
-        if self.trace_path is not None and self.name not in ("trace", "custom"):
-            raise ValueError(f"workload.trace_path needs name='trace' or 'custom', not "
-                             f"{self.name!r} (which has its own data)")
-        if self.name in ("trace", "custom") and uses_trace and self.trace_path is None:
-            raise ValueError(f"workload.trace_path is required for name={self.name!r} with "
-                             f"arrival={arrival!r}, lengths={length!r}")
-        if uses_trace and self.name in ("lesson", "sharegpt", "shared-prefix", "sessions"):
-            raise ValueError(f"workload {self.name!r} has no timestamped trace; use name='custom' "
-                             "with trace_path, or an azure-* workload")
-
-    def _check_mix(self, count_name: str, weights_name: str) -> None:
-        count, weights = getattr(self, count_name), getattr(self, weights_name)
-        _integer(count_name, count)
-        if weights is None:
-            return
-        try:
-            w = tuple(float(x) for x in weights)
-        except (TypeError, ValueError):
-            raise ValueError(f"workload.{weights_name} must be a tuple of numbers, got {weights!r}")
-        if len(w) != count or any(not (math.isfinite(x) and x >= 0) for x in w) or sum(w) <= 0:
-            raise ValueError(f"workload.{weights_name} must hold {count_name}={count} weights "
-                             f">= 0 with a positive sum, got {weights!r}")
-        object.__setattr__(self, weights_name, w)
 
     @property
     def arrival_process(self) -> str:

@@ -18,7 +18,7 @@ FIT = fits.register(fits.ShippedFit(
     REFERENCE_GPU, cal.fit_all,
     sources=("data/compute.csv", "data/attention_prefill.csv", "data/attention_decode.csv",
              "data/all_reduce.csv", "data/cpu_overheads.csv", "calibration.py", "linalg.py",
-             "hardware.py")))
+             "hardware.py", "specs.py")))
 
 
 class A100Profile(CalibrationProfile):

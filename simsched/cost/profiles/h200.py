@@ -15,7 +15,7 @@ from simsched.cost.profiles import CalibrationProfile
 FIT = fits.register(fits.ShippedFit(
     h200.GPU_NAME, h200.fit_all,
     sources=("data/h200/linear.csv", "data/h200/attn_prefill.csv", "data/h200/attn_decode.csv",
-             "calibration.py", "calibration_h200.py", "linalg.py", "hardware.py")))
+             "calibration.py", "calibration_h200.py", "linalg.py", "hardware.py", "specs.py")))
 
 
 def _past_range(n: np.ndarray, tokens: np.ndarray, meas: np.ndarray, fit: np.ndarray,
