@@ -93,7 +93,7 @@ def test_itl_percentiles_by_bisection_equal_the_joined_computation(monkeypatch):
 
 
 def test_sums_in_order_equal_bincount_sums():
-    from simsched.analysis.metrics import _sum_in_order
+    from simsched.analysis.replicas import _sum_in_order
     rng = np.random.default_rng(1)
     for n in (0, 1, 70_000, 200_001):      # across the chunk size
         x, k = rng.random(n) * 1e-3, rng.integers(0, 5000, n)
