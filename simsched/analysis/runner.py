@@ -85,8 +85,11 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
     return table
 
 
-def _run_streaming(config, frame, block, prefix, cost_model, path, progress, other):
-    """:func:`run` writing its records under ``path`` as it goes (simsched.analysis.stream)."""
+def _run_streaming(config, handed: list, block, prefix, cost_model, path, progress, other):
+    """:func:`run` writing its records under ``path`` as it goes (simsched.analysis.stream).
+
+    ``handed`` holds the request frame and is emptied (the caller keeps no reference)."""
+    frame = handed.pop()
     if other or config.check_invariants or config.cluster.disaggregated \
             or is_closed_loop(frame):
         raise ValueError("stream_to supports plain runs: no closed-loop sessions, "
@@ -182,7 +185,11 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         if lora:
             raise ValueError("stream_to supports plain workloads: no LoRA adapters (the "
                              "'adapter' column)")
-        return _run_streaming(config, frame, block, prefix, cost_model, stream_to, progress,
+        # The table is handed over: a drawn workload's frame goes once its columns are read
+        # (a streamed day holds its requests' columns once, not twice).
+        handed = [frame]
+        del table, frame
+        return _run_streaming(config, handed, block, prefix, cost_model, stream_to, progress,
                               keep_engine or record_steps), None
     if is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
