@@ -260,7 +260,21 @@ def test_bundlers_need_an_explicit_destination_and_reproduce_the_bundle(name, ca
     written = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
     assert len(written) >= 7
     for rel in written:
-        assert filecmp.cmp(tmp_path / rel, BUNDLED_DATA / rel, shallow=False), rel
+        if filecmp.cmp(tmp_path / rel, BUNDLED_DATA / rel, shallow=False):
+            continue
+        # Group means printed to 5 significant digits: pandas versions sum a group in different
+        # orders, so a value on a rounding tie may print one unit apart in its last digit.
+        assert rel.suffix == ".csv", rel
+        import pandas as pd
+
+        ours, shipped = pd.read_csv(tmp_path / rel), pd.read_csv(BUNDLED_DATA / rel)
+        assert list(ours.columns) == list(shipped.columns) and len(ours) == len(shipped), rel
+        for col in ours.columns:
+            if pd.api.types.is_float_dtype(shipped[col]):
+                np.testing.assert_allclose(ours[col], shipped[col], rtol=1.1e-4, atol=0,
+                                           err_msg=f"{rel}: {col}")
+            else:
+                assert ours[col].tolist() == shipped[col].tolist(), (rel, col)
 
 
 # Item 14: progress without carriage returns in logs; an opt-in progress display for one run.
