@@ -54,3 +54,17 @@ def check_choice(owner: str, name: str, value: Any, choices) -> None:
         known = False
     if not known:
         raise ValueError(f"{owner}.{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+def as_part(value: Any, cls: type, where: str) -> Any:
+    """An optional config object given as None, a ``cls`` or a mapping of its fields (as a
+    config file or ``--set`` JSON holds it); anything else raises ValueError naming ``where``."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, dict) or hasattr(value, "items"):
+        try:
+            return cls(**dict(value))
+        except TypeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    raise ValueError(f"{where} must be None, a {cls.__name__} or a mapping of its fields, "
+                     f"got {value!r}")

@@ -9,9 +9,9 @@ column. What each field does is modelled in :mod:`simsched.engine.lora`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from simsched.config.checks import check_choice, check_float, check_int, plain
+from simsched.config.checks import as_part, check_choice, check_float, check_int, plain
 
 # Which projections of each layer carry LoRA weights: the attention ones (q, k, v, o: what PEFT
 # and most published adapters target) or also the MLP's (gate, up, down).
@@ -91,12 +91,4 @@ class LoRAConfig:
 def as_lora_config(value: Any) -> LoRAConfig | None:
     """``value`` (None, a LoRAConfig, or a mapping of its fields: JSON and ``--set``) as a
     LoRAConfig or None; anything else raises ValueError naming ``scheduler.lora``."""
-    if value is None or isinstance(value, LoRAConfig):
-        return value
-    if isinstance(value, Mapping):
-        try:
-            return LoRAConfig(**dict(value))
-        except TypeError as exc:
-            raise ValueError(f"scheduler.lora: {exc}") from None
-    raise ValueError(f"scheduler.lora must be None or a LoRAConfig (or a mapping of its fields), "
-                     f"got {value!r}")
+    return as_part(value, LoRAConfig, "scheduler.lora")

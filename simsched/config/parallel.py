@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simsched.config.checks import check_bool, check_float, check_int, plain
+from simsched.config.checks import as_part, check_bool, check_float, check_int, plain
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,7 @@ class ParallelConfig:
 def as_parallel(value) -> ParallelConfig | None:
     """``hardware.parallel`` as given: None, a :class:`ParallelConfig` or a mapping of its
     fields (as a config file holds it)."""
-    if value is None or isinstance(value, ParallelConfig):
-        return value
-    if isinstance(value, dict) or hasattr(value, "items"):
-        try:
-            return ParallelConfig(**dict(value))
-        except TypeError as exc:
-            raise ValueError(f"hardware.parallel: {exc}") from None
-    raise ValueError(f"hardware.parallel must be a ParallelConfig, a mapping of its fields or "
-                     f"None, got {value!r}")
+    return as_part(value, ParallelConfig, "hardware.parallel")
 
 
 def check_layout(par: ParallelConfig, spec, tp: int, model: str) -> None:
