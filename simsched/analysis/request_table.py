@@ -203,11 +203,16 @@ def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False)
         # As the trace loader warns about a file out of time order.
         warnings.warn(f"requests: {num_unsorted} arrival times out of order; sorted by arrival",
                       TraceWarning, stacklevel=_outside_stacklevel())
-    order = np.argsort(arrival, kind="stable")
-    arrival, prompt, output, priority = arrival[order], prompt[order], output[order], \
-        priority[order]
-    if tenant is not None:
-        tenant = [tenant[i] for i in order.tolist()]
+    if num_unsorted:
+        order = np.argsort(arrival, kind="stable")
+        arrival, prompt, output, priority = arrival[order], prompt[order], output[order], \
+            priority[order]
+        if tenant is not None:
+            tenant = [tenant[i] for i in order.tolist()]
+    else:
+        # Already in order (a drawn workload): the stable sort is the identity, and a big table
+        # (a fleet's day) is not copied again.
+        order = np.arange(len(arrival))
     if lazy and any(c in df.columns for c in PREFIX_COLUMNS + ("adapter",)):
         return arrival, prompt, output, priority, tenant, False
     contents = _contents(df, order, prompt.tolist(), hash_block_size)

@@ -98,9 +98,13 @@ def windowed(rng: np.random.Generator, windows: pd.DataFrame, rate: float | None
         if duration is not None and start >= duration:
             continue
         parts.append(window_arrivals(rng, start, seconds, r * scale, cv, family))
-    times = np.sort(np.concatenate(parts)) if parts else np.empty(0)
+    # Joined, then sorted in place and cut by a slice (a day of a big fleet is tens of millions
+    # of arrivals: no second sorted copy, no masked copy).
+    times = np.concatenate(parts) if parts else np.empty(0)
+    del parts
+    times.sort()
     if duration is not None:
-        times = times[times < duration]
+        times = times[:np.searchsorted(times, duration, side="left")]
     return times[:n] if n is not None else times
 
 
