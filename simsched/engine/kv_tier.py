@@ -20,7 +20,7 @@ class Tier:
                  "latency", "lru", "blocks", "num_used", "free_at", "num_hit_tokens",
                  "num_load_bytes", "load_time", "num_loads", "num_store_bytes", "store_time",
                  "num_offered_blocks", "num_written_blocks", "num_duplicate_blocks",
-                 "num_copied_blocks", "num_evicted_blocks")
+                 "num_copied_blocks", "num_evicted_blocks", "gpus")
 
     def __init__(self, cfg, bytes_per_block: float, gpus: int = 1) -> None:
         if bytes_per_block <= 0:
@@ -30,6 +30,7 @@ class Tier:
         # Capacity is per replica: each block takes bytes_per_block on each of its GPUs.
         self.capacity_blocks = cap if math.isinf(cap) else int(cap // (bytes_per_block * gpus))
         self.bytes_per_block = float(bytes_per_block)
+        self.gpus = gpus
         self.read_bps, self.write_bps, self.latency = cfg.link()
         self.lru = cfg.eviction == "lru"
         self.blocks: OrderedDict[int, list] = OrderedDict()

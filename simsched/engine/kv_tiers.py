@@ -248,23 +248,22 @@ class LoadCharge:
 def share_remote_tier(caches: list, cfg) -> Tier:
     """One ``remote`` tier (``cfg``, a KVTierConfig) below every cache of ``caches`` (the
     replicas' :class:`TieredPrefixCache`, bound), with one link shared by all; returned."""
-    sizes = {(kv.bytes_per_block, kv.gpus) for kv in caches}
-    if len(sizes) != 1 or not all(isinstance(kv, TieredPrefixCache) for kv in caches):
-        raise ValueError("cluster.kv_remote_tier needs every replica to have cache.kv_tiers and "
-                         f"the same KV bytes per block (got {sorted(sizes)})")
-    bytes_per_block, gpus = sizes.pop()
-    tier = Tier(cfg, bytes_per_block, gpus)
+    first = caches[0]
+    tier = Tier(cfg, first.bytes_per_block, first.gpus) \
+        if isinstance(first, TieredPrefixCache) else None
     for kv in caches:
         join_remote_tier(kv, tier)
     return tier
 
 
-def join_remote_tier(kv, tier: Tier) -> None:
-    """Put the shared ``tier`` below ``kv`` (a replica's cache, e.g. one an autoscaler added)."""
-    if not isinstance(kv, TieredPrefixCache) or float(kv.bytes_per_block) \
-            != tier.bytes_per_block:
+def join_remote_tier(kv, tier: Tier | None) -> None:
+    """Put the shared ``tier`` below ``kv`` (a replica's cache, also one an autoscaler adds):
+    every replica's cache must be tiered, with the tier's KV bytes per block and GPUs."""
+    if tier is None or not isinstance(kv, TieredPrefixCache) \
+            or (float(kv.bytes_per_block), kv.gpus) != (tier.bytes_per_block, tier.gpus):
+        got = (getattr(kv, "bytes_per_block", None), getattr(kv, "gpus", None))
         raise ValueError("cluster.kv_remote_tier needs every replica to have cache.kv_tiers and "
-                         "the same KV bytes per block")
+                         f"the same KV bytes per block and GPUs (got {got})")
     kv.tiers.append(tier)
 
 
