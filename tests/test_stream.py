@@ -73,6 +73,11 @@ def test_stream_rejects_what_it_cannot_stream(tmp_path):
                                             num_requests=20))
     with pytest.raises(ValueError, match="stream_to supports plain workloads"):
         simulate(cfg, stream_to=tmp_path / "x")
+    adapters = pd.DataFrame({"arrival_at": [0.0, 0.1], "num_prompt_tokens": [10, 20],
+                             "num_output_tokens": [5, 5], "adapter": [0, 1]})
+    lora = SimConfig().replace(**{"scheduler.lora": {"max_loras": 2}})
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        simulate(lora, requests=adapters, stream_to=tmp_path / "y")
     with pytest.raises(ValueError, match="not a streamed run"):
         stream.read_stream(tmp_path / "nothing")
 

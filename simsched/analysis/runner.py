@@ -96,8 +96,9 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
                          "disaggregation, check_invariants, record_steps or keep_engine")
     columns = request_columns(frame, block, lazy=True)
     if columns[-1] is not None:
+        # request_columns marks prefix columns and an adapter column alike (objects needed).
         raise ValueError("stream_to supports plain workloads: no prefix-cache content "
-                         "(hash_ids, shared prefixes)")
+                         "(hash_ids, shared prefixes) and no LoRA adapters (adapter column)")
     del frame
     reqs = stream.StreamingRequests(path, *columns[:-1], prefix=prefix)
     del columns
@@ -182,9 +183,6 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     block = int(frame.attrs.get("hash_block_size", config.workload.hash_block_size))
     lora = "adapter" in frame.columns and check_adapters(config, frame)
     if stream_to is not None:
-        if lora:
-            raise ValueError("stream_to supports plain workloads: no LoRA adapters (the "
-                             "'adapter' column)")
         # The table is handed over: a drawn workload's frame goes once its columns are read
         # (a streamed day holds its requests' columns once, not twice).
         handed = [frame]
