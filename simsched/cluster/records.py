@@ -109,17 +109,18 @@ class RequestRecords:
         if not reqs:
             return
         where = np.fromiter(positions, dtype=np.int64, count=len(reqs))
+        at = where.tolist()
         for view, get in self._numeric:
             view[where] = list(map(get, reqs))
         for column, get, default in self._objects:
             kept = self._values[column]
-            for i, value in zip(where.tolist(), map(get, reqs)):
+            for i, value in zip(at, map(get, reqs)):
                 if value != default:
                     kept[i] = value
         status = np.frombuffer(self.status, dtype=np.int8)
         status[where] = [_CODE[r.status] for r in reqs]
         num_runs, run_prev, run_a, run_b = self.num_runs, self.run_prev, self.run_a, self.run_b
-        for i, req in zip(where.tolist(), reqs):
+        for i, req in zip(at, reqs):
             runs = req.runs
             if runs:
                 k = len(runs) // 3
