@@ -70,9 +70,10 @@ def main(argv=None) -> None:
         num_replicas=args.replicas, router="least_tokens", autoscaling=auto))
     out = args.out or tempfile.mkdtemp(prefix="fleet_day_")
     before = peak_rss_mb()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     run = simulate(cfg, stream_to=out)
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     n = int(run.windows["num_requests"].sum())
     iterations = run.dataset("iterations").count_rows()
     print(f"{args.replicas} replicas, {args.hours:g} h of ServeGen m-large at "
@@ -80,8 +81,8 @@ def main(argv=None) -> None:
           f"mean offered {rate:.1f} req/s): {n} requests, {iterations} iterations, "
           f"{int(run.windows['num_finished'].sum())} finished")
     print(f"wall {wall:.1f} s ({wall / n * 1e6:.1f} us per request, "
-          f"{wall / iterations * 1e6:.2f} us per iteration); peak RSS {peak_rss_mb():.0f} MiB "
-          f"(before the run: {before:.0f} MiB)")
+          f"{wall / iterations * 1e6:.2f} us per iteration), CPU {cpu:.1f} s; peak RSS "
+          f"{peak_rss_mb():.0f} MiB (before the run: {before:.0f} MiB)")
     if auto is not None:
         print(f"fleet cost {run.info['fleet_cost']:.1f} ({run.info['fleet_replica_hours']:.1f} "
               f"replica-hours)")

@@ -43,6 +43,7 @@ from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv_tiers import share_remote_tier
 from simsched.cluster.sessions import run_sessions
+from simsched.engine.quiet import MAX_QUIET_STEPS
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
 from simsched.request import Request, Status
@@ -170,6 +171,12 @@ class Cluster:
             self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
             self.env.process(run_sessions(self, sessions))
+        if self.fleet is None and self.disagg is None and not sessions \
+                and self.remote_tier is None and math.isinf(config.max_sim_time):
+            # Nothing outside a replica reads its state or reaches it between arrivals: quiet
+            # decode steps may share one clock event (simsched.engine.quiet).
+            for replica in self.replicas:
+                replica.allow_quiet_steps(MAX_QUIET_STEPS)
 
     def replica_rng(self, index: int) -> np.random.Generator:
         """Replica ``index``'s Generator (a replica added during the run asks for its own)."""

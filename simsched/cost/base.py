@@ -83,6 +83,9 @@ class CostModel(Protocol):
 class UnitCostModel:
     """Every iteration takes the same time (1.0 by default): time is counted in iterations."""
 
+    #: The time depends on the batch alone (quiet decode steps may be planned ahead).
+    pure_iteration_time = True
+
     def __init__(self, time_per_iteration: float = 1.0) -> None:
         if not time_per_iteration > 0:
             raise ValueError(f"time_per_iteration must be > 0, got {time_per_iteration!r}")
@@ -107,6 +110,9 @@ class LinearCostModel:
     Llama-2-7B on one A100 (about 8 ms for a lone decode, about 0.13 s for a 2048-token prefill);
     use :mod:`simsched.calibrated` for times fitted to measurements.
     """
+
+    #: The time depends on the batch alone (quiet decode steps may be planned ahead).
+    pure_iteration_time = True
 
     def __init__(self, overhead: float = 8e-3, prefill_token: float = 6e-5,
                  prefill_attention: float = 3.5e-12, decode_seq: float = 1e-4,

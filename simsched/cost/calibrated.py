@@ -56,6 +56,9 @@ class CalibratedCostModel:
     data-parallel batch split is :class:`simsched.cost.parallel.ParallelCostModel`'s.
     """
 
+    #: The time depends on the batch alone (quiet decode steps may be planned ahead).
+    pure_iteration_time = True
+
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
                  coefficients: dict | None = None, table_tokens: int | None = None,
                  engine_overhead: str = overhead.DEFAULT_ENGINE_OVERHEAD,
@@ -187,6 +190,39 @@ class CalibratedCostModel:
             floor = self._sat_a + self._sat_s * ctx
             t += d if d > floor else floor
         return t
+
+    def decode_iteration_times(self, num_seqs: int, first_context_sum: int,
+                               num_steps: int) -> list[float]:
+        """:meth:`iteration_time` of ``num_steps`` decode-only batches of ``num_seqs`` sequences,
+        the first with ``first_context_sum`` context tokens, each next with ``num_seqs`` more:
+        the same floats (the same operations in the same order as :meth:`_gpu_time` and
+        :meth:`_whole_iteration`), with the table reads the batches share done once. Quiet
+        decode steps are timed with it (:mod:`simsched.engine.quiet`)."""
+        n = num_seqs
+        size = self._size
+        if n < size:
+            shared = 0.0 + (self._per_token[n] + self._per_seq[n])
+            dec_a, dec_s = self._dec_a[n], self._dec_s[n]
+        else:
+            shared = 0.0 + (_extend(self._per_token, n) + _extend(self._per_seq, n))
+            dec_a, dec_s = _extend(self._dec_a, n), self._dec_s[-1]
+        sat_a, sat_s = self._sat_a, self._sat_s
+        contexts = range(first_context_sum, first_context_sum + n * num_steps, n) if n else \
+            [first_context_sum] * num_steps
+        times = []
+        if not self._general:
+            for ctx in contexts:
+                d = dec_a + dec_s * ctx
+                floor = sat_a + sat_s * ctx
+                times.append(shared + (d if d > floor else floor))
+            return times
+        floor_all, serial, sync = self._at(self._floor, n), self._at(self._serial, n), self._sync
+        for ctx in contexts:
+            d = dec_a + dec_s * ctx
+            floor = sat_a + sat_s * ctx
+            t = shared + (d if d > floor else floor) + sync
+            times.append((t if t > floor_all else floor_all) + serial)
+        return times
 
     def _whole_iteration(self, batch: Batch) -> float:
         seqs = batch.num_seqs

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from simsched.request import Request
 
+_NO_STEPS: list = []
+
 
 class DecodeMixin:
     """Decode runs and lazy progress for :class:`~simsched.engine.scheduler.Scheduler`.
@@ -24,6 +26,10 @@ class DecodeMixin:
     ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` and ``_late`` (and a request's
     own run fields). Growing decoders one by one, which may preempt, is preemption's
     (``PreemptionMixin._grow_each``).
+    Quiet steps (:mod:`simsched.engine.quiet`) also read what else the next steps could do
+    (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_waiting``, ``_requeue``,
+    ``swapped``) and set what a step's ``schedule()``/``commit()`` leave (``now``,
+    ``planned_tokens``, ``decode_step``).
     """
 
     __slots__ = ()
@@ -87,3 +93,47 @@ class DecodeMixin:
         for req in list(self.decoding.values()):
             self._close_run(req, self.step)
             req.num_computed_tokens = req.num_prompt_tokens + req.num_generated - 1
+
+    # ------------------------------------------------------------ quiet steps (engine/quiet.py)
+    def quiet_steps(self, limit: int) -> list[int]:
+        """The next decode steps (at most ``limit``) that are quiet, as the blocks each step's
+        growth group takes (0: none, or grown already): nothing waits, is planned, prefills or
+        is preempted, no decoder finishes, and every group's new blocks are free (so
+        ``schedule()`` would grow it in O(1), preempting nobody). Empty if none is."""
+        if self.planned or self.preempted or self.ready or self.prefilling or self._waiting \
+                or self._requeue or self.swapped or self._late or not self.decoding:
+            return _NO_STEPS
+        kv = self.kv
+        free = kv.num_free - kv.num_evictable
+        growing, due, block_size, grown = self.growing, self.finish_due, self.block_size, \
+            self._grown_step
+        needs = []
+        s = self.step
+        for _ in range(limit):
+            s += 1
+            if s in due:
+                break
+            need = len(growing[s % block_size]) if s != grown else 0
+            if need > free:
+                break
+            free -= need
+            needs.append(need)
+        return needs
+
+    def take_quiet_steps(self, needs: list[int], last_started_at: float,
+                         ended_at: float) -> None:
+        """Apply the quiet steps whose growth ``needs`` :meth:`quiet_steps` gave (or the first
+        of them) as their ``schedule()`` and ``commit()`` pairs would, the last started at
+        ``last_started_at`` and ended at ``ended_at``."""
+        kv, block_size, grow = self.kv, self.block_size, self.kv.grow_group
+        s = self.step
+        for need in needs:
+            s += 1
+            if need:
+                if not grow(s % block_size, need):
+                    raise RuntimeError(f"quiet step {s}: its growth group lacks KV blocks")
+        self._grown_step = s
+        self.now = last_started_at
+        self.planned_tokens = 0
+        self.decode_step = self.step = s
+        self.step_ended_at = ended_at

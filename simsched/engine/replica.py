@@ -39,6 +39,7 @@ from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv_factory import make_kv_cache
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
+from simsched.engine.quiet import QuietSteps
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -105,7 +106,17 @@ class Replica:
         self.pending: deque = deque()
         # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
         self.lora = attach_lora(self) if config.scheduler.lora is not None else None
+        # Quiet decode steps in one clock event (simsched.engine.quiet): off unless the cluster
+        # allows them; the planner is made when the loop starts, after every hook is attached.
+        self.max_quiet_steps = 0
+        self.quiet: QuietSteps | None = None
         env.process(self._gpu())
+
+    def allow_quiet_steps(self, limit: int) -> None:
+        """Let the GPU loop take up to ``limit`` quiet decode steps per clock event where the
+        replica's own setup allows it (:mod:`simsched.engine.quiet`); the cluster calls this
+        before the run when nothing outside reads the replica's state between its events."""
+        self.max_quiet_steps = limit
 
     def add(self, req: Request, handles: tuple, now: float) -> bool:
         """Queue ``req``, arriving at ``now`` (the clock's time), here (False if it can never be
@@ -116,6 +127,9 @@ class Replica:
         :func:`~simsched.engine.simpy_fast.done_event`); the replica keeps them only while the
         request is in flight here.
         """
+        quiet = self.quiet
+        if quiet is not None and quiet.run is not None:
+            quiet.cut(now)              # the run of quiet steps ends where a plan sees req
         if self.async_scheduling:
             return self._add_pending(req, handles, now)
         if not self.scheduler.add(req, now):
@@ -208,6 +222,7 @@ class Replica:
         now = env.now        # the clock, kept here: only this loop and its sleeps move it
         asynchronous, pending = self.async_scheduling, self.pending
         plan_at = now               # async: when the plan of the iteration starting now was made
+        quiet = self.quiet = QuietSteps.for_replica(self)
         while True:
             if asynchronous:
                 if pending:
@@ -222,6 +237,17 @@ class Replica:
                 yield from self._sleep()
                 now = env.now
                 continue
+            if quiet is not None and not pending:
+                run = quiet.plan(now, ulp_below, ulp_floor)
+                if run is not None:
+                    # Quiet decode steps, one clock event for all (simsched.engine.quiet).
+                    end = run.end
+                    if queue and queue[0][0] <= end:
+                        yield quiet.wait(run)
+                    else:
+                        env._now = end
+                    now, plan_at = quiet.take(run, rows, pack)
+                    continue
             started_at = now
             batch = schedule(started_at)
             preempted = sched.preempted

@@ -1,0 +1,210 @@
+"""Quiet decode steps in one clock event: an exact fast path of the GPU loop.
+
+A *quiet* step is a decode step that nobody outside the replica can tell apart from its neighbours:
+every running request decodes one token, no request is admitted, finishes or is preempted, every
+decoder's new KV block is free, and no arrival reaches the replica before the step is planned. The
+GPU loop (:meth:`~simsched.engine.replica.Replica._gpu`) otherwise pays one SimPy event per
+iteration, most of a busy fleet's cost; here it plans a run of quiet steps at once (their times
+from the cost model, exactly as each iteration would have them), waits on the clock once for the
+run's end and then applies the steps (:meth:`~simsched.engine.decode.DecodeMixin.take_quiet_steps`)
+and logs their rows.
+
+What it replaces, and why the result is the same:
+
+* the steps' times are the same floats: each is ``cost_model.iteration_time`` of the batch
+  ``schedule()`` would build (its decoders and their context), added to the clock in the same
+  order; a step whose time needs the loop's float-resolution check ends the run first;
+* the scheduler's state after the run is what the steps' ``schedule()``/``commit()`` pairs leave
+  (step counters, KV growth per group, in the same order);
+* an arrival at the replica during the run (:meth:`QuietSteps.cut`) ends it at the step whose plan
+  would first have seen the request (the next step's start without async scheduling; a step
+  later with it, as the engine's plan of the running step is made already), by moving the run's
+  end event earlier on the heap: the loop then resumes there as it would have;
+* nothing outside reads the replica's state during a run: the fast path is only taken where that
+  holds (:meth:`QuietSteps.for_replica` and the cluster's call of :meth:`Replica.allow_quiet_steps
+  <simsched.engine.replica.Replica.allow_quiet_steps>`): open-loop arrivals only (no sessions,
+  disaggregation or autoscaling), no router reading KV use every iteration, no prefix caching,
+  swapping, KV tiers, LoRA, speculative decoding, step recording, invariant checks, queue time
+  hooks, plan-ahead or time limit, and a cost model that declares ``pure_iteration_time`` (its
+  time depends on the batch alone).
+
+Iteration ends of different replicas at the very same instant may be processed in another order
+than one event per step would give; with only open-loop arrivals (which come before iteration ends
+at an instant) nothing observable depends on that order.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from heapq import heappush
+from itertools import accumulate
+
+from simsched.cost.base import Batch
+from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_earlier
+
+#: Most quiet steps planned in one run: a longer run saves few events, and an arrival wastes
+#: the plans of the steps after it.
+MAX_QUIET_STEPS = 16
+
+
+class QuietRun:
+    """One run of planned quiet steps: ``times`` (the first step's start, then each step's end),
+    ``durations``, the KV blocks each step takes, how many steps to take, and the run's end event and its heap entry (None
+    while the loop has not waited on it)."""
+
+    __slots__ = ("times", "durations", "needs", "num_steps", "entry", "event")
+
+    def __init__(self, times: list, durations: list, needs: list) -> None:
+        self.times = times
+        self.durations = durations
+        self.needs = needs          # KV blocks each step's growth takes
+        self.num_steps = len(durations)
+        self.entry = None
+        self.event = None
+
+    @property
+    def end(self) -> float:
+        """When the last planned step ends."""
+        return self.times[-1]
+
+
+_TIME_METHODS = ("iteration_time", "_gpu_time", "_whole_iteration")
+
+
+def promised(cost_model, attr: str) -> bool:
+    """Whether ``cost_model``'s class promises ``attr`` for the time it computes: declared by
+    the class that defines its iteration time, or by a subclass of it (a subclass that overrides
+    the time without declaring ``attr`` again does not inherit the promise)."""
+    for cls in type(cost_model).__mro__:
+        if attr in vars(cls):
+            return bool(getattr(cost_model, attr))
+        if any(name in vars(cls) for name in _TIME_METHODS):
+            return False
+    return False
+
+
+def decode_iteration_times(cost_model, num_seqs: int, first_context_sum: int,
+                           num_steps: int) -> list:
+    """``cost_model.iteration_time`` of ``num_steps`` decode-only batches of ``num_seqs``
+    sequences, the first with ``first_context_sum`` context tokens, each next with ``num_seqs``
+    more: the model's own ``decode_iteration_times`` where it has one (the same floats, what the
+    batches share computed once), else one ``iteration_time`` call per batch."""
+    if promised(cost_model, "decode_iteration_times"):
+        return cost_model.decode_iteration_times(num_seqs, first_context_sum, num_steps)
+    batch = Batch((), (), num_seqs, first_context_sum)
+    times = []
+    for j in range(num_steps):
+        batch.decode_context_sum = first_context_sum + num_seqs * j
+        times.append(cost_model.iteration_time(batch))
+    return times
+
+
+class QuietSteps:
+    """A replica's planner of quiet-step runs (see the module docstring)."""
+
+    def __init__(self, replica, limit: int) -> None:
+        self.replica = replica
+        self.scheduler = replica.scheduler
+        self.kv = replica.kv
+        self.limit = limit
+        self.cost_model = replica.cost_model
+        self.fast = promised(replica.cost_model, "decode_iteration_times")
+        self.asynchronous = replica.async_scheduling
+        self.queue, self.eid, _ = iteration_clock(replica.env)    # the heap and event ids
+        self.run: QuietRun | None = None        # the run the loop waits on, if any
+
+    @classmethod
+    def for_replica(cls, replica) -> "QuietSteps | None":
+        """The planner, or None where quiet runs would not be exact (module docstring)."""
+        sched = replica.scheduler
+        limit = replica.max_quiet_steps
+        if limit < 2 or type(sched).__name__ != "Scheduler" or replica.kv.prefix_caching \
+                or sched.swapping or sched._special or sched._prefill_first \
+                or sched._plan_ahead or sched.meter is not None or replica.lora is not None \
+                or replica.on_kv is not None or replica.on_iteration is not None \
+                or "schedule" in vars(sched) or "commit" in vars(sched) \
+                or getattr(replica.config.cache, "kv_tiers", None) is not None \
+                or not promised(replica.cost_model, "pure_iteration_time"):
+            return None
+        return cls(replica, limit)
+
+    def plan(self, now: float, ulp_below: float, ulp_floor: float) -> QuietRun | None:
+        """The quiet steps from ``now`` (at least two), or None. ``ulp_below`` and ``ulp_floor``
+        are the loop's float-resolution bounds: a run with a step they would check is not
+        planned (the loop takes that step itself)."""
+        sched = self.scheduler
+        needs = sched.quiet_steps(self.limit)
+        k = len(needs)
+        if k < 2:
+            return None
+        n = len(sched.decoding)
+        first = sched.ctx_base_sum + n * (sched.step + 1)
+        if self.fast:
+            durations = self.cost_model.decode_iteration_times(n, first, k)
+        else:
+            durations = decode_iteration_times(self.cost_model, n, first, k)
+            if any(d.__class__ is not float for d in durations):
+                return None
+        # The clock after each step, added in order as the loop would (one float add each).
+        times = list(accumulate(durations, initial=now))
+        if times[-2] >= ulp_below or not (min(durations) >= ulp_floor and times[-1] < math.inf):
+            return None
+        return QuietRun(times, durations, needs)
+
+    def wait(self, run: QuietRun):
+        """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
+        the loop yields; :meth:`cut` may move it earlier."""
+        run.event = event = clock_event(self.replica.env)
+        run.entry = entry = (run.times[-1], LATE, next(self.eid), event)
+        heappush(self.queue, entry)
+        self.run = run
+        return event
+
+    def cut(self, now: float) -> None:
+        """A request reaches the replica at ``now`` during the run: end the run at the step whose
+        plan sees it (module docstring): the step after the first to end at or after ``now``;
+        with async scheduling, the step after the first to start at or after it."""
+        run = self.run
+        times = run.times
+        if self.asynchronous:
+            m = bisect_left(times, now, 0, run.num_steps) + 1
+        else:
+            m = bisect_left(times, now, 1, run.num_steps + 1)
+        if m < run.num_steps:
+            run.num_steps = m
+            entry = (times[m], LATE, next(self.eid), run.event)
+            move_earlier(self.queue, run.entry, entry)
+            run.entry = entry
+
+    def take(self, run: QuietRun, rows, pack) -> tuple[float, float]:
+        """Apply ``run``'s steps to the scheduler and log their rows (``rows += pack(...)``, as
+        the loop does); return (the last step's end, its start)."""
+        self.run = None
+        m = run.num_steps
+        times, durations, needs = run.times, run.durations, run.needs
+        if m < len(needs):
+            needs = needs[:m]
+        sched = self.scheduler
+        n = len(sched.decoding)
+        used = self.kv.num_blocks - self.kv.num_free     # before the first step's growth
+        pending = self.replica.pending
+        if not pending:
+            for j in range(m):
+                used += needs[j]
+                rows += pack(times[j], durations[j], 0, n, n, 0, used, 0, 0.0)
+        else:
+            # Requests that arrived during the run (async scheduling keeps them in ``pending``)
+            # wait from the first step that starts after them; without async scheduling none
+            # arrived before a quiet step.
+            arrived = [at for at, _ in pending]
+            num_arrived = len(arrived)
+            waiting = 0
+            for j in range(m):
+                started_at = times[j]
+                while waiting < num_arrived and arrived[waiting] <= started_at:
+                    waiting += 1
+                used += needs[j]
+                rows += pack(started_at, durations[j], 0, n, n, waiting, used, 0, 0.0)
+        sched.take_quiet_steps(needs, times[m - 1], times[m])
+        return times[m], times[m - 1]
