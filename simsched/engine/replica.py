@@ -39,6 +39,7 @@ from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv_factory import make_kv_cache
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
+from simsched.engine.removal import decode_step_ends, runs_as_gaps
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -105,7 +106,7 @@ class Replica:
         self.pending: deque = deque()
         # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
         self.lora = attach_lora(self) if config.scheduler.lora is not None else None
-        env.process(self._gpu())
+        self.gpu_process = env.process(self._gpu())
 
     def add(self, req: Request, handles: tuple, now: float) -> bool:
         """Queue ``req``, arriving at ``now`` (the clock's time), here (False if it can never be
@@ -371,3 +372,34 @@ class Replica:
         for victim, cause in self.scheduler.preempted:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
+
+    def remove_requests(self) -> list[tuple]:
+        """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration
+        in progress is lost) and every request it holds leaves, stopped as after a recompute
+        preemption (:func:`simsched.engine.removal.take_all`).
+
+        Returns ``(request, handles, tokens whose KV was dropped)`` per request, ``handles`` as
+        :meth:`add` took them; a request's decode runs here are turned into token gaps, so its
+        token times stay right wherever it goes next.
+        """
+        taken = self.scheduler.take_all()
+        taken += [(req, 0) for _, req in self.pending]
+        self.pending.clear()
+        ends = decode_step_ends(self.iteration_rows)
+        out = []
+        for req, lost in taken:
+            runs_as_gaps(req, ends)
+            out.append((req, self._live.pop(req.id), lost))
+        if self.on_kv is not None:
+            self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
+        gpu = self.gpu_process
+        if gpu.is_alive:
+            gpu.callbacks.append(_ended_quietly)
+            gpu.interrupt("replica removed")
+        self.notify_memory()
+        return out
+
+
+def _ended_quietly(process) -> None:
+    """A removed replica's GPU loop ended by its interrupt: not a failure of the run."""
+    process.defused = True
