@@ -6,6 +6,7 @@ import pytest
 
 from simsched.analysis.fleet_metrics import slo_met
 from simsched.analysis.runner import simulate
+from simsched.analysis.slo import SLO, goodput, saturation_signals
 from simsched.api import simulate_checked
 from simsched.config import SimConfig
 from simsched.config.autoscaling import AutoscalingConfig
@@ -71,8 +72,14 @@ def test_abort_ends_the_removed_replicas_requests_at_removal(runs):
     s = abort.summary()
     assert s["num_aborted"] == len(aborted) == abort.info["num_aborted"]
     assert s["num_finished"] + s["num_aborted"] == s["num_requests"]
-    # They are failures for SLO attainment.
+    # They are failures for SLO attainment and goodput, and lower completion; they are not
+    # requests left in flight (the saturation label does not call the run overloaded for them).
     assert not slo_met(aborted, 1e9, 1e9).any()
+    loose = goodput(df, SLO(ttft=1e9, tpot=1e9))
+    assert loose["num_good"] == len(df) - len(aborted)
+    signals = saturation_signals(df, abort.iterations)
+    assert signals["completion"] == (len(df) - len(aborted)) / len(df)
+    assert signals["num_unfinished"] == 0
     # Nothing else changes: every other request is exactly as when the replica drains.
     others = df["status"] != "aborted"
     pd.testing.assert_frame_equal(df[others], drain.requests[others])
