@@ -113,7 +113,7 @@ def test_migrate_finishes_every_request_elsewhere(runs):
     # They finished on another replica, after the removal; the removed one got nothing more.
     assert (moved["replica"] != REMOVED).all() and (moved["finished_at"] > AT).all()
     mine = df[df["replica"] == REMOVED]
-    assert (mine["finished_at"] <= AT).all()
+    assert (mine["engine_finished_at"] <= AT).all()
     it = migrate.iterations
     assert (it.loc[it["replica"] == REMOVED, "started_at"] < AT).all()
     # Tokens emitted before the removal keep their times: TTFT unchanged where it was out.
@@ -162,6 +162,30 @@ def test_removal_keeps_every_invariant(mode, changes):
     removed = engine.replicas[REMOVED]
     assert not removed.scheduler.has_work() and removed.kv.num_free == removed.kv.num_blocks
     assert not removed.gpu_process.is_alive
+
+
+def test_a_migration_no_routable_replica_can_serve_is_aborted_not_lost():
+    # The dear pool's replica is removed; the one left has too few KV blocks for these requests.
+    pools = ({"name": "small", "num_blocks": 20, "min_replicas": 1, "max_replicas": 1},
+             {"name": "big", "price_per_hour": 5.0, "max_replicas": 1})
+    auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 2), (AT, 1)), provisioning_time=0.0,
+                             model_load_time=0.0, interval=5.0, pools=pools, on_remove="migrate")
+    cfg = dataclasses.replace(SimConfig(), workload=dataclasses.replace(SHORT, prompt_len=300),
+                              cluster=ClusterConfig(num_replicas=2, router="round_robin",
+                                                    autoscaling=auto))
+    with pytest.warns(Warning, match="rejected"):
+        res, _ = simulate_checked(cfg.replace(max_num_seqs=4))
+    df = res.requests
+    moved = df[df["num_migrations"] > 0]
+    assert len(moved) >= 3 and (moved["status"] == "aborted").all()
+    assert moved["reject_reason"].str.startswith(
+        "aborted: migrated to replica 0, which cannot serve it (needs").all()
+    assert (moved["replica"] == -1).all()
+    assert res.summary()["num_aborted"] == len(moved)
+    # The rest: rejected at the small replica, or finished at the big one before the removal.
+    rest = df[df["num_migrations"] == 0]
+    assert set(rest["status"]) == {"rejected", "finished"}
+    assert (rest.loc[rest["status"] == "finished", "engine_finished_at"] <= AT).all()
 
 
 def test_on_remove_config_round_trips_and_rejects_bad_input():
