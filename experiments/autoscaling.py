@@ -18,6 +18,9 @@ stabilisation 5 min), ``saturation`` (KV demand against capacity, target: the KV
 one delay ahead). The three adaptive ones run with a 30 s and a 5 min delay (provisioning plus
 model load). SLO: TTFT <= 1 s and TPOT <= 50 ms; *ramp* windows are those whose rate exceeds the
 mean of the hour before by 15 % or more. Price: 2 per replica-hour (illustrative).
+
+:func:`removal_comparison` (also run by ``main``, a few seconds) compares what a removed
+replica does with its requests (``on_remove``: drain, abort, migrate) in a small fixed scene.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pandas as pd
 import simsched
 from experiments._common import parser, print_table, save_plot, try_plots, write_frames
 from simsched import SimConfig
+from simsched.analysis.fleet_metrics import slo_met as fleet_slo_met
 from simsched.analysis.plots import _figure
 from simsched.config.autoscaling import AutoscalingConfig
 from simsched.config.cluster import ClusterConfig
@@ -151,6 +155,41 @@ def run_scenario(name: str, base: SimConfig, auto: AutoscalingConfig, compress: 
     return row, windows
 
 
+REMOVAL_OPTIONS = (("drain", 0.0), ("abort", 0.0), ("migrate", 0.0), ("migrate", 2.0))
+
+
+def removal_comparison() -> pd.DataFrame:
+    """What a scale-down does to the requests of the removed replicas, per ``on_remove``.
+
+    A small fixed scene (seconds to run; not the ServeGen day): four replicas serve 20 req/s of
+    256-token prompts and 128-token outputs for 40 s, and a plan takes the fleet to two at 20 s,
+    with each removal option (``migrate`` with no delay and with a 2 s one). One row per option:
+    the removed replicas' billed seconds after the removal, aborted and migrated requests, SLO
+    attainment over every request (aborted ones miss), and the latencies."""
+    workload = WorkloadConfig(name="custom", arrival="poisson", lengths="fixed", prompt_len=256,
+                              output_len=128, rate=20.0, duration=40.0)
+    rows = []
+    for mode, delay in REMOVAL_OPTIONS:
+        auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 4), (20.0, 2)),
+                                 provisioning_time=0.0, model_load_time=0.0, interval=5.0,
+                                 price_per_hour=PRICE, on_remove=mode, migration_time=delay)
+        cfg = SimConfig(workload=workload, cluster=ClusterConfig(
+            num_replicas=4, router="least_tokens", autoscaling=auto)).replace(max_num_seqs=16)
+        res = simsched.simulate(cfg)
+        s, units, df = res.summary(), res.fleet.units, res.requests
+        removed = units[units["drain_at"].notna()]
+        met = fleet_slo_met(df, TTFT_SLO, TPOT_SLO)
+        rows.append({"on_remove": mode, "migration_time": delay,
+                     "num_requests": len(df),
+                     "billed_after_removal": float((removed["stopped_at"]
+                                                    - removed["drain_at"]).sum()),
+                     "num_aborted": s.get("num_aborted", 0),
+                     "num_migrations": s.get("num_migrations", 0),
+                     "attainment": float(met.mean()), "ttft_p99": s["ttft_p99"],
+                     "e2el_p99": s["e2el_p99"], "e2el_max": float(df["e2el"].max())})
+    return pd.DataFrame(rows)
+
+
 def _plot_day(windows: pd.DataFrame, names: list[str]):
     fig, axes = _figure(None, 2, (11, 6.5), nrows=2, ncols=1, sharex=True)
     first = windows[windows["scenario"] == names[0]]
@@ -218,13 +257,15 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     runs.attrs.update(cal, compress=compress, mean_rate=mean_rate,
                       peak_rate=scale * totals.max(), num_ramp_windows=int(ramps.sum()))
     windows = pd.concat(frames, ignore_index=True)
-    print_table(runs.drop(columns=["wall_s"]), out)
-    write_frames(out, runs=runs, windows=windows)
+    removal = removal_comparison()
+    print_table(runs.drop(columns=["wall_s"]))
+    print_table(removal, out)
+    write_frames(out, runs=runs, windows=windows, removal=removal)
     names = list(runs["scenario"])
     try_plots(lambda: [save_plot(out / "autoscaling_day.png",
                                  lambda: _plot_day(windows, names)),
                        save_plot(out / "autoscaling_cost.png", lambda: _plot_cost(runs))])
-    return {"runs": runs, "windows": windows}
+    return {"runs": runs, "windows": windows, "removal": removal}
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ class Status(str, Enum):
     SWAPPED = "swapped"        # preempted by swap: KV blocks in CPU memory
     FINISHED = "finished"
     REJECTED = "rejected"      # can never be served (too long for the model or the KV cache)
+    ABORTED = "aborted"        # ended unfinished: its replica was removed (autoscaling's abort)
 
 
 class Request:

@@ -91,3 +91,28 @@ def window_table(requests: pd.DataFrame, window: float, ttft_slo: float, tpot_sl
         out["routable"] = fleet.replicas_at(mids)["routable"].to_numpy()
         out["cost"] = [fleet.cost_between(s, s + window) for s in starts]
     return out
+
+
+def removal_info(fleet) -> tuple[dict, dict | None]:
+    """An autoscaled run's removal figures for its info (``num_aborted``, and with migration
+    ``num_migrations``; nothing when removed replicas drain) and the migrations per request id
+    (None unless requests migrate). ``fleet`` is the run's :class:`~simsched.cluster.fleet.Fleet`."""
+    remover = fleet.remover
+    if remover is None:
+        return {}, None
+    info = {"num_aborted": remover.num_aborted}
+    if remover.mode != "migrate":
+        return info, None
+    info["num_migrations"] = sum(remover.moves.values())
+    return info, remover.moves
+
+
+def migrations_column(request_ids: np.ndarray, moves: dict) -> np.ndarray:
+    """Each request's number of migrations (``moves``: request id -> count, others 0)."""
+    out = np.zeros(len(request_ids), dtype=np.int64)
+    if moves:
+        ids = np.fromiter(moves.keys(), dtype=np.int64, count=len(moves))
+        counts = np.fromiter(moves.values(), dtype=np.int64, count=len(moves))
+        order = np.argsort(request_ids)
+        out[order[np.searchsorted(request_ids, ids, sorter=order)]] = counts
+    return out

@@ -70,11 +70,11 @@ class Results:
 
     def __repr__(self) -> str:
         status = self.requests["status"].value_counts()
+        closed = ("finished", "rejected", "aborted")
         counts = ", ".join(f"{int(status.get(s, 0))} {s}"
-                           for s in ("finished", "rejected") if status.get(s, 0)) or "none"
+                           for s in closed if status.get(s, 0)) or "none"
         pending = int(status.get(Status.PENDING.value, 0))
-        unfinished = len(self.requests) - int(status.get("finished", 0)) \
-            - int(status.get("rejected", 0)) - pending
+        unfinished = len(self.requests) - sum(int(status.get(s, 0)) for s in closed) - pending
         if unfinished:
             counts += f", {unfinished} unfinished"
         if pending:
@@ -117,7 +117,11 @@ class Results:
         same requests. Rejected requests appear only in ``num_rejected``. ``num_unfinished``
         counts requests that arrived but had not finished when the run ended (waiting, running
         or swapped out); ``num_not_arrived`` those whose arrival lay after it (``num_finished +
-        num_rejected + num_unfinished + num_not_arrived == num_requests``).
+        num_rejected + num_unfinished + num_not_arrived == num_requests``, plus
+        ``num_aborted`` where an autoscaled fleet aborts a removed replica's requests: the
+        summary has that key, and ``num_migrations``, only where removed replicas abort or
+        migrate). Aborted requests count like unfinished ones everywhere else: in TTFT and
+        queue time if they got that far, never in E2EL, TPOT, throughput or goodput.
         """
         df = self.requests
         finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)

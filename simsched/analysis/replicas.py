@@ -12,7 +12,8 @@ from simsched.request import Status
 
 
 def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
-    """``num_replicas``, ``num_shed`` and the load imbalance over replicas.
+    """``num_replicas``, ``num_shed`` and the load imbalance over replicas; ``num_aborted``
+    and ``num_migrations`` where removed replicas abort or migrate their requests (autoscaling).
 
     A replica's load is the tokens it computed (prefill + decode); ``load_imbalance`` is the
     largest load over the mean (1 = even) and ``load_cv`` their coefficient of variation.
@@ -21,9 +22,12 @@ def cluster_summary(replicas: pd.DataFrame | None, info: dict) -> dict:
         return {}
     load = replicas["num_tokens"].to_numpy(dtype=float)
     mean = load.mean()
-    return {"num_replicas": len(replicas), "num_shed": int(info.get("num_shed", 0)),
-            "load_imbalance": float(load.max() / mean) if mean > 0 else math.nan,
-            "load_cv": float(load.std() / mean) if mean > 0 else math.nan}
+    out = {"num_replicas": len(replicas), "num_shed": int(info.get("num_shed", 0)),
+           "load_imbalance": float(load.max() / mean) if mean > 0 else math.nan,
+           "load_cv": float(load.std() / mean) if mean > 0 else math.nan}
+    # An autoscaled run whose removed replicas abort or migrate their requests.
+    out.update((key, info[key]) for key in ("num_aborted", "num_migrations") if key in info)
+    return out
 
 
 def build_replicas_frame(requests: pd.DataFrame, iterations: pd.DataFrame,

@@ -19,7 +19,7 @@ from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis import stream
-from simsched.analysis.fleet_metrics import FleetResults
+from simsched.analysis.fleet_metrics import FleetResults, migrations_column, removal_info
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
 from simsched.analysis.progress import RunWatcher
@@ -122,6 +122,7 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
         fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
                              sim_time)
         info.update(fleet_cost=fleet.cost, fleet_replica_hours=fleet.replica_hours)
+        info.update(removal_info(engine.fleet)[0])
         extra = {"fleet_units": fleet.units, "fleet_timeline": fleet.timeline}
     return stream.write_end(reqs, extra, info)
 
@@ -242,12 +243,14 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         r.iteration_rows = None
     step_ends = decode_step_ends(iterations, len(replicas))
     sim_time = engine.env.now
-    fleet = None
+    fleet = moves = None
     if engine.fleet is not None:
         fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
                              sim_time)
         info["fleet_cost"] = fleet.cost
         info["fleet_replica_hours"] = fleet.replica_hours
+        removed, moves = removal_info(engine.fleet)
+        info.update(removed)
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if lora:
@@ -283,6 +286,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         ids = req_df["request_id"].to_numpy()
         # TTFT = queue time + lora_load_time (adapter loads in its prefill's steps) + the rest.
         req_df["lora_load_time"] = [waited.get(i, 0.0) for i in ids.tolist()]
+    if moves is not None:       # removed replicas' requests migrated (autoscaling)
+        req_df["num_migrations"] = migrations_column(req_df["request_id"].to_numpy(), moves)
     if disagg is not None:
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):

@@ -147,8 +147,9 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
     * ``achieved_rate``: finished requests per second over the throughput span minus the median
       E2EL (the last arrivals' own service time, which a stable engine needs too);
     * ``throughput_ratio``: achieved / offered (about 1 when the engine keeps up);
-    * ``completion``: finished / accepted; ``num_finished``; ``num_unfinished``: accepted but not
-      finished when the run ended (accepted: arrived before the run ended and not rejected);
+    * ``completion``: finished / accepted (an aborted request is accepted and not finished);
+      ``num_finished``; ``num_unfinished``: accepted but neither finished nor aborted when the
+      run ended (accepted: arrived before the run ended and not rejected);
     * ``queue_growth``: see :func:`queue_growth`; ``growth_significant``: whether the pile-up
       over the fitted half-window exceeds three times the count's noise, 3 * sqrt(mean + 1);
     * ``queue_ratio``: mean queue time over mean service time (E2EL minus queue time) of the
@@ -174,7 +175,8 @@ def saturation_signals(requests: pd.DataFrame, iterations: pd.DataFrame) -> dict
             "throughput_ratio": achieved / offered if offered > 0 else math.nan,
             "completion": num_finished / accepted if accepted else math.nan,
             "num_finished": num_finished,
-            "num_unfinished": accepted - num_finished,
+            # Aborted (an autoscaled fleet's removed replica): ended, not left unfinished.
+            "num_unfinished": accepted - num_finished - int((status == "aborted").sum()),
             "queue_growth": growth,
             "growth_significant": significant,
             "queue_ratio": queue_ratio}

@@ -39,7 +39,9 @@ class Autoscaler:
 
     def _busy(self) -> bool:
         cluster = self.fleet.cluster
-        return cluster.num_arrived < len(cluster.requests) or any(self.fleet.outstanding)
+        remover = self.fleet.remover
+        return cluster.num_arrived < len(cluster.requests) or any(self.fleet.outstanding) \
+            or bool(remover is not None and remover.in_transit)
 
     def sample(self) -> dict:
         """The fleet's load now: means over routable replicas, totals, recent TTFT."""

@@ -4,7 +4,9 @@
 (billing starts), becomes *routable* after its provisioning and model-load delays, is
 *drained* when removed (it leaves the routing set at once, finishes what it holds, and stops
 billing when empty) or *cancelled* if removed while still provisioning. Each lifecycle is one
-*unit* (a row of :meth:`Fleet.units_frame`).
+*unit* (a row of :meth:`Fleet.units_frame`). With ``on_remove`` ``"abort"`` or ``"migrate"`` a
+removed replica empties at once instead of draining (:mod:`simsched.cluster.removal`) and stops
+billing then.
 
 Routers stay exact and fast: the router sees only the routable replicas, as a plain
 :class:`~simsched.cluster.state.ReplicaLoad` over them (local indices 0..k-1) rebuilt when the
@@ -24,6 +26,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
+from simsched.cluster.removal import Remover
 from simsched.cluster.routers import RoundRobin, SessionAffinity, make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.engine.kv_tiers import join_remote_tier
@@ -122,6 +125,13 @@ class Fleet:
         cluster.queue_cap = cl.max_num_queued_per_replica
         if self.snapshot is not None:
             self.env.process(self._refresh(cl.refresh_interval))
+        # A removed replica drains (nothing to set up), or aborts or migrates its requests
+        # (simsched.cluster.removal); decided here, once.
+        self.remover = None
+        if self.auto.on_remove != "drain":
+            self.remover = Remover(self, self.auto.on_remove, cluster.config.seed)
+        if self.auto.on_remove == "migrate":
+            self.finished = self._finished_at_owner     # a request may end away from its first
 
     def _hook(self, replica) -> None:
         replica.on_first_token = self.first_token
@@ -198,6 +208,33 @@ class Fleet:
             self.inner.finished(k, req)
         elif self.outstanding[i] == 0 and self.state[i] == "draining":
             self._stop(i)
+
+    def _finished_at_owner(self, i: int, req) -> None:
+        """:meth:`finished` with migrations: ``req`` finished where it is now, not at ``i``
+        where it was first routed (an aborted migration left it nowhere: nothing to update)."""
+        owner = self.cluster.replica_of[req.id]
+        if owner >= 0:
+            Fleet.finished(self, owner, req)
+
+    def left(self, i: int, req) -> None:
+        """``req`` left replica ``i`` (no longer routable) to migrate: off its figures."""
+        self.outstanding[i] -= 1
+        self.tokens[i] -= req.num_output_tokens if self.output_tokens is None \
+            else self.output_tokens
+        if req.first_token_at != req.first_token_at:        # NaN: its prompt was still due
+            self.tokens[i] -= req.num_prompt_tokens
+            self.pending_prompt[i] -= req.num_prompt_tokens
+
+    def arrived(self, i: int, req) -> None:
+        """Migrating ``req`` was queued at replica ``i``: routed there, its prompt counted only
+        if its first token is still due."""
+        self.routed(i, req)
+        if req.first_token_at == req.first_token_at:
+            self.tokens[i] -= req.num_prompt_tokens
+            self.pending_prompt[i] -= req.num_prompt_tokens
+            k = self.local[i]
+            if k >= 0:
+                self.inner.first_token(k, req)
 
     def kv_changed(self, i: int, num_used: int, num_blocks: int) -> None:
         """Replica ``i`` now holds ``num_used`` of its ``num_blocks`` KV blocks."""
@@ -303,7 +340,9 @@ class Fleet:
         self.state[g] = "draining"
         self.units[self.unit_of[g]][5] = now
         self._routing_changed(old)
-        if self.outstanding[g] == 0:
+        if self.remover is not None:
+            self.remover.remove(g)          # empties it now: it stops billing below
+        if self.outstanding[g] == 0 and self.state[g] == "draining":
             self._stop(g)
         return True
 

@@ -19,6 +19,8 @@ POLICIES = ("threshold", "saturation", "scheduled")
 # Per-replica load figures the threshold policy can target (means over routable replicas).
 METRICS = ("running", "waiting", "outstanding", "kv_use", "ttft")
 POOL_KEYS = ("name", "price_per_hour", "min_replicas", "max_replicas")
+# What a removed replica does with the requests it holds (simsched.cluster.removal).
+ON_REMOVE = ("drain", "migrate", "abort")
 
 
 def _delay(name: str, value) -> tuple:
@@ -50,9 +52,20 @@ class AutoscalingConfig:
     ``max_step`` caps replicas added or removed per decision (None: no cap). A new replica bills
     from the decision but is routable only after ``provisioning_time`` plus ``model_load_time``
     seconds (numbers, or distributions as ``("uniform", lo, hi)``, ``("exponential", mean)``,
-    ``("lognormal", mu, sigma)``). A removed replica stops receiving requests at once, finishes
-    (drains) what it holds, and stops billing when empty; a replica still provisioning is
-    cancelled instead.
+    ``("lognormal", mu, sigma)``). A removed replica stops receiving requests at once; a replica
+    still provisioning is cancelled instead. What happens to the requests a removed replica holds
+    (waiting and running) is ``on_remove``:
+
+    - ``drain`` (the default): it finishes them and stops billing when empty.
+    - ``abort``: they end at once, status ``aborted`` with a ``reject_reason`` naming the replica
+      and the time (the tokens they already received stay counted); the replica stops billing
+      at once, an iteration in progress is lost.
+    - ``migrate``: they leave at once and, ``migration_time`` seconds later (a number or a
+      distribution as above, drawn per request), are routed by the cluster's router to a routable
+      replica, where they continue as after a recompute preemption: the prompt and the tokens
+      generated so far are prefilled again (vLLM's recompute; emitted tokens keep their times,
+      and TTFT is unchanged once the first token was out). The replica stops billing at once;
+      the request frame gains ``num_migrations``.
 
     ``pools`` are replica pools: mappings with ``name``, ``price_per_hour``, ``min_replicas``,
     ``max_replicas`` and any per-replica scheduler, cache or hardware fields (``gpu``,
@@ -79,6 +92,8 @@ class AutoscalingConfig:
     max_replicas: int = 64
     price_per_hour: float = 0.0
     pools: tuple = ()
+    on_remove: str = "drain"
+    migration_time: float | tuple = 0.0
 
     def __post_init__(self) -> None:
         plain(self)
@@ -93,7 +108,8 @@ class AutoscalingConfig:
         check_float(o, "scale_down_window", self.scale_down_window, 0.0, finite=True)
         if self.max_step is not None:
             check_int(o, "max_step", self.max_step, 1)
-        for name in ("provisioning_time", "model_load_time"):
+        check_choice(o, "on_remove", self.on_remove, ON_REMOVE)
+        for name in ("provisioning_time", "model_load_time", "migration_time"):
             object.__setattr__(self, name, _delay(name, _tuples(getattr(self, name))))
         check_int(o, "min_replicas", self.min_replicas, 0, 100_000)
         check_int(o, "max_replicas", self.max_replicas, 1, 100_000)

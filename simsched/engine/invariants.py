@@ -12,7 +12,7 @@ import math
 from simsched.request import Status
 
 _OPEN = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
-_CLOSED = (Status.FINISHED, Status.REJECTED)
+_CLOSED = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
 
 
 class InvariantError(AssertionError):
@@ -58,6 +58,10 @@ def check_invariants(cluster, replica, batch) -> None:
                                          exact=other is replica)
         # Async scheduling: arrivals the next plan cannot see yet are waiting too.
         waiting_ids += [req.id for _, req in getattr(other, "pending", ())]
+    # Requests migrating from a removed replica (autoscaling) wait between replicas.
+    remover = getattr(getattr(cluster, "fleet", None), "remover", None)
+    if remover is not None:
+        waiting_ids += list(remover.in_transit)
     _check_requests(cluster, [r.scheduler for r in cluster.replicas], waiting_ids, now)
 
 
@@ -330,9 +334,10 @@ def check_final_state(engine) -> None:
 def check_results(results) -> None:
     """Check the frames of a run that ended without a time limit (every request closed).
 
-    Every request is finished (all tokens generated, ordered timestamps, TTFT >= 0) or rejected
-    with a reason; the iterations' token total equals what the finished requests needed,
-    recomputation included, on every replica; no iteration is empty.
+    Every request is finished (all tokens generated, ordered timestamps, TTFT >= 0), rejected
+    with a reason, or aborted unfinished with a reason (its replica was removed); the iterations'
+    token total equals what the finished requests needed, recomputation included (and the work
+    aborted requests lost), on every replica unless requests migrated; no iteration is empty.
     """
     df, it = results.requests, results.iterations
     now = results.sim_time
@@ -342,6 +347,13 @@ def check_results(results) -> None:
             if not row.reject_reason or not math.isnan(row.first_scheduled_at) \
                     or row.num_generated_tokens != 0:
                 raise InvariantError("rejected_untouched", now,
+                                     f"reason {row.reject_reason!r}, generated "
+                                     f"{row.num_generated_tokens}", rid)
+            continue
+        if row.status == Status.ABORTED.value:
+            if not row.reject_reason.startswith("aborted:") \
+                    or row.num_generated_tokens >= row.num_output_tokens:
+                raise InvariantError("aborted_unfinished", now,
                                      f"reason {row.reject_reason!r}, generated "
                                      f"{row.num_generated_tokens}", rid)
             continue
@@ -360,6 +372,8 @@ def check_results(results) -> None:
     done = df[df["status"] == Status.FINISHED.value]
     need = int((done["num_prompt_tokens"] + done["num_output_tokens"] - 1
                 + done["num_recomputed_tokens"]).sum())
+    # An aborted request's computed KV was all dropped: it counts as recomputed work.
+    need += int(df.loc[df["status"] == Status.ABORTED.value, "num_recomputed_tokens"].sum())
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need -= int(it["num_cached_tokens"].sum())
     spec = results.info.get("speculative")
@@ -384,15 +398,22 @@ def check_results(results) -> None:
                                                      "within a replica")
     # A disaggregated request's prefill and decode ran on two replicas (recomputation on
     # either): only the total is checked.
-    if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df:
+    # A migrated request's work, too, was done on two replicas (autoscaling's migrate).
+    if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df \
+            and not ("num_migrations" in df and df["num_migrations"].any()):
         _check_replica_work(df, it, now, spec)
 
 
 def _check_replica_work(df, it, now: float, spec: dict | None = None) -> None:
-    """Each replica computed exactly what the finished requests routed to it needed."""
+    """Each replica computed exactly what the finished requests routed to it needed (and the
+    work aborted ones lost there)."""
     done = df[df["status"] == Status.FINISHED.value]
     need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
             + done["num_recomputed_tokens"]).groupby(done["replica"]).sum()
+    aborted = df[df["status"] == Status.ABORTED.value]
+    if len(aborted):
+        need = need.add(aborted["num_recomputed_tokens"].groupby(aborted["replica"]).sum(),
+                        fill_value=0)
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need = need.sub(it["num_cached_tokens"].groupby(it["replica"]).sum(), fill_value=0)
     work = (it["num_prefill_tokens"] + it["num_decode_tokens"]).groupby(it["replica"]).sum()

@@ -40,6 +40,7 @@ from simsched.engine.kv_factory import make_kv_cache
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.quiet import QuietSteps
+from simsched.engine import removal
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -110,7 +111,7 @@ class Replica:
         # allows them; the planner is made when the loop starts, after every hook is attached.
         self.max_quiet_steps = 0
         self.quiet: QuietSteps | None = None
-        env.process(self._gpu())
+        self.gpu_process = env.process(self._gpu())
 
     def allow_quiet_steps(self, limit: int) -> None:
         """Let the GPU loop take up to ``limit`` quiet decode steps per clock event where the
@@ -397,3 +398,10 @@ class Replica:
         for victim, cause in self.scheduler.preempted:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
+
+    def remove_requests(self) -> list[tuple]:
+        """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration
+        in progress is lost) and every request it holds leaves, stopped as after a recompute
+        preemption; ``(request, handles, tokens whose KV was dropped)`` per request (see
+        :func:`simsched.engine.removal.remove_requests`)."""
+        return removal.remove_requests(self)

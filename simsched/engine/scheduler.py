@@ -47,6 +47,7 @@ from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.plan_ahead import PlanAheadMixin
 from simsched.engine.preemption import PreemptionMixin
+from simsched.engine.removal import take_all
 from simsched.engine.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
 
@@ -406,3 +407,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
             self._release(req)
         finished.append(req)
 
+    def take_all(self) -> list[tuple[Request, int]]:
+        """Stop and remove every unfinished request held here (its replica is being removed):
+        ``(request, tokens whose KV was dropped)`` each (see :mod:`simsched.engine.removal`)."""
+        return take_all(self)

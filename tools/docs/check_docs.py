@@ -140,6 +140,7 @@ def _blocks() -> dict[str, Block]:
         "kv-tiers-sessions": Block("docs/kv_tiers.md", t.kv_tiers_sessions, False),
         "kv-tiers-reload": Block("docs/kv_tiers.md", t.kv_tiers_reload, False),
         "autoscaling-results": Block("docs/autoscaling.md", a.autoscaling_results, False),
+        "autoscaling-removal": Block("docs/autoscaling.md", a.autoscaling_removal, True),
         "speculative-runs": Block("docs/speculative.md", sp.speculative_runs, False),
         "speculative-crossover": Block("docs/speculative.md", sp.speculative_crossover, False),
     }

@@ -87,3 +87,41 @@ def autoscaling_results(runs) -> str:
         f"policy sees the queue. With exact delays its routable fleet is the same for 30 s "
         f"and 5 min; only the bill differs.",
     ])
+
+
+def autoscaling_removal(runs) -> str:
+    """docs/autoscaling.md: drain, abort and migrate on one scale-down (a small fixed scene)."""
+    from experiments.autoscaling import removal_comparison
+
+    t = removal_comparison()
+    r = {(row.on_remove, row.migration_time): row for row in t.itertuples(index=False)}
+    drain, abort = r[("drain", 0.0)], r[("abort", 0.0)]
+    migrate, slow = r[("migrate", 0.0)], r[("migrate", 2.0)]
+    claim(drain.billed_after_removal > 0 and abort.billed_after_removal == 0
+          and migrate.billed_after_removal == 0, "only drain bills after the removal")
+    claim(abort.num_aborted > 0 and abort.num_aborted == migrate.num_migrations,
+          "migrate moves exactly the requests abort ends")
+    claim(abort.attainment < migrate.attainment < drain.attainment,
+          "attainment: abort < migrate < drain")
+    claim(slow.attainment < migrate.attainment, "a migration delay lowers attainment")
+    table = t[["on_remove", "migration_time", "billed_after_removal", "num_aborted",
+               "num_migrations", "attainment", "ttft_p99", "e2el_max"]].copy()
+    table["attainment"] = [_pc(v) for v in table["attainment"]]
+    table.columns = ["on_remove", "migration_time (s)", "billed after removal (replica-s)",
+                     "aborted", "migrated", "SLO attainment", "TTFT p99 (s)", "E2EL max (s)"]
+    return "\n".join([
+        f"Four replicas serve 20 req/s (256-token prompts, 128-token outputs) for 40 s; a plan "
+        f"takes the fleet to two at 20 s ({int(t['num_requests'].iloc[0]):,} requests, SLO as "
+        f"above):",
+        "",
+        md_table(table),
+        "",
+        f"Draining bills the two removed replicas {num(drain.billed_after_removal)} replica-"
+        f"seconds more; aborting ends {int(abort.num_aborted)} requests "
+        f"({_pc(abort.num_aborted / abort.num_requests)} of the run, all SLO misses); migrating "
+        f"them costs nothing after the removal and finishes every request, at the price of "
+        f"recomputing their prompts and tokens on the two replicas left (attainment "
+        f"{_pc(migrate.attainment)} against {_pc(drain.attainment)} with drain); a 2 s "
+        f"migration delay brings it down to {_pc(slow.attainment)} (the moved requests wait "
+        f"out the delay, then load the replicas left).",
+    ])
