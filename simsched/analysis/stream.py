@@ -56,10 +56,11 @@ class StreamingRequests:
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
-        self.arrival = np.asarray(arrival, dtype=float)
-        self.prompt = np.asarray(prompt, dtype=np.int64)
-        self.output = np.asarray(output, dtype=np.int64)
-        self.priority = np.asarray(priority, dtype=np.int64)
+        # Copied: the caller's columns may be views of a table that goes once this is built.
+        self.arrival = np.array(arrival, dtype=float)
+        self.prompt = _narrow(prompt)
+        self.output = _narrow(output)
+        self.priority = _narrow(priority)
         self.tenant = tenant
         self.n = len(self.arrival)
         self.live: dict = {}
@@ -224,10 +225,24 @@ class StreamingRequests:
         self.live.clear()
         tenant = self.tenant
         for rid in range(created, self.n):
-            self.done.append(Request(rid, self.arrival[rid], self.prompt[rid], self.output[rid],
-                                     self.priority[rid],
+            self.done.append(Request(rid, self.arrival[rid], int(self.prompt[rid]),
+                                     int(self.output[rid]), int(self.priority[rid]),
                                      tenant[rid] if tenant is not None else None))
         self.flush()
+
+
+def _narrow(values) -> np.ndarray:
+    """Integers in the smallest signed type that holds them all (token counts fit 16 or 32
+    bits, priorities often 8: a streamed day holds its requests' columns the whole run)."""
+    values = np.asarray(values, dtype=np.int64)
+    if not len(values):
+        return values.copy()
+    low, high = int(values.min()), int(values.max())
+    for kind in (np.int8, np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= low and high <= info.max:
+            return values.astype(kind)
+    return values.copy()
 
 
 @dataclass
