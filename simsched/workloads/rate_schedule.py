@@ -87,6 +87,12 @@ def _first_batch(rate: float, seconds: float, cv: float) -> int:
     return int(mean + 10 * cv * math.sqrt(mean) + 10)
 
 
+def _capacity(rows: list, scale: float) -> int:
+    """Arrivals the windows ``rows`` hold if none draws a second batch of gaps."""
+    return sum(_first_batch(r * scale, seconds, cv) + 1
+               for _, seconds, r, cv, _ in rows if r * scale > 0)
+
+
 def _grown(buffer: np.ndarray, used: int, need: int) -> np.ndarray:
     """A larger buffer holding ``buffer[:used]`` (at least ``need`` long, doubling)."""
     bigger = np.empty(max(need, 2 * len(buffer)))
@@ -111,8 +117,7 @@ def windowed(rng: np.random.Generator, windows: pd.DataFrame, rate: float | None
     # gaps every window draws (it holds all its arrivals unless a window needs a second batch):
     # a day of a big fleet is tens of millions of arrivals, held once, not as parts and their
     # concatenation. Pages of the buffer never written are never backed by memory.
-    times = np.empty(sum(_first_batch(r * scale, seconds, cv) + 1
-                         for _, seconds, r, cv, _ in rows if r * scale > 0))
+    times = np.empty(_capacity(rows, scale))
     end = 0
     for start, seconds, r, cv, family in rows:
         part = window_arrivals(rng, start, seconds, r * scale, cv, family)
