@@ -72,14 +72,16 @@ def test_streamed_start_up_reads_columns_in_place_and_holds_13_bytes(tmp_path):
     frame = generate(BIG, np.random.default_rng(1))
     n = len(frame)
 
-    def start_up():
-        columns = request_columns(frame, 512, lazy=True, copy=False)
-        return stream.StreamingRequests(tmp_path, *columns[:-1], prefix=False)
+    def start_up():     # as a streamed run starts
+        columns = list(request_columns(frame, 512, lazy=True, copy=False))
+        assert columns.pop() is None
+        return stream.StreamingRequests.taking(tmp_path, columns, prefix=False)
 
     store, peak = traced_peak(start_up)
     # Read in place, then stored as float64 arrival, int16 lengths, int8 priority, no tenants:
     # no list of prompts or tenants, no int64 copies.
     assert peak < 16 * n, peak / n
+    assert not np.shares_memory(store.arrival, frame["arrival_at"].to_numpy())
     assert (store.prompt.dtype, store.output.dtype, store.priority.dtype) == (
         np.int16, np.int16, np.int8)
     assert store.tenant is None

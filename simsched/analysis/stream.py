@@ -51,14 +51,14 @@ ITERATION_BYTES = 16 << 20
 class StreamingRequests:
     """The run's requests, created at arrival from workload columns and written out in chunks
     when they end (the :class:`~simsched.cluster.lazy.LazyRequests` interface the cluster
-    uses: iteration, ``record``, ``len``). The columns given are copied (compactly: see
-    :func:`_narrow`), so they may be views of a table the caller then lets go."""
+    uses: iteration, ``record``, ``len``). Integer columns are held in the narrowest type
+    that holds them (:func:`_narrow`); :meth:`taking` also copies columns that view a table."""
 
     __iter__ = LazyRequests.__iter__
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
-        self.arrival = np.array(arrival, dtype=float)
+        self.arrival = np.asarray(arrival, dtype=float)
         self.prompt = _narrow(prompt)
         self.output = _narrow(output)
         self.priority = _narrow(priority)
@@ -79,6 +79,16 @@ class StreamingRequests:
         self.windows: dict[int, np.ndarray] = {}
         for sub in ("requests", "iterations", "preemptions"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def taking(cls, path: Path, columns: list, prefix: bool) -> "StreamingRequests":
+        """A store of ``columns`` (arrival, prompt, output, priority, tenant), which may be
+        views of a request table: each is copied compactly and its entry replaced before the
+        next (a fleet's day holds its table's columns and their copies one at a time)."""
+        for k in (1, 2, 3):
+            columns[k] = _narrow(columns[k])
+        columns[0] = np.array(columns[0], dtype=float)
+        return cls(path, *columns, prefix=prefix)
 
     def __len__(self) -> int:
         return self.n
@@ -238,15 +248,15 @@ class StreamingRequests:
 def _narrow(values) -> np.ndarray:
     """Integers in the smallest signed type that holds them all (token counts fit 16 or 32
     bits, priorities often 8: a streamed day holds its requests' columns the whole run)."""
-    values = np.asarray(values, dtype=np.int64)
-    if not len(values):
-        return values.copy()
+    values = np.asarray(values)
+    if values.dtype.kind not in "iu" or not len(values):
+        return values.astype(np.int64)
     low, high = int(values.min()), int(values.max())
     for kind in (np.int8, np.int16, np.int32):
         info = np.iinfo(kind)
         if info.min <= low and high <= info.max:
-            return values.astype(kind)
-    return values.copy()
+            return values.astype(kind, copy=False)
+    return values.astype(np.int64)
 
 
 def _release_arrow_memory() -> None:
