@@ -56,6 +56,17 @@ def test_streamed_frames_equal_in_memory_frames(tmp_path, monkeypatch, changes):
         done["ttft"].sum(), rel=1e-9) or "max_sim_time" in changes
 
 
+def test_streamed_run_without_tenants_or_priorities_equals_in_memory(tmp_path, monkeypatch):
+    # The streamed store keeps such a workload compactly (int16 lengths, int8 priorities, no
+    # tenant list); cut short, requests never arrived are built from those columns.
+    plain = dataclasses.replace(WORKLOAD, num_tenants=1, num_priorities=1)
+    cfg = SimConfig(workload=plain).replace(num_replicas=2, max_sim_time=12.0)
+    memory, run, frames = both(cfg, tmp_path, monkeypatch)
+    assert_same(memory, frames)
+    assert (memory.requests["status"] == "pending").any()
+    assert memory.requests["tenant"].isna().all()
+
+
 def test_streamed_autoscaled_run_equals_in_memory(tmp_path, monkeypatch):
     auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 1), (8.0, 3), (20.0, 1)),
                              provisioning_time=1.0, model_load_time=1.0, price_per_hour=3.0)

@@ -8,8 +8,10 @@ a file, and a table out of arrival order is sorted with the loader's warning.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 import warnings
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -66,11 +68,25 @@ def _tenants(df: pd.DataFrame) -> list:
     return tenant
 
 
-def _priorities(df: pd.DataFrame) -> np.ndarray:
+def _no_tenants(df: pd.DataFrame) -> bool:
+    """Whether the table has no tenant column or no request in it has a tenant (all None)."""
+    if "tenant" not in df.columns:
+        return True
+    values = df["tenant"].to_numpy()
+    if values.dtype != object:
+        return False
+    # A slice at a time: a drawn fleet's day has tens of millions of None tenants.
+    return not any(any(map(operator.is_not, values[lo:lo + 65536].tolist(), repeat(None)))
+                   for lo in range(0, len(values), 65536))
+
+
+def _priorities(df: pd.DataFrame, copy: bool = True) -> np.ndarray:
     """The priority column as int64 (missing: 0), each value checked as an integer in int64."""
     if "priority" not in df.columns:
         return np.zeros(len(df), dtype=np.int64)
     prio = df["priority"]
+    if isinstance(prio.dtype, np.dtype) and prio.dtype.kind in "iu":
+        return _numbers(df, "priority", True, -INT64_MAX - 1, copy=copy)    # no NaN to fill
     prio_frame = pd.DataFrame({"priority": prio.where(prio.notna(), 0)
                                if prio.dtype == object else prio.fillna(0)})
     return _numbers(prio_frame, "priority", True, -INT64_MAX - 1)
@@ -182,22 +198,26 @@ def make_requests(table: Any, hash_block_size: int | None = None) -> list[Reques
     return reqs
 
 
-def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False) -> tuple:
+def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False,
+                    copy: bool = True) -> tuple:
     """The validated columns of a request table in arrival order: arrays of arrival, prompt,
-    output and priority, the tenants (a list, or None when there is no tenant column) and the
+    output and priority, the tenants (a list, or None when no request has one) and the
     contents (a list, or None without prefix columns).
 
     With ``lazy`` the contents are not built: None if there are no prefix columns, else False
     (also for an ``adapter`` column: requests with adapters are built by :func:`make_requests`).
+    With ``copy`` False the arrays may be the table's own columns (views, not to be written to
+    or kept past the table's life, which a streamed run does not: see
+    :class:`~simsched.analysis.stream.StreamingRequests`).
     """
     df = as_frame(table)
     if hash_block_size is None:
         hash_block_size = int(df.attrs.get("hash_block_size", 512))
-    arrival = _numbers(df, "arrival_at", False, 0)
-    prompt = _numbers(df, "num_prompt_tokens", True, 1)
-    output = _numbers(df, "num_output_tokens", True, 1)
-    priority = _priorities(df)
-    tenant = _tenants(df) if "tenant" in df.columns else None
+    arrival = _numbers(df, "arrival_at", False, 0, copy=copy)
+    prompt = _numbers(df, "num_prompt_tokens", True, 1, copy=copy)
+    output = _numbers(df, "num_output_tokens", True, 1, copy=copy)
+    priority = _priorities(df, copy)
+    tenant = None if _no_tenants(df) else _tenants(df)
     num_unsorted = int(np.count_nonzero(arrival[1:] < arrival[:-1]))
     if num_unsorted:
         # As the trace loader warns about a file out of time order.
@@ -209,12 +229,15 @@ def request_columns(table: Any, hash_block_size: int | None, lazy: bool = False)
             priority[order]
         if tenant is not None:
             tenant = [tenant[i] for i in order.tolist()]
-    else:
-        # Already in order (a drawn workload): the stable sort is the identity, and a big table
-        # (a fleet's day) is not copied again.
-        order = np.arange(len(arrival))
     if lazy and any(c in df.columns for c in PREFIX_COLUMNS + ("adapter",)):
         return arrival, prompt, output, priority, tenant, False
+    if not any(c in df.columns for c in PREFIX_COLUMNS):
+        # No contents: nothing to list (a fleet's day would list tens of millions of prompts).
+        return arrival, prompt, output, priority, tenant, None
+    if not num_unsorted:
+        # Already in order (a drawn workload): the stable sort is the identity, and a big table
+        # is not copied again.
+        order = np.arange(len(arrival))
     contents = _contents(df, order, prompt.tolist(), hash_block_size)
     return arrival, prompt, output, priority, tenant, contents
 

@@ -94,13 +94,15 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
             or is_closed_loop(frame):
         raise ValueError("stream_to supports plain runs: no closed-loop sessions, "
                          "disaggregation, check_invariants, record_steps or keep_engine")
-    columns = request_columns(frame, block, lazy=True)
-    if columns[-1] is not None:
+    # The columns are read in place; the table goes before the store copies them compactly
+    # (what the columns do not view, e.g. a tenant column without tenants, is freed first).
+    columns = list(request_columns(frame, block, lazy=True, copy=False))
+    del frame
+    if columns.pop() is not None:
         # request_columns marks prefix columns and an adapter column alike (objects needed).
         raise ValueError("stream_to supports plain workloads: no prefix-cache content "
                          "(hash_ids, shared prefixes) and no LoRA adapters (adapter column)")
-    del frame
-    reqs = stream.StreamingRequests(path, *columns[:-1], prefix=prefix)
+    reqs = stream.StreamingRequests.taking(path, columns, prefix)
     del columns
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")

@@ -72,13 +72,32 @@ def window_arrivals(rng: np.random.Generator, start: float, seconds: float, rate
     first = residual()
     if first >= seconds:
         return np.empty(0)
-    mean = rate * seconds
-    chunk = int(mean + 10 * cv * math.sqrt(mean) + 10)
+    chunk = _first_batch(rate, seconds, cv)
     chunks = [first + np.concatenate([[0.0], np.cumsum(draw(chunk))])]
     while chunks[-1][-1] < seconds:
         chunks.append(chunks[-1][-1] + np.cumsum(draw(chunk)))
     times = np.concatenate(chunks)
     return start + times[times < seconds]
+
+
+def _first_batch(rate: float, seconds: float, cv: float) -> int:
+    """The gaps :func:`window_arrivals` draws at once: the mean count plus ten standard
+    deviations (a second batch is drawn in the rare case they end inside the window)."""
+    mean = rate * seconds
+    return int(mean + 10 * cv * math.sqrt(mean) + 10)
+
+
+def _capacity(rows: list, scale: float) -> int:
+    """Arrivals the windows ``rows`` hold if none draws a second batch of gaps."""
+    return sum(_first_batch(r * scale, seconds, cv) + 1
+               for _, seconds, r, cv, _ in rows if r * scale > 0)
+
+
+def _grown(buffer: np.ndarray, used: int, need: int) -> np.ndarray:
+    """A larger buffer holding ``buffer[:used]`` (at least ``need`` long, doubling)."""
+    bigger = np.empty(max(need, 2 * len(buffer)))
+    bigger[:used] = buffer[:used]
+    return bigger
 
 
 def windowed(rng: np.random.Generator, windows: pd.DataFrame, rate: float | None = None,
@@ -90,18 +109,24 @@ def windowed(rng: np.random.Generator, windows: pd.DataFrame, rate: float | None
     the first ``n``.
     """
     scale = 1.0 if rate is None else rate / mean_rate(windows)
-    parts = []
-    for start, seconds, r, cv, family in zip(
-            windows["start"].to_numpy(float), windows["seconds"].to_numpy(float),
-            windows["rate"].to_numpy(float), windows["cv"].to_numpy(float),
-            windows["family"].tolist()):
-        if duration is not None and start >= duration:
-            continue
-        parts.append(window_arrivals(rng, start, seconds, r * scale, cv, family))
-    # Joined, then sorted in place and cut by a slice (a day of a big fleet is tens of millions
-    # of arrivals: no second sorted copy, no masked copy).
-    times = np.concatenate(parts) if parts else np.empty(0)
-    del parts
+    rows = [row for row in zip(
+        windows["start"].to_numpy(float), windows["seconds"].to_numpy(float),
+        windows["rate"].to_numpy(float), windows["cv"].to_numpy(float),
+        windows["family"].tolist()) if duration is None or row[0] < duration]
+    # Each window is drawn as before and written into one buffer, sized for the first batch of
+    # gaps every window draws (it holds all its arrivals unless a window needs a second batch):
+    # a day of a big fleet is tens of millions of arrivals, held once, not as parts and their
+    # concatenation. Pages of the buffer never written are never backed by memory.
+    times = np.empty(_capacity(rows, scale))
+    end = 0
+    for start, seconds, r, cv, family in rows:
+        part = window_arrivals(rng, start, seconds, r * scale, cv, family)
+        if end + len(part) > len(times):
+            times = _grown(times, end, end + len(part))
+        times[end:end + len(part)] = part
+        end += len(part)
+    # Sorted in place and cut by slices (no second sorted copy, no masked copy).
+    times = times[:end]
     times.sort()
     if duration is not None:
         times = times[:np.searchsorted(times, duration, side="left")]

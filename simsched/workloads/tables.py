@@ -27,9 +27,11 @@ def reject_row(df: pd.DataFrame, column: str, bad: np.ndarray, what: str) -> Non
 
 
 def numbers(df: pd.DataFrame, column: str, integer: bool, low: float,
-            what: str | None = None) -> np.ndarray:
+            what: str | None = None, copy: bool = True) -> np.ndarray:
     """A numeric column as float64 (int64 if ``integer``); the first bad row raises ValueError
-    naming row and field (``what`` it must be, by default said from the checks).
+    naming row and field (``what`` it must be, by default said from the checks). With ``copy``
+    False a column already of that type is returned in place (a view of the table's column: not
+    to be written to).
 
     Rejected: non-numbers (strings too, even ``"1e3"``: the CLI's files are numbers, and a
     string here is a table read without its types), NaN and infinities, values below ``low``,
@@ -67,8 +69,11 @@ def numbers(df: pd.DataFrame, column: str, integer: bool, low: float,
             bad |= values > INT64_MAX
         if bad.any():
             reject_row(df, column, bad, what)
-        return values.astype(np.int64)
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        return values.astype(np.int64, copy=copy)
+    if not copy and isinstance(raw.dtype, np.dtype) and raw.dtype.kind == "f":
+        values = raw.to_numpy(dtype=float)          # NaN is NaN already: the same checks follow
+    else:
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
     bad = ~np.isfinite(values) | (values < low)
     if integer:
         # 2**63 is the first float above int64's range.

@@ -318,10 +318,15 @@ def generate(cfg: WorkloadConfig, rng: np.random.Generator) -> pd.DataFrame:
     else:
         priority, tenant = np.zeros(n, dtype=np.int64), np.full(n, None, dtype=object)
     priority, tenant = draw_classes(cfg, rng, n, priority, tenant)
+    # Drawn columns are the frame's own, not copied (a fleet's day is tens of millions of rows);
+    # a trace's are copied (they may be views of the cached trace).
     frame = pd.DataFrame({"arrival_at": np.asarray(times, dtype=float),
                           "num_prompt_tokens": np.asarray(prompt, dtype=np.int64),
                           "num_output_tokens": np.asarray(output, dtype=np.int64),
-                          "priority": priority, "tenant": pd.Series(tenant, dtype=object)})
+                          "priority": priority,
+                          "tenant": pd.Series(tenant, dtype=object, copy=trace is not None)},
+                         copy=trace is not None)
+    del times, prompt, output, priority, tenant
     if kind == "trace":     # rows are the trace's, in order: keep their prefix identity
         for column in ("hash_ids", "session_id", "think_time", "adapter"):
             if column in trace.columns:
