@@ -98,21 +98,6 @@ class AdmissionMixin:
                     return
             self._admit()
 
-    def head_stays_refused(self) -> bool:
-        """Whether the waiting queue's head, refused for KV blocks, stays refused through quiet
-        decode steps (simsched.engine.quiet): :meth:`_admit_waiting` would skip the scan now
-        (its remembered refusal holds) and does so in every quiet step after, as they only take
-        free blocks (the queue, running set and token budget stay as they are; an arrival ends
-        the run)."""
-        blocked = self._blocked
-        if blocked is None or blocked[0] is not self._kv_blocks or self._static \
-                or blocked[1] != self._num_pushed or blocked[2] != self.num_admitted \
-                or blocked[3] is not self._queue:
-            return False
-        free, budget, running = blocked[4]
-        return self.kv.num_free <= free and bool(self.running) == running \
-            and self.cfg.max_num_batched_tokens - len(self.decoding) >= budget
-
     def _swap_in(self) -> None:
         """Swap requests back in (:mod:`simsched.engine.swap`), oldest swap first, while
         sequence slots, KV blocks and budget last.

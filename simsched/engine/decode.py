@@ -27,8 +27,8 @@ class DecodeMixin:
     own run fields). Growing decoders one by one, which may preempt, is preemption's
     (``PreemptionMixin._grow_each``).
     Quiet steps (:mod:`simsched.engine.quiet`) also read what else the next steps could do
-    (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_requeue``, ``swapped``; the
-    waiting queue is admission's, see ``AdmissionMixin.head_stays_refused``) and set what a step's ``schedule()``/``commit()`` leave (``now``,
+    (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_waiting``, ``_requeue``,
+    ``swapped``) and set what a step's ``schedule()``/``commit()`` leave (``now``,
     ``planned_tokens``, ``decode_step``).
     """
 
@@ -97,11 +97,11 @@ class DecodeMixin:
     # ------------------------------------------------------------ quiet steps (engine/quiet.py)
     def quiet_steps(self, limit: int) -> list[int]:
         """The next decode steps (at most ``limit``) that are quiet, as the blocks each step's
-        growth group takes (0: none, or grown already): nothing is planned, prefilled or
-        preempted (the caller checks that nothing is admitted), no decoder finishes, and every group's new blocks are free (so
+        growth group takes (0: none, or grown already): nothing waits, is planned, prefills or
+        is preempted, no decoder finishes, and every group's new blocks are free (so
         ``schedule()`` would grow it in O(1), preempting nobody). Empty if none is."""
-        if self.planned or self.preempted or self.ready or self.prefilling or self._requeue \
-                or self.swapped or self._late or not self.decoding:
+        if self.planned or self.preempted or self.ready or self.prefilling or self._waiting \
+                or self._requeue or self.swapped or self._late or not self.decoding:
             return _NO_STEPS
         kv = self.kv
         free = kv.num_free - kv.num_evictable

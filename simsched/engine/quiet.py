@@ -1,8 +1,7 @@
 """Quiet decode steps in one clock event: an exact fast path of the GPU loop.
 
 A *quiet* step is a decode step that nobody outside the replica can tell apart from its neighbours:
-every running request decodes one token, no request is admitted (none waits, or the queue's head
-stays refused for KV blocks), finishes or is preempted, every
+every running request decodes one token, no request is admitted, finishes or is preempted, every
 decoder's new KV block is free, and no arrival reaches the replica before the step is planned. The
 GPU loop (:meth:`~simsched.engine.replica.Replica._gpu`) otherwise pays one SimPy event per
 iteration, most of a busy fleet's cost; here it plans a run of quiet steps at once (their times
@@ -42,7 +41,6 @@ from heapq import heappush
 from itertools import accumulate
 
 from simsched.cost.base import Batch
-from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_earlier
 
 #: Most quiet steps planned in one run: a longer run saves few events, and an arrival wastes
@@ -55,13 +53,12 @@ class QuietRun:
     ``durations``, the KV blocks each step takes, how many steps to take, and the run's end event and its heap entry (None
     while the loop has not waited on it)."""
 
-    __slots__ = ("times", "durations", "needs", "num_waiting", "num_steps", "entry", "event")
+    __slots__ = ("times", "durations", "needs", "num_steps", "entry", "event")
 
-    def __init__(self, times: list, durations: list, needs: list, num_waiting: int) -> None:
+    def __init__(self, times: list, durations: list, needs: list) -> None:
         self.times = times
         self.durations = durations
         self.needs = needs          # KV blocks each step's growth takes
-        self.num_waiting = num_waiting  # the queue (its head refused) when the run starts
         self.num_steps = len(durations)
         self.entry = None
         self.event = None
@@ -122,7 +119,7 @@ class QuietSteps:
         """The planner, or None where quiet runs would not be exact (module docstring)."""
         sched = replica.scheduler
         limit = replica.max_quiet_steps
-        if limit < 2 or type(sched) is not Scheduler or replica.kv.prefix_caching \
+        if limit < 2 or type(sched).__name__ != "Scheduler" or replica.kv.prefix_caching \
                 or sched.swapping or sched._special or sched._prefill_first \
                 or sched._plan_ahead or sched.meter is not None or replica.lora is not None \
                 or replica.on_kv is not None or replica.on_iteration is not None \
@@ -137,8 +134,6 @@ class QuietSteps:
         are the loop's float-resolution bounds: a run with a step they would check is not
         planned (the loop takes that step itself)."""
         sched = self.scheduler
-        if sched._waiting and not sched.head_stays_refused():
-            return None             # an admission may come: the loop plans the step itself
         needs = sched.quiet_steps(self.limit)
         k = len(needs)
         if k < 2:
@@ -155,7 +150,7 @@ class QuietSteps:
         times = list(accumulate(durations, initial=now))
         if times[-2] >= ulp_below or not (min(durations) >= ulp_floor and times[-1] < math.inf):
             return None
-        return QuietRun(times, durations, needs, len(sched._waiting))
+        return QuietRun(times, durations, needs)
 
     def wait(self, run: QuietRun):
         """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
@@ -194,23 +189,22 @@ class QuietSteps:
         n = len(sched.decoding)
         used = self.kv.num_blocks - self.kv.num_free     # before the first step's growth
         pending = self.replica.pending
-        waiting = run.num_waiting
         if not pending:
             for j in range(m):
                 used += needs[j]
-                rows += pack(times[j], durations[j], 0, n, n, waiting, used, 0, 0.0)
+                rows += pack(times[j], durations[j], 0, n, n, 0, used, 0, 0.0)
         else:
             # Requests that arrived during the run (async scheduling keeps them in ``pending``)
             # wait from the first step that starts after them; without async scheduling none
             # arrived before a quiet step.
             arrived = [at for at, _ in pending]
             num_arrived = len(arrived)
-            seen = 0
+            waiting = 0
             for j in range(m):
                 started_at = times[j]
-                while seen < num_arrived and arrived[seen] <= started_at:
-                    seen += 1
+                while waiting < num_arrived and arrived[waiting] <= started_at:
+                    waiting += 1
                 used += needs[j]
-                rows += pack(started_at, durations[j], 0, n, n, waiting + seen, used, 0, 0.0)
+                rows += pack(started_at, durations[j], 0, n, n, waiting, used, 0, 0.0)
         sched.take_quiet_steps(needs, times[m - 1], times[m])
         return times[m], times[m - 1]
