@@ -74,6 +74,15 @@ CASES = {
                                 output_range=(32, 400), rate=30.0, duration=30.0),
         cluster=ClusterConfig(num_replicas=3, router="round_robin"),
         async_scheduling=False),
+    # a small KV cache without preemption: the queue's head waits for blocks between runs
+    "kv_blocked_queue": dict(
+        workload=WorkloadConfig(name="custom", lengths="uniform", prompt_range=(256, 1024),
+                                output_range=(200, 600), rate=20.0, duration=20.0),
+        num_blocks=400),
+    "kv_blocked_queue_sync": dict(
+        workload=WorkloadConfig(name="custom", lengths="uniform", prompt_range=(256, 1024),
+                                output_range=(200, 600), rate=20.0, duration=20.0),
+        num_blocks=400, async_scheduling=False),
     # a small KV cache: growth groups run out of blocks, runs stop before them (preemption on)
     "kv_pressure": dict(
         workload=WorkloadConfig(name="custom", lengths="uniform", prompt_range=(256, 1024),

@@ -41,6 +41,7 @@ from heapq import heappush
 from itertools import accumulate
 
 from simsched.cost.base import Batch
+from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_earlier
 
 #: Most quiet steps planned in one run: a longer run saves few events, and an arrival wastes
@@ -119,7 +120,7 @@ class QuietSteps:
         """The planner, or None where quiet runs would not be exact (module docstring)."""
         sched = replica.scheduler
         limit = replica.max_quiet_steps
-        if limit < 2 or type(sched).__name__ != "Scheduler" or replica.kv.prefix_caching \
+        if limit < 2 or type(sched) is not Scheduler or replica.kv.prefix_caching \
                 or sched.swapping or sched._special or sched._prefill_first \
                 or sched._plan_ahead or sched.meter is not None or replica.lora is not None \
                 or replica.on_kv is not None or replica.on_iteration is not None \
