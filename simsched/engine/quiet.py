@@ -51,8 +51,8 @@ MAX_QUIET_STEPS = 16
 
 class QuietRun:
     """One run of planned quiet steps: ``times`` (the first step's start, then each step's end),
-    ``durations``, the KV blocks each step takes, how many steps to take, and the run's end event and its heap entry (None
-    while the loop has not waited on it)."""
+    ``durations``, the KV blocks each step takes, how many steps to take, and the run's end
+    event and its heap entry (None while the loop has not waited on it)."""
 
     __slots__ = ("times", "durations", "needs", "num_steps", "entry", "event")
 
@@ -85,20 +85,31 @@ def promised(cost_model, attr: str) -> bool:
     return False
 
 
-def decode_iteration_times(cost_model, num_seqs: int, first_context_sum: int,
-                           num_steps: int) -> list:
-    """``cost_model.iteration_time`` of ``num_steps`` decode-only batches of ``num_seqs``
-    sequences, the first with ``first_context_sum`` context tokens, each next with ``num_seqs``
-    more: the model's own ``decode_iteration_times`` where it has one (the same floats, what the
+def decode_times_of(cost_model):
+    """``cost_model``'s timer of decode-only batches, chosen once: ``(num_seqs,
+    first_context_sum, num_steps) -> times`` of ``num_steps`` batches of ``num_seqs`` sequences,
+    the first with ``first_context_sum`` context tokens, each next with ``num_seqs`` more. The
+    model's own ``decode_iteration_times`` where it promises one (the same floats, what the
     batches share computed once), else one ``iteration_time`` call per batch."""
     if promised(cost_model, "decode_iteration_times"):
-        return cost_model.decode_iteration_times(num_seqs, first_context_sum, num_steps)
-    batch = Batch((), (), num_seqs, first_context_sum)
-    times = []
-    for j in range(num_steps):
-        batch.decode_context_sum = first_context_sum + num_seqs * j
-        times.append(cost_model.iteration_time(batch))
-    return times
+        return cost_model.decode_iteration_times
+
+    def each(num_seqs: int, first_context_sum: int, num_steps: int) -> list:
+        batch = Batch((), (), num_seqs, first_context_sum)
+        times = []
+        for j in range(num_steps):
+            batch.decode_context_sum = first_context_sum + num_seqs * j
+            times.append(cost_model.iteration_time(batch))
+        return times
+
+    return each
+
+
+def decode_iteration_times(cost_model, num_seqs: int, first_context_sum: int,
+                           num_steps: int) -> list:
+    """``cost_model.iteration_time`` of ``num_steps`` decode-only batches (see
+    :func:`decode_times_of`)."""
+    return decode_times_of(cost_model)(num_seqs, first_context_sum, num_steps)
 
 
 class QuietSteps:
@@ -109,8 +120,9 @@ class QuietSteps:
         self.scheduler = replica.scheduler
         self.kv = replica.kv
         self.limit = limit
-        self.cost_model = replica.cost_model
-        self.fast = promised(replica.cost_model, "decode_iteration_times")
+        self.decode_times = decode_times_of(replica.cost_model)
+        # A model's own decode_iteration_times returns floats; any other's times are checked.
+        self.checked = not promised(replica.cost_model, "decode_iteration_times")
         self.asynchronous = replica.async_scheduling
         self.queue, self.eid, _ = iteration_clock(replica.env)    # the heap and event ids
         self.run: QuietRun | None = None        # the run the loop waits on, if any
@@ -141,12 +153,9 @@ class QuietSteps:
             return None
         n = len(sched.decoding)
         first = sched.ctx_base_sum + n * (sched.step + 1)
-        if self.fast:
-            durations = self.cost_model.decode_iteration_times(n, first, k)
-        else:
-            durations = decode_iteration_times(self.cost_model, n, first, k)
-            if any(d.__class__ is not float for d in durations):
-                return None
+        durations = self.decode_times(n, first, k)
+        if self.checked and any(d.__class__ is not float for d in durations):
+            return None             # the loop checks and converts each time itself
         # The clock after each step, added in order as the loop would (one float add each).
         times = list(accumulate(durations, initial=now))
         if times[-2] >= ulp_below or not (min(durations) >= ulp_floor and times[-1] < math.inf):
@@ -189,23 +198,17 @@ class QuietSteps:
         sched = self.scheduler
         n = len(sched.decoding)
         used = self.kv.num_blocks - self.kv.num_free     # before the first step's growth
-        pending = self.replica.pending
-        if not pending:
-            for j in range(m):
-                used += needs[j]
-                rows += pack(times[j], durations[j], 0, n, n, 0, used, 0, 0.0)
-        else:
-            # Requests that arrived during the run (async scheduling keeps them in ``pending``)
-            # wait from the first step that starts after them; without async scheduling none
-            # arrived before a quiet step.
-            arrived = [at for at, _ in pending]
-            num_arrived = len(arrived)
-            waiting = 0
-            for j in range(m):
-                started_at = times[j]
-                while waiting < num_arrived and arrived[waiting] <= started_at:
-                    waiting += 1
-                used += needs[j]
-                rows += pack(started_at, durations[j], 0, n, n, waiting, used, 0, 0.0)
+        # Requests that arrived during the run (async scheduling keeps them in ``pending``) wait
+        # from the first step that starts after them; without async scheduling none arrived
+        # before a quiet step.
+        arrived = [at for at, _ in self.replica.pending]
+        num_arrived = len(arrived)
+        waiting = 0
+        for j in range(m):
+            started_at = times[j]
+            while waiting < num_arrived and arrived[waiting] <= started_at:
+                waiting += 1
+            used += needs[j]
+            rows += pack(started_at, durations[j], 0, n, n, waiting, used, 0, 0.0)
         sched.take_quiet_steps(needs, times[m - 1], times[m])
         return times[m], times[m - 1]
