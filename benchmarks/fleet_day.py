@@ -42,6 +42,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=64)
     p.add_argument("--hours", type=float, default=24.0)
+    p.add_argument("--start-hour", type=float, default=0.0,
+                   help="replay the day from this hour (profile a busy slice)")
     p.add_argument("--utilisation", type=float, default=0.65)
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
@@ -56,11 +58,12 @@ def main(argv=None) -> None:
     day = rate_schedule.read_servegen(model="m-large")
     rate = args.utilisation * args.replicas * capacity
     duration = args.hours * 3600.0
+    start = args.start_hour * 3600.0
     workload = lengths(args, arrival="servegen", servegen_model="m-large",
-                       rate=rate * rate_schedule.mean_rate(
-                           rate_schedule.read_servegen(model="m-large", duration=duration))
+                       rate=rate * rate_schedule.mean_rate(rate_schedule.read_servegen(
+                           model="m-large", start=start, duration=duration))
                        / rate_schedule.mean_rate(day),
-                       duration=duration)
+                       start=start, duration=duration)
     auto = None
     if args.autoscale:
         auto = AutoscalingConfig(policy="threshold", metric="running", target=running,

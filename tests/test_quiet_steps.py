@@ -148,6 +148,23 @@ def test_decode_iteration_times_are_iteration_time_bit_for_bit(n):
         assert all(type(t) is float for t in got)
 
 
+@pytest.mark.parametrize("gpu,tp", [("a100-80gb", 1), ("h100-sxm", 2), ("l40s", 1), ("h200", 1)])
+def test_decode_iteration_times_across_floors_bit_for_bit(gpu, tp):
+    """Contexts from empty to huge cross where the decode term meets its floor and where the
+    iteration floor stops binding: the shortcut (no floor in range) and the step-by-step path
+    both give iteration_time's floats."""
+    from simsched.cost.factory import make_cost_model
+    for overhead in ("vllm_v1", "eager_2023"):
+        hw = SimConfig().replace(engine_overhead=overhead, gpu=gpu,
+                                 tensor_parallel_size=tp).hardware
+        model = make_cost_model(hw)
+        for n in (1, 3, 40, 256):
+            for first in [0, 1, 17] + [int(10 ** (e / 4)) for e in range(8, 30)]:
+                got = model.decode_iteration_times(n, first, 16)
+                want = [model.iteration_time(Batch((), (), n, first + n * j)) for j in range(16)]
+                assert got == want, (overhead, n, first)
+
+
 def test_the_generic_decode_times_call_iteration_time():
     model = LinearCostModel()
     got = quiet.decode_iteration_times(model, 5, 1000, 4)

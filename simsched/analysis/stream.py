@@ -120,27 +120,32 @@ class StreamingRequests:
             self.steps.append(array("d"))
             self.kept_from.append(1)
             self.num_steps.append(0)
-        frames = []
+        parts = []
         for r, replica in enumerate(replicas):
             log = replica.iteration_rows
             if not log.values:
                 continue
             rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
             del log.values[:]           # in place: the GPU loop appends to this very buffer
-            frame = pd.DataFrame({"replica": np.full(len(rows), r, dtype=np.int64),
-                                  **{c: rows[c] for c in log.columns}})
-            frames.append(frame)
+            parts.append((r, rows))
             decodes = rows["num_decode_tokens"] > 0
             self.steps[r].extend((rows["started_at"] + rows["duration"])[decodes].tolist())
             self.num_steps[r] += int(decodes.sum())
-        if frames:
-            frame = pd.concat(frames, ignore_index=True)
-            for col in frame.columns:               # replicas without a prefix cache: 0
-                if frame[col].isna().any():
-                    frame[col] = frame[col].fillna(0).astype(np.int64 if _is_count(col)
-                                                             else float)
+        if parts:
+            # The logs' columns in order (replicas with a prefix cache log three more: the others
+            # hold 0 there), concatenated once; dictionary encoding only where it pays (counts).
+            names = max((rows.dtype.names for _, rows in parts), key=len)
+            columns = {"replica": np.concatenate([np.full(len(rows), r, dtype=np.int64)
+                                                  for r, rows in parts])}
+            for col in names:
+                columns[col] = np.concatenate([
+                    rows[col] if col in rows.dtype.names
+                    else np.zeros(len(rows), dtype=np.int64 if _is_count(col) else float)
+                    for _, rows in parts])
             name = f"part-{self.iteration_parts:06d}.parquet"
-            frame.to_parquet(self.path / "iterations" / name)
+            pd.DataFrame(columns).to_parquet(
+                self.path / "iterations" / name,
+                use_dictionary=[c for c in columns if c == "replica" or _is_count(c)])
             self.iteration_parts += 1
             _release_arrow_memory()
 

@@ -46,6 +46,7 @@ from simsched.cluster.sessions import run_sessions
 from simsched.engine.quiet import MAX_QUIET_STEPS
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
+from simsched.engine.simpy_fast import run as run_events
 from simsched.request import Request, Status
 
 __all__ = ["Cluster", "ReplicaSpec", "SimulationError", "replica_rng", "replica_specs"]
@@ -236,7 +237,10 @@ class Cluster:
         """Run until every request has finished or ``config.max_sim_time`` is reached."""
         until = self.config.max_sim_time
         with _long_lived_requests():
-            self.env.run(until=None if math.isinf(until) else until)
+            if math.isinf(until):
+                run_events(self.env)
+            else:
+                self.env.run(until=until)
         for replica in self.replicas:
             replica.scheduler.close()
 

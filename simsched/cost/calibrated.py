@@ -209,6 +209,18 @@ class CalibratedCostModel:
         sat_a, sat_s = self._sat_a, self._sat_s
         contexts = range(first_context_sum, first_context_sum + n * num_steps, n) if n else \
             [first_context_sum] * num_steps
+        # Where the decode term is above its floor by a clear margin at both ends of the range
+        # (the difference is linear in the context, so it is above in between; each term's
+        # rounding is ~1e-18 s), and the first step is above the iteration floor (the times
+        # grow with the context), no step takes a floor: the same sums, without the tests.
+        last = contexts[-1]
+        if dec_a + dec_s * first_context_sum - (sat_a + sat_s * first_context_sum) > 1e-9 \
+                and dec_a + dec_s * last - (sat_a + sat_s * last) > 1e-9 and dec_s >= 0:
+            if not self._general:
+                return [shared + (dec_a + dec_s * c) for c in contexts]
+            sync, serial = self._sync, self._at(self._serial, n)
+            if shared + (dec_a + dec_s * first_context_sum) + sync > self._at(self._floor, n):
+                return [shared + (dec_a + dec_s * c) + sync + serial for c in contexts]
         times = []
         if not self._general:
             for ctx in contexts:

@@ -13,9 +13,9 @@ free (:meth:`~simsched.engine.preemption.PreemptionMixin._grow_each`).
 
 from __future__ import annotations
 
-from simsched.request import Request
+from heapq import heappop, heappush
 
-_NO_STEPS: list = []
+from simsched.request import Request
 
 
 class DecodeMixin:
@@ -23,8 +23,8 @@ class DecodeMixin:
 
     The bottom layer: it calls no other part of the scheduler. It reads ``kv``, ``block_size``,
     ``meter``, ``step``, ``step_ended_at`` and ``_grown_step``, and changes the decode state:
-    ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` and ``_late`` (and a request's
-    own run fields). Growing decoders one by one, which may preempt, is preemption's
+    ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` (with quiet steps, its steps as a
+    heap too: ``_due_steps``) and ``_late`` (and a request's own run fields). Growing decoders one by one, which may preempt, is preemption's
     (``PreemptionMixin._grow_each``).
     Quiet steps (:mod:`simsched.engine.quiet`) also read what else the next steps could do
     (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_waiting``, ``_requeue``,
@@ -57,7 +57,13 @@ class DecodeMixin:
         self.ctx_base_sum += ctx_base
         req.finish_step = last = s1 + req.num_output_tokens - req.num_generated - 1
         self.decoding[rid] = req
-        self.finish_due.setdefault(last, []).append((req, req.epoch))
+        due = self.finish_due.get(last)
+        if due is None:
+            self.finish_due[last] = [(req, req.epoch)]
+            if self._due_steps is not None:
+                heappush(self._due_steps, last)
+        else:
+            due.append((req, req.epoch))
         if self.meter is not None:
             self.meter.start_decoding(req, self.step)
         block_size = self.block_size
@@ -95,45 +101,66 @@ class DecodeMixin:
             req.num_computed_tokens = req.num_prompt_tokens + req.num_generated - 1
 
     # ------------------------------------------------------------ quiet steps (engine/quiet.py)
-    def quiet_steps(self, limit: int) -> list[int]:
-        """The next decode steps (at most ``limit``) that are quiet, as the blocks each step's
-        growth group takes (0: none, or grown already): nothing waits, is planned, prefills or
-        is preempted, no decoder finishes, and every group's new blocks are free (so
-        ``schedule()`` would grow it in O(1), preempting nobody). Empty if none is."""
+    def track_due_steps(self) -> None:
+        """Keep ``finish_due``'s steps in a heap too (``_due_steps``), so :meth:`quiet_steps`
+        finds the next decoder's last step in O(1); entries leave it as their step ends
+        (:meth:`_forget_due_steps`)."""
+        self._due_steps = sorted(self.finish_due)
+
+    def _forget_due_steps(self, s: int) -> None:
+        """Step ``s``'s ``finish_due`` entry is gone: so is every heap entry up to it."""
+        heap = self._due_steps
+        while heap and heap[0] <= s:
+            heappop(heap)
+
+    def quiet_steps(self, limit: int) -> int:
+        """How many of the next decode steps (at most ``limit``) are quiet: nothing waits, is
+        planned, prefills or is preempted, and every growth group's new blocks are free (so
+        ``schedule()`` would grow it in O(1), preempting nobody). No decoder finishes before the
+        last of them (it may finish there: ``step + k`` in ``finish_due``). 0 if none is.
+        Needs :meth:`track_due_steps`."""
         if self.planned or self.preempted or self.ready or self.prefilling or self._waiting \
                 or self._requeue or self.swapped or self._late or not self.decoding:
-            return _NO_STEPS
+            return 0
+        s = self.step
+        heap = self._due_steps
+        k = heap[0] - s if heap and heap[0] - s < limit else limit
         kv = self.kv
         free = kv.num_free - kv.num_evictable
-        growing, due, block_size, grown = self.growing, self.finish_due, self.block_size, \
-            self._grown_step
-        needs = []
-        s = self.step
-        for _ in range(limit):
+        block_size = self.block_size
+        # Each decoder takes at most one block per block_size steps: if that many are free, the
+        # whole run's growth is (the usual case, checked without a loop).
+        if len(self.decoding) * (1 + (k - 1) // block_size) <= free:
+            return k
+        growing, grown = self.growing, self._grown_step
+        for j in range(k):
             s += 1
-            if s in due:
-                break
             need = len(growing[s % block_size]) if s != grown else 0
             if need > free:
-                break
+                return j
             free -= need
-            needs.append(need)
-        return needs
+        return k
 
-    def take_quiet_steps(self, needs: list[int], last_started_at: float,
-                         ended_at: float) -> None:
-        """Apply the quiet steps whose growth ``needs`` :meth:`quiet_steps` gave (or the first
-        of them) as their ``schedule()`` and ``commit()`` pairs would, the last started at
-        ``last_started_at`` and ended at ``ended_at``."""
-        kv, block_size, grow = self.kv, self.block_size, self.kv.grow_group
+    def take_quiet_steps(self, num_steps: int, last_started_at: float,
+                         ended_at: float) -> list[int]:
+        """Apply the next ``num_steps`` quiet steps (at most what :meth:`quiet_steps` gave) as
+        their ``schedule()`` and ``commit()`` pairs would, the last started at
+        ``last_started_at`` and ended at ``ended_at``; return the KV blocks each step's growth
+        group took (0: none, or grown already)."""
+        block_size, grow, growing, grown = self.block_size, self.kv.grow_group, self.growing, \
+            self._grown_step
         s = self.step
-        for need in needs:
+        needs = []
+        for _ in range(num_steps):
             s += 1
-            if need:
-                if not grow(s % block_size, need):
-                    raise RuntimeError(f"quiet step {s}: its growth group lacks KV blocks")
+            group = s % block_size
+            need = len(growing[group]) if s != grown else 0
+            if need and not grow(group, need):
+                raise RuntimeError(f"quiet step {s}: its growth group lacks KV blocks")
+            needs.append(need)
         self._grown_step = s
         self.now = last_started_at
         self.planned_tokens = 0
         self.decode_step = self.step = s
         self.step_ended_at = ended_at
+        return needs

@@ -48,19 +48,22 @@ from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_
 #: the plans of the steps after it.
 MAX_QUIET_STEPS = 16
 
+_NONE: list = []        # no request finished (never appended to)
+
 
 class QuietRun:
     """One run of planned quiet steps: ``times`` (the first step's start, then each step's end),
-    ``durations``, the KV blocks each step takes, how many steps to take, and the run's end
-    event and its heap entry (None while the loop has not waited on it)."""
+    ``durations``, how many steps were planned and how many to take, whether a decoder finishes
+    at the last planned one, and the run's end event and its heap entry (None while the loop
+    has not waited on it)."""
 
-    __slots__ = ("times", "durations", "needs", "num_steps", "entry", "event")
+    __slots__ = ("times", "durations", "num_planned", "num_steps", "finishes", "entry", "event")
 
-    def __init__(self, times: list, durations: list, needs: list) -> None:
+    def __init__(self, times: list, durations: list, finishes: bool) -> None:
         self.times = times
         self.durations = durations
-        self.needs = needs          # KV blocks each step's growth takes
-        self.num_steps = len(durations)
+        self.num_planned = self.num_steps = len(durations)
+        self.finishes = finishes    # a decoder's last token is the last planned step's
         self.entry = None
         self.event = None
 
@@ -125,6 +128,7 @@ class QuietSteps:
         self.checked = not promised(replica.cost_model, "decode_iteration_times")
         self.asynchronous = replica.async_scheduling
         self.queue, self.eid, _ = iteration_clock(replica.env)    # the heap and event ids
+        self.scheduler.track_due_steps()
         self.run: QuietRun | None = None        # the run the loop waits on, if any
 
     @classmethod
@@ -147,10 +151,12 @@ class QuietSteps:
         are the loop's float-resolution bounds: a run with a step they would check is not
         planned (the loop takes that step itself)."""
         sched = self.scheduler
-        needs = sched.quiet_steps(self.limit)
-        k = len(needs)
-        if k < 2:
+        k = sched.quiet_steps(self.limit)
+        if not k:
             return None
+        finishes = sched.step + k in sched.finish_due
+        if k < 2 and not finishes:
+            return None         # one step without a finish: the loop's own step costs less
         n = len(sched.decoding)
         first = sched.ctx_base_sum + n * (sched.step + 1)
         durations = self.decode_times(n, first, k)
@@ -160,7 +166,7 @@ class QuietSteps:
         times = list(accumulate(durations, initial=now))
         if times[-2] >= ulp_below or not (min(durations) >= ulp_floor and times[-1] < math.inf):
             return None
-        return QuietRun(times, durations, needs)
+        return QuietRun(times, durations, finishes)
 
     def wait(self, run: QuietRun):
         """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
@@ -187,28 +193,28 @@ class QuietSteps:
             move_earlier(self.queue, run.entry, entry)
             run.entry = entry
 
-    def take(self, run: QuietRun, rows, pack) -> tuple[float, float]:
+    def take(self, run: QuietRun, rows, pack) -> tuple[float, float, list]:
         """Apply ``run``'s steps to the scheduler and log their rows (``rows += pack(...)``, as
-        the loop does); return (the last step's end, its start)."""
+        the loop does); return (the last step's end, its start, the requests that finished
+        there)."""
         self.run = None
         m = run.num_steps
-        times, durations, needs = run.times, run.durations, run.needs
-        if m < len(needs):
-            needs = needs[:m]
+        times, durations = run.times, run.durations
         sched = self.scheduler
         n = len(sched.decoding)
         used = self.kv.num_blocks - self.kv.num_free     # before the first step's growth
+        needs = sched.take_quiet_steps(m, times[m - 1], times[m])
         # Requests that arrived during the run (async scheduling keeps them in ``pending``) wait
         # from the first step that starts after them; without async scheduling none arrived
         # before a quiet step.
         arrived = [at for at, _ in self.replica.pending]
         num_arrived = len(arrived)
         waiting = 0
-        for j in range(m):
-            started_at = times[j]
+        for started_at, duration, need in zip(times, durations, needs):
             while waiting < num_arrived and arrived[waiting] <= started_at:
                 waiting += 1
-            used += needs[j]
-            rows += pack(started_at, durations[j], 0, n, n, waiting, used, 0, 0.0)
-        sched.take_quiet_steps(needs, times[m - 1], times[m])
-        return times[m], times[m - 1]
+            used += need
+            rows += pack(started_at, duration, 0, n, n, waiting, used, 0, 0.0)
+        if run.finishes and m == run.num_planned:
+            return times[m], times[m - 1], sched.finish_quiet_step()
+        return times[m], times[m - 1], _NONE

@@ -247,7 +247,9 @@ class Replica:
                         yield quiet.wait(run)
                     else:
                         env._now = end
-                    now, plan_at = quiet.take(run, rows, pack)
+                    now, plan_at, finished = quiet.take(run, rows, pack)
+                    if finished:
+                        self._done(finished)
                     continue
             started_at = now
             batch = schedule(started_at)
@@ -340,19 +342,23 @@ class Replica:
                     if on_first_token is not None:
                         on_first_token(index, req)
             if finished:
-                # Each done event is processed here, at once: SimPy would process it next, as
-                # nothing else is due before it (an iteration ends after every other event of
-                # its instant), and a scheduled event would only make the next iteration wait
-                # on the clock for it (simpy_fast.done_event: created triggered).
-                for req in finished:
-                    done = live.pop(req.id)[2]
-                    callbacks, done.callbacks = done.callbacks, None
-                    for callback in callbacks:
-                        callback(done)
+                self._done(finished)
             if self.kv_waiters:
                 self.notify_memory()
             if on_iteration is not None:
                 on_iteration(self, batch)
+
+    def _done(self, finished: list) -> None:
+        """Process the done events of ``finished`` requests here, at once: SimPy would process
+        them next, as nothing else is due before them (an iteration ends after every other event
+        of its instant), and a scheduled event would only make the next iteration wait on the
+        clock for them (simpy_fast.done_event: created triggered)."""
+        live = self._live
+        for req in finished:
+            done = live.pop(req.id)[2]
+            callbacks, done.callbacks = done.callbacks, None
+            for callback in callbacks:
+                callback(done)
 
     def _cost_name(self) -> str:
         cost = self.cost_model

@@ -84,7 +84,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
                  "_requeue", "now", "handoff", "held", "incoming", "ready", "_prefill_first",
                  "_num_pushed", "_blocked", "_static", "_special", "_memo_heads", "_memo_kv",
                  "constraints", "_kv_blocks", "_added", "_skipped", "_plan_ahead", "_unseen",
-                 "_zombies",
+                 "_zombies", "_due_steps",
                  "__dict__")     # the fields above are slots; anything else a user sets goes here
 
     def __init__(self, cfg, kv: KVManager, max_model_len: int | None = None,
@@ -125,6 +125,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
         self.growing: list[dict[int, Request]] = [{} for _ in range(self.block_size)]
         self._late: list[tuple[Request, int]] = []
         self.finish_due: dict[int, list] = {}
+        self._due_steps: list[int] | None = None    # its steps as a heap, for quiet steps
         self.num_admitted = 0
         # this iteration's decision
         self.planned: dict[int, tuple] = {}       # id -> (request, prefill chunk)
@@ -359,11 +360,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
             self.step_ended_at = now
             due = self.finish_due.pop(s, None)
             if due:
-                finished = []
-                for req, epoch in due:
-                    if req.epoch == epoch and req.run_start_step >= 0:
-                        self._close_run(req, s)
-                        self._finish(req, now, finished)
+                finished = self._finish_due(due, s, now)
         planned = self.planned
         if not planned:
             return _NONE, finished      # most iterations: nothing to report, nothing allocated
@@ -394,6 +391,24 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
                 self._start_run(req)
         self.planned = {}
         return firsts, finished
+
+    def _finish_due(self, due: list, s: int, now: float) -> list[Request]:
+        """Finish the decoders whose last step is ``s`` (``due``: their ``finish_due`` entries;
+        one preempted since is stale), which ended at ``now``; return them."""
+        if self._due_steps is not None:
+            self._forget_due_steps(s)
+        finished: list[Request] = []
+        for req, epoch in due:
+            if req.epoch == epoch and req.run_start_step >= 0:
+                self._close_run(req, s)
+                self._finish(req, now, finished)
+        return finished
+
+    def finish_quiet_step(self) -> list[Request]:
+        """After :meth:`take_quiet_steps` applied a run whose last step is a decoder's last:
+        finish the decoders due then, as :meth:`commit` would (see :mod:`simsched.engine.quiet`)."""
+        due = self.finish_due.pop(self.step, None)
+        return self._finish_due(due, self.step, self.step_ended_at) if due else _NONE
 
     def _finish(self, req: Request, now: float, finished: list) -> None:
         req.status = FINISHED

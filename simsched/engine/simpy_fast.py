@@ -41,6 +41,10 @@ What each replaces, and why the result is the same:
   (:mod:`simsched.engine.quiet`) waits on one such event pushed at the run's end; an arrival that
   ends the run sooner moves the event's heap entry earlier in place (a decrease-key: the entry is
   replaced and sifted towards the root), so no entry is left behind to move the clock later.
+* :func:`run` replaces ``env.run()`` (no ``until``): the same loop over the heap as
+  ``Environment.step``, inlined (a fleet processes a few events per request, and a method call
+  and its ``try`` per event were a few per cent of a run), with SimPy's handling of a failed
+  event nobody defused and of ``StopSimulation``.
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ from __future__ import annotations
 import heapq
 
 import simpy
-from simpy.core import NORMAL, URGENT
+from simpy.core import NORMAL, URGENT, StopSimulation
 
 __all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess", "clock_event",
-           "done_event", "iteration_clock", "late", "move_earlier", "request_starter"]
+           "done_event", "iteration_clock", "late", "move_earlier", "request_starter", "run"]
 
 # SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
 LATE = 2
@@ -233,3 +237,24 @@ def move_earlier(queue: list, old: tuple, new: tuple) -> None:
     i = queue.index(old)        # found by identity; no two entries share an event id
     queue[i] = new
     heapq._siftdown(queue, 0, i)
+
+
+def run(env: simpy.Environment):
+    """``env.run()``: process events until none is left (see the module docstring)."""
+    queue, pop = env._queue, heapq.heappop
+    while queue:
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None
+        try:
+            for callback in callbacks:
+                callback(event)
+        except StopSimulation as stop:
+            # As Environment.step and run: the event keeps its other callbacks for later.
+            event.callbacks = callbacks[callbacks.index(callback) + 1:]
+            env.schedule(event, URGENT - 1)
+            return stop.args[0]
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+    return None
