@@ -147,17 +147,16 @@ class DecodeMixin:
         their ``schedule()`` and ``commit()`` pairs would, the last started at
         ``last_started_at`` and ended at ``ended_at``; return the KV blocks each step's growth
         group took (0: none, or grown already)."""
-        block_size, grow, growing, grown = self.block_size, self.kv.grow_group, self.growing, \
-            self._grown_step
-        s = self.step
+        block_size, growing = self.block_size, self.growing
+        first = self.step + 1
         needs = []
-        for _ in range(num_steps):
-            s += 1
-            group = s % block_size
-            need = len(growing[group]) if s != grown else 0
-            if need and not grow(group, need):
-                raise RuntimeError(f"quiet step {s}: its growth group lacks KV blocks")
-            needs.append(need)
+        append = needs.append
+        for s in range(first, first + num_steps):
+            append(len(growing[s % block_size]))
+        if first == self._grown_step:
+            needs[0] = 0                    # that step's blocks were handed out already
+        if not self.kv.grow_groups(first % block_size, needs):
+            raise RuntimeError(f"quiet steps from {first}: their growth groups lack KV blocks")
         self._grown_step = s
         self.now = last_started_at
         self.planned_tokens = 0

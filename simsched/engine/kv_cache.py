@@ -89,6 +89,10 @@ class KVManager(Protocol):
         """One more block for each of the ``num_members`` members of ``group``, in O(1); False
         (nothing done) if that many are not free without evicting cached blocks."""
 
+    def grow_groups(self, first_group: int, sizes: list) -> bool:
+        """:meth:`grow_group` of groups ``first_group``, the next, ... (cyclically), ``sizes``
+        their members (a group of 0 is skipped); False (nothing done) if their sum is not free."""
+
     def free(self, req_id: int, num_tokens: int = 0) -> int:
         """Release ``req_id``'s blocks (the KV of its first ``num_tokens`` tokens was computed:
         a prefix cache keeps those blocks cached); return how many it held."""
@@ -184,6 +188,23 @@ class KVCacheManager:
             return False
         self._grants[group] += 1
         self.num_free -= num_members
+        return True
+
+    def grow_groups(self, first_group: int, sizes: list) -> bool:
+        """:meth:`grow_group` of groups ``first_group``, the next, ... (cyclically, modulo
+        ``block_size``), ``sizes`` their numbers of members: the growth of a run of quiet decode
+        steps at once (:mod:`simsched.engine.quiet`). False, and nothing done, if fewer blocks
+        than their sum are free."""
+        total = sum(sizes)
+        if total > self.num_free - self.num_evictable:
+            return False
+        grants, last = self._grants, self.block_size - 1
+        group = first_group
+        for size in sizes:
+            if size:
+                grants[group] += 1
+            group = group + 1 if group < last else 0
+        self.num_free -= total
         return True
 
     def can_allocate(self, num_new_blocks: int, use_watermark: bool = False) -> bool:
