@@ -1,13 +1,14 @@
 """A fleet over a day: wall time and peak memory of a streamed 64-replica ServeGen day.
 
-``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--utilisation 0.65]
-[--autoscale] [--out DIR]``
+``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0]
+[--utilisation 0.65] [--autoscale] [--out DIR]``
 
 Llama-2-7B replicas on A100-80GB (calibrated cost model, default engine), prompts uniform in
 ``--prompt-range``, outputs in ``--output-range``. One replica's capacity on those lengths is
 measured first (offered far above it); the ServeGen ``m-large`` day (bundled) is then scaled so
 the fleet's mean utilisation is ``--utilisation`` and replayed for ``--hours`` (the day's first
-hours, real clock), streamed to Parquet under ``--out`` (``simulate(..., stream_to=...)``), router
+hours, real clock, or ``--hours`` from ``--start-hour``: a busy slice, at the same scale),
+streamed to Parquet under ``--out`` (``simulate(..., stream_to=...)``), router
 ``least_tokens``. ``--autoscale`` adds a threshold autoscaler (running requests per replica at
 70 % of capacity, 30 s delay). Prints requests, iterations, wall time, peak RSS, and the rates
 per request and per replica-iteration, so a full day can be extrapolated from a shorter run.

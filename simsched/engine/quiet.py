@@ -7,7 +7,10 @@ GPU loop (:meth:`~simsched.engine.replica.Replica._gpu`) otherwise pays one SimP
 iteration, most of a busy fleet's cost; here it plans a run of quiet steps at once (their times
 from the cost model, exactly as each iteration would have them), waits on the clock once for the
 run's end and then applies the steps (:meth:`~simsched.engine.decode.DecodeMixin.take_quiet_steps`)
-and logs their rows.
+and logs their rows. A run may end with a step at which decoders finish (their last token): it is
+planned and timed as the others, and the finish is applied at the run's end, which is that step's
+end, as ``commit()`` would (:meth:`~simsched.engine.scheduler.Scheduler.finish_quiet_step`), so
+the finish costs no loop step and no clock event of its own.
 
 What it replaces, and why the result is the same:
 
