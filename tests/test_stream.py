@@ -79,6 +79,23 @@ def test_streamed_autoscaled_run_equals_in_memory(tmp_path, monkeypatch):
     assert run.dataset("requests").count_rows() == len(memory.requests)
 
 
+@pytest.mark.parametrize("on_remove", ["migrate", "abort"])
+def test_streamed_run_whose_removed_replica_migrates_or_aborts_equals_in_memory(
+        tmp_path, monkeypatch, on_remove):
+    # A busy replica removed at t=20: its requests move (num_migrations column) or end aborted.
+    auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 3), (20.0, 2)),
+                             provisioning_time=0.0, model_load_time=0.0, interval=5.0,
+                             price_per_hour=3.0, on_remove=on_remove, migration_time=0.5)
+    cfg = dataclasses.replace(SimConfig(workload=WORKLOAD), cluster=ClusterConfig(
+        num_replicas=3, router="jsq", autoscaling=auto)).replace(max_num_seqs=4)
+    memory, run, frames = both(cfg, tmp_path, monkeypatch)
+    assert_same(memory, frames)
+    if on_remove == "migrate":
+        assert memory.requests["num_migrations"].sum() == run.info["num_migrations"] > 0
+    else:
+        assert (memory.requests["status"] == "aborted").sum() == run.info["num_aborted"] > 0
+
+
 def test_stream_rejects_what_it_cannot_stream(tmp_path):
     cfg = SimConfig(workload=WorkloadConfig(name="shared-prefix", system_prompt_len=64,
                                             num_requests=20))

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simsched.analysis.fleet_metrics import migrations_column
 from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
 from simsched.cluster.lazy import LazyRequests
 from simsched.engine.log import _is_count
@@ -113,13 +114,27 @@ class StreamingRequests:
                         > ITERATION_BYTES:
                     self._drain_iterations()
 
+    def step_ends(self, r: int, log) -> tuple[int, np.ndarray]:
+        """Replica ``r``'s decode step end times that a request in flight may need: ``(first
+        step, its end and every later one's)``, those written out (kept) then those still in
+        its iteration ``log`` (a removed replica's requests turn their runs into gaps with
+        them: :func:`simsched.engine.removal.remove_requests`)."""
+        self._track_replicas()
+        rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
+        logged = (rows["started_at"] + rows["duration"])[rows["num_decode_tokens"] > 0]
+        return self.kept_from[r], np.concatenate(
+            [np.frombuffer(self.steps[r], dtype=float), logged])
+
     # ------------------------------------------------------------- chunks
-    def _drain_iterations(self) -> None:
-        replicas = self.cluster.replicas
-        while len(self.steps) < len(replicas):          # replicas added by an autoscaler
+    def _track_replicas(self) -> None:
+        while len(self.steps) < len(self.cluster.replicas):   # replicas added by an autoscaler
             self.steps.append(array("d"))
             self.kept_from.append(1)
             self.num_steps.append(0)
+
+    def _drain_iterations(self) -> None:
+        replicas = self.cluster.replicas
+        self._track_replicas()
         parts = []
         for r, replica in enumerate(replicas):
             log = replica.iteration_rows
@@ -181,6 +196,12 @@ class StreamingRequests:
         frame, _, causes = build_requests_frame(done, step_end, step_offset=offset,
                                                 prefix=self.prefix, replica=owner,
                                                 output_delay=delay)
+        fleet = getattr(cluster, "fleet", None)
+        remover = getattr(fleet, "remover", None)
+        if remover is not None and remover.mode == "migrate":     # as the in-memory frame
+            moves = remover.moves
+            chunk = {i: moves[i] for i in ids.tolist() if i in moves}
+            frame["num_migrations"] = migrations_column(frame["request_id"].to_numpy(), chunk)
         name = f"part-{self.parts:05d}.parquet"
         frame.to_parquet(self.path / "requests" / name)
         if len(causes):

@@ -54,7 +54,10 @@ class Remover:
 
     def remove(self, g: int) -> None:
         """Empty replica ``g`` (already out of the routing set) now."""
-        taken = self.fleet.replicas[g].remove_requests()
+        replica = self.fleet.replicas[g]
+        # A streamed run keeps the decode step ends its log has written out (analysis.stream).
+        kept = getattr(self.fleet.cluster.requests, "step_ends", None)
+        taken = replica.remove_requests(kept(g, replica.iteration_rows) if kept else None)
         if self.mode == "abort":
             for req, handles, _ in taken:
                 self.abort(req, handles[2], f"aborted: replica {g} removed at t={self.env.now:g} s")

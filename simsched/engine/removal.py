@@ -78,37 +78,42 @@ def decode_step_ends(log) -> np.ndarray:
     return np.concatenate(([np.nan], (rows["started_at"] + rows["duration"])[decodes]))
 
 
-def runs_as_gaps(req: Request, step_ends: np.ndarray) -> None:
-    """Replace ``req``'s decode runs (steps of the replica whose ``step_ends`` are given) by
-    the gaps before each of their tokens, the first measured from the token before the run."""
+def runs_as_gaps(req: Request, step_ends: np.ndarray, first_step: int = 0) -> None:
+    """Replace ``req``'s decode runs (steps of the replica whose ``step_ends`` are given, the
+    first of them step ``first_step``) by the gaps before each of their tokens, the first
+    measured from the token before the run."""
     runs = req.runs
     if not runs:
         return
     gaps = list(req.gaps)
     for k in range(0, len(runs), 3):
-        prev, a, b = runs[k], runs[k + 1], runs[k + 2]
+        prev, a, b = runs[k], runs[k + 1] - first_step, runs[k + 2] - first_step
         gaps.append(float(step_ends[a] - prev))
         gaps.extend(np.diff(step_ends[a:b + 1]).tolist())
     req.gaps = gaps
     req.runs = ()
 
 
-def remove_requests(replica) -> list[tuple]:
+def remove_requests(replica, step_ends=None) -> list[tuple]:
     """Stop ``replica`` now (it is removed from a fleet): its GPU loop ends (an iteration in
     progress is lost) and every request it holds leaves, stopped as after a recompute preemption
     (:func:`take_all`).
 
     Returns ``(request, handles, tokens whose KV was dropped)`` per request, ``handles`` as
     :meth:`~simsched.engine.replica.Replica.add` took them; a request's decode runs there are
-    turned into token gaps, so its token times stay right wherever it goes next.
+    turned into token gaps, so its token times stay right wherever it goes next. The decode
+    steps' end times come from the replica's iteration log (:func:`decode_step_ends`), or are
+    ``step_ends``, ``(first step, its end and the later ones' as an array)``, where a streamed
+    run has written part of the log out already.
     """
     taken = replica.scheduler.take_all()
     taken += [(req, 0) for _, req in replica.pending]
     replica.pending.clear()
-    ends = decode_step_ends(replica.iteration_rows)
+    first, ends = step_ends if step_ends is not None \
+        else (0, decode_step_ends(replica.iteration_rows))
     out = []
     for req, lost in taken:
-        runs_as_gaps(req, ends)
+        runs_as_gaps(req, ends, first)
         out.append((req, replica._live.pop(req.id), lost))
     if replica.on_kv is not None:
         replica.on_kv(replica.index, replica.kv.num_used, replica.kv.num_blocks)

@@ -405,9 +405,9 @@ class Replica:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
 
-    def remove_requests(self) -> list[tuple]:
+    def remove_requests(self, step_ends=None) -> list[tuple]:
         """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration
         in progress is lost) and every request it holds leaves, stopped as after a recompute
         preemption; ``(request, handles, tokens whose KV was dropped)`` per request (see
         :func:`simsched.engine.removal.remove_requests`)."""
-        return removal.remove_requests(self)
+        return removal.remove_requests(self, step_ends)
