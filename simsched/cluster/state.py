@@ -61,7 +61,8 @@ class MinIndex:
         heap, values = self._heap, self.values
         while True:
             value, i = heap[0]
-            if values[i] == value:
+            current = values[i]
+            if current is value or current == value:    # (``is``: a NaN set is still current)
                 return i
             heappop(heap)       # stale: that index has another value (and its own entry) now
 
