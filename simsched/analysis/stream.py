@@ -40,6 +40,7 @@ from simsched.analysis.fleet_metrics import migrations_column
 from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
 from simsched.cluster.lazy import LazyRequests
 from simsched.engine.log import _is_count
+from simsched.engine.removal import decode_step_ends
 from simsched.request import Request
 
 CHUNK = 65536
@@ -120,8 +121,7 @@ class StreamingRequests:
         its iteration ``log`` (a removed replica's requests turn their runs into gaps with
         them: :func:`simsched.engine.removal.remove_requests`)."""
         self._track_replicas()
-        rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
-        logged = (rows["started_at"] + rows["duration"])[rows["num_decode_tokens"] > 0]
+        logged = decode_step_ends(log)[1:]          # without its NaN before the first step
         return self.kept_from[r], np.concatenate(
             [np.frombuffer(self.steps[r], dtype=float), logged])
 

@@ -24,8 +24,8 @@ class DecodeMixin:
     The bottom layer: it calls no other part of the scheduler. It reads ``kv``, ``block_size``,
     ``meter``, ``step``, ``step_ended_at`` and ``_grown_step``, and changes the decode state:
     ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` (with quiet steps, its steps as a
-    heap too: ``_due_steps``) and ``_late`` (and a request's own run fields). Growing decoders one by one, which may preempt, is preemption's
-    (``PreemptionMixin._grow_each``).
+    heap too: ``_due_steps``) and ``_late`` (and a request's own run fields). Growing decoders
+    one by one, which may preempt, is preemption's (``PreemptionMixin._grow_each``).
     Quiet steps (:mod:`simsched.engine.quiet`) also read what else the next steps could do
     (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_waiting``, ``_requeue``,
     ``swapped``) and set what a step's ``schedule()``/``commit()`` leave (``now``,
