@@ -122,3 +122,17 @@ def test_linalg_matches_numpy_on_well_conditioned_problems():
         linalg.lstsq(np.c_[a[:, :1], a[:, :1]], y)
     with pytest.raises(ValueError, match="singular"):
         linalg.solve(np.zeros((2, 2)), np.ones(2))
+
+
+def test_bytecode_caches_in_a_source_folder_do_not_change_the_hash(tmp_path, monkeypatch):
+    from simsched.cost import fits as fits_module
+    monkeypatch.setattr(fits_module, "COST_DIR", tmp_path)
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "a.py").write_text("X = 1\n")
+    fit = fits_module.ShippedFit("t", lambda: {}, ("profiles",))
+    before = fit.source_hash()
+    (tmp_path / "profiles" / "__pycache__").mkdir()
+    (tmp_path / "profiles" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    assert fit.source_hash() == before
+    (tmp_path / "profiles" / "b.py").write_text("Y = 2\n")
+    assert fit.source_hash() != before

@@ -52,7 +52,9 @@ class ShippedFit:
             p = COST_DIR / rel
             if not p.exists():
                 raise ValueError(f"fit {self.name!r}: source {rel!r} not found in {COST_DIR}")
-            files += sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+            # Bytecode caches (written by imports or compileall) are not sources.
+            files += sorted(q for q in p.rglob("*") if q.is_file() and q.suffix != ".pyc"
+                            and "__pycache__" not in q.parts) if p.is_dir() else [p]
         h = hashlib.sha256()
         for p in files:
             h.update(p.relative_to(COST_DIR).as_posix().encode())
