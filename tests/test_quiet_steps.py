@@ -32,10 +32,10 @@ def _run(cfg, monkeypatch, limit, **kwargs):
     take = quiet.QuietSteps.take
     cut = quiet.QuietSteps.cut
 
-    def counting_take(self, run, rows, pack):
+    def counting_take(self, run, log):
         counts["runs"] += 1
         counts["steps"] += run.num_steps
-        return take(self, run, rows, pack)
+        return take(self, run, log)
 
     def counting_cut(self, now):
         counts["cut"] += 1
@@ -102,7 +102,7 @@ def test_quiet_runs_change_nothing(case, monkeypatch):
     plain, none = _run(cfg, monkeypatch, 0)
     assert none["runs"] == 0
     # The fast path is taken, and most runs are whole: it is what is being compared.
-    assert counts["runs"] > 20 and counts["steps"] > 2 * counts["runs"]
+    assert counts["runs"] > 10 and counts["steps"] > 2 * counts["runs"]
     _assert_same(fused, plain)
 
 
@@ -197,3 +197,26 @@ def test_move_earlier_keeps_the_heap_and_the_event_order():
     order = [heapq.heappop(queue) for _ in range(len(queue))]
     assert [e[0] for e in order] == [0.5, 1.0, 2.0, 3.0, 5.0, 7.0]
     assert order[0] is moved and entries[3] not in order
+
+
+def test_a_run_ends_where_the_clock_resolution_changes(monkeypatch):
+    """A run whose steps would start past the next power of two (where the loop's float
+    resolution bounds change) is planned up to it, not dropped: the loop takes that step."""
+    truncated = []
+    plan = quiet.QuietSteps.plan
+
+    def spying_plan(self, now, ulp_below, ulp_floor):
+        k = self.scheduler.quiet_steps(self.limit)
+        run = plan(self, now, ulp_below, ulp_floor)
+        if run is not None and run.num_planned < k:
+            truncated.append((run.times[-2], run.times[-1], ulp_below, run.finishes))
+        return run
+
+    cfg = _config("single_sync")
+    monkeypatch.setattr(quiet.QuietSteps, "plan", spying_plan)
+    fused, counts = _run(cfg, monkeypatch, quiet.MAX_QUIET_STEPS)
+    plain, _ = _run(cfg, monkeypatch, 0)
+    assert truncated
+    for last_start, end, ulp_below, finishes in truncated:
+        assert last_start < ulp_below <= end and not finishes
+    _assert_same(fused, plain)

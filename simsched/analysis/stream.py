@@ -111,7 +111,7 @@ class StreamingRequests:
             self.since_check += 1
             if self.since_check >= 1024:
                 self.since_check = 0
-                if sum(len(r.iteration_rows.values) for r in self.cluster.replicas) \
+                if sum(r.iteration_rows.nbytes for r in self.cluster.replicas) \
                         > ITERATION_BYTES:
                     self._drain_iterations()
 
@@ -140,23 +140,22 @@ class StreamingRequests:
             log = replica.iteration_rows
             if not log.values:
                 continue
-            rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
-            del log.values[:]           # in place: the GPU loop appends to this very buffer
-            parts.append((r, rows))
+            rows = log.columns_arrays()     # empties it in place (the GPU loop appends to it)
+            parts.append((r, len(rows["started_at"]), rows))
             decodes = rows["num_decode_tokens"] > 0
-            self.steps[r].extend((rows["started_at"] + rows["duration"])[decodes].tolist())
+            self.steps[r].frombytes((rows["started_at"] + rows["duration"])[decodes].tobytes())
             self.num_steps[r] += int(decodes.sum())
         if parts:
             # The logs' columns in order (replicas with a prefix cache log three more: the others
             # hold 0 there), concatenated once; dictionary encoding only where it pays (counts).
-            names = max((rows.dtype.names for _, rows in parts), key=len)
-            columns = {"replica": np.concatenate([np.full(len(rows), r, dtype=np.int64)
-                                                  for r, rows in parts])}
+            names = max((tuple(rows) for _, _, rows in parts), key=len)
+            columns = {"replica": np.concatenate([np.full(k, r, dtype=np.int64)
+                                                  for r, k, _ in parts])}
             for col in names:
                 columns[col] = np.concatenate([
-                    rows[col] if col in rows.dtype.names
-                    else np.zeros(len(rows), dtype=np.int64 if _is_count(col) else float)
-                    for _, rows in parts])
+                    rows[col] if col in rows
+                    else np.zeros(k, dtype=np.int64 if _is_count(col) else float)
+                    for _, k, rows in parts])
             name = f"part-{self.iteration_parts:06d}.parquet"
             pd.DataFrame(columns).to_parquet(
                 self.path / "iterations" / name,

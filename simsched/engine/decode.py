@@ -147,16 +147,25 @@ class DecodeMixin:
         their ``schedule()`` and ``commit()`` pairs would, the last started at
         ``last_started_at`` and ended at ``ended_at``; return the KV blocks each step's growth
         group took (0: none, or grown already)."""
-        block_size, growing = self.block_size, self.growing
+        block_size = self.block_size
         first = self.step + 1
-        needs = []
-        append = needs.append
-        for s in range(first, first + num_steps):
-            append(len(growing[s % block_size]))
+        # Step s grows group s % block_size (its size: growing groups do not change in a run).
+        g = first % block_size
+        growing = self.growing
+        if num_steps <= block_size:
+            needs = []
+            append = needs.append
+            for s in range(first, first + num_steps):
+                append(len(growing[s % block_size]))
+        else:                           # the groups' sizes from the first step's on, cycled
+            sizes = list(map(len, growing))
+            needs = (sizes[g:] + sizes[:g]) * -(-num_steps // block_size)
+            del needs[num_steps:]
         if first == self._grown_step:
             needs[0] = 0                    # that step's blocks were handed out already
-        if not self.kv.grow_groups(first % block_size, needs):
+        if not self.kv.grow_groups(g, needs):
             raise RuntimeError(f"quiet steps from {first}: their growth groups lack KV blocks")
+        s = first + num_steps - 1
         self._grown_step = s
         self.now = last_started_at
         self.planned_tokens = 0

@@ -24,14 +24,26 @@ def _is_count(col: str) -> bool:
 
 class IterationLog:
     """One row per GPU iteration, packed into one growing byte buffer (8 bytes per value:
-    float64, or int64 for counts).
+    float64, or int64 for counts), quiet decode runs kept compactly.
 
     The engine appends ``pack(*row)`` to ``values`` once per iteration, its values held in
     variables named as the columns, in their order (tests/test_iteration_log.py checks the
-    engine's calls against :data:`ITERATION_COLUMNS` by name); one C call packs the row, where a growing array per column took a call per value and parsed each value's type on
-    the way in (about five times the cost). The frame's columns are filled from the end of the
-    log backwards, a chunk at a time, and the buffer shrinks as they fill, so building them
-    needs little more memory than the log itself.
+    engine's calls against :data:`ITERATION_COLUMNS` by name); one C call packs the row, where a
+    growing array per column took a call per value and parsed each value's type on the way in
+    (about five times the cost).
+
+    A run of quiet decode steps (:mod:`simsched.engine.quiet`) is logged by :meth:`add_run`: its
+    first row is packed as any other, with ``num_prefill_tokens`` set to minus the number of
+    steps after it, whose rows differ from the first only in ``started_at``, ``duration``,
+    ``num_waiting`` and ``kv_blocks_used``; those four go to lists, a C-level extend each per
+    run (an ``array`` would parse each value on the way in, as a row's packing does). It
+    replaces a packed row per step, which cost a Python loop turn per decode step (most of a
+    busy fleet's rows); every reader (:meth:`columns`, :meth:`fill`, iteration)
+    expands the runs back into rows, so what comes out is the same rows in the same order.
+
+    The frame's columns are filled from the end of the log backwards, a chunk at a time, and
+    the buffer shrinks as they fill, so building them needs little more memory than the log
+    itself.
     """
 
     def __init__(self, columns: tuple = ITERATION_COLUMNS) -> None:
@@ -40,6 +52,9 @@ class IterationLog:
         self.pack = struct.Struct("<" + "".join("q" if _is_count(col) else "d"
                                                 for col in columns)).pack
         self.values = bytearray()
+        # The rows after each quiet run's first: a block of columns per run (see add_run).
+        self.runs = bytearray()
+        self._tail = (0,) * (len(columns) - len(ITERATION_COLUMNS))
 
     def append(self, row: tuple) -> None:
         """Record one iteration (values in ``self.columns`` order; counts must be integers)."""
@@ -48,39 +63,124 @@ class IterationLog:
                              f"({', '.join(self.columns)}), got {len(row)}")
         self.values += self.pack(*row)
 
+    def add_run(self, started_at: list, duration: list, num_steps: int, num_decode_tokens: int,
+                num_waiting, kv_blocks_used: int, kv_growth: list) -> None:
+        """Record ``num_steps`` (at least 2) decode-only iterations of ``num_decode_tokens``
+        sequences each, nothing preempted or swapped: their start times and durations (the
+        first ``num_steps`` of each list), waiting requests (a list of ``num_steps``, or 0 for
+        none), and KV blocks used before the first (``kv_blocks_used``) and taken by each
+        (``kv_growth``, ``num_steps`` of them)."""
+        k = num_steps - 1
+        if num_waiting:
+            first_waiting, num_waiting = num_waiting[0], num_waiting[1:]
+        else:
+            first_waiting, num_waiting = 0, (0,) * k
+        self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
+                                 num_decode_tokens, first_waiting, kv_blocks_used + kv_growth[0],
+                                 0, 0.0, *self._tail)
+        self.runs += _run_block(k)(*started_at[1:num_steps], *duration[1:num_steps], *num_waiting,
+                                   *kv_growth[1:])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the log holds."""
+        return len(self.values) + len(self.runs)
+
     def __len__(self) -> int:
-        return len(self.values) // self.dtype.itemsize
+        return len(self.values) // self.dtype.itemsize + len(self.runs) // _RUN_ROW
 
     def __iter__(self):
         """The rows as tuples, oldest first."""
-        return iter(np.frombuffer(bytes(self.values), dtype=self.dtype).tolist())
+        columns = self.columns_arrays(empty=False)
+        return zip(*(columns[col].tolist() for col in self.columns))
 
-    def fill(self, columns: dict, start: int = 0) -> int:
+    def fill(self, columns: dict, start: int = 0, empty: bool = True) -> int:
         """Move the rows into ``columns`` (arrays by column name, rows from ``start`` on) and
-        empty the log; return the number of rows."""
+        empty the log (``empty``); return the number of rows."""
         size = self.dtype.itemsize
         values = self.values
         n = len(values) // size
+        # Rows after each packed row (quiet runs), and their running total.
+        after = -np.frombuffer(values, dtype=self.dtype)["num_prefill_tokens"]
+        np.maximum(after, 0, out=after)
+        ends = np.cumsum(after)
+        total = n + int(ends[-1]) if n else 0
         hi = n
         while hi > 0:
             lo = max(0, hi - _CHUNK_ROWS)
             chunk = np.frombuffer(values, dtype=self.dtype, offset=lo * size, count=hi - lo)
+            side_lo = int(ends[lo - 1]) if lo else 0
+            side_hi = int(ends[hi - 1])
+            out = start + lo + side_lo
+            expanded = _expand(chunk, after[lo:hi], np.frombuffer(
+                self.runs, dtype=np.uint8, offset=side_lo * _RUN_ROW,
+                count=(side_hi - side_lo) * _RUN_ROW))
             for col in self.columns:
-                columns[col][start + lo:start + hi] = chunk[col]
-            del chunk
-            del values[lo * size:]                  # gives the memory back as the log empties
+                columns[col][out:out + (hi - lo) + side_hi - side_lo] = expanded[col]
+            del chunk, expanded
+            if empty:
+                del values[lo * size:]              # gives the memory back as the log empties
+                del self.runs[side_lo * _RUN_ROW:]
             hi = lo
-        return n                # values is empty now, and still the one the engine appends to
+        return total        # values is empty now, and still the one the engine appends to
 
-    def columns_arrays(self) -> dict:
-        """The columns as numpy arrays; empties the log."""
+    def columns_arrays(self, empty: bool = True) -> dict:
+        """The columns as numpy arrays; empties the log (``empty``)."""
         columns = {col: np.empty(len(self), dtype=self.dtype[col]) for col in self.columns}
-        self.fill(columns)
+        self.fill(columns, empty=empty)
         return columns
 
     def frame(self) -> pd.DataFrame:
         """The rows as a DataFrame (count columns are integers); empties the log."""
         return pd.DataFrame(_fill([self])[1], copy=False)
+
+
+def _expand(chunk: np.ndarray, after: np.ndarray, runs: np.ndarray) -> dict:
+    """Packed rows ``chunk`` as columns, each followed by its ``after`` rows of a quiet run,
+    whose own values are the bytes ``runs`` (their blocks, in order: see
+    :meth:`IterationLog.add_run`)."""
+    names = chunk.dtype.names
+    if not len(runs):
+        return {col: chunk[col] for col in names}
+    # Each packed row repeated over its run, then the runs' own values where they differ.
+    counts = after + 1
+    total = int(counts.sum())
+    rest = np.ones(total, dtype=bool)
+    rest[np.cumsum(counts) - counts] = False        # where each packed row goes
+    first = np.cumsum(after) - after                # each run's first row among the others
+    k = np.repeat(after, after)                     # each other row's run length, less one
+    start = np.repeat(first, after)
+    at = np.arange(len(k)) - start + 4 * start      # its started_at in its run's block
+    floats, ints = runs.view(np.float64), runs.view(np.int64)
+    growth = np.cumsum(ints[at + 3 * k])            # blocks taken, summed within each run
+    before = np.concatenate(([0], growth))[first]   # ... and before each run
+    own = {"started_at": floats[at], "duration": floats[at + k], "num_waiting": ints[at + 2 * k],
+           "kv_blocks_used": growth - np.repeat(before, after)}
+    out = {}
+    for col in names:
+        column = np.repeat(chunk[col], counts)
+        if col == "num_prefill_tokens":
+            np.maximum(column, 0, out=column)
+        elif col == "kv_blocks_used":
+            column[rest] += own[col]
+        elif col in own:
+            column[rest] = own[col]
+        out[col] = column
+    return out
+
+
+# A quiet run's rows after its first: four 8-byte values each (start, duration, waiting, growth).
+_RUN_ROW = 32
+_RUN_BLOCKS: list = []
+
+
+def _run_block(k: int):
+    """The packer of a run block of ``k`` rows: ``k`` start times, then ``k`` durations, ``k``
+    waiting counts and ``k`` KV growths."""
+    while len(_RUN_BLOCKS) <= k:
+        n = len(_RUN_BLOCKS)
+        _RUN_BLOCKS.append(struct.Struct(f"<{2 * n}d{2 * n}q").pack)
+    return _RUN_BLOCKS[k]
 
 
 def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:

@@ -73,7 +73,7 @@ def _reset(req: Request, generated: int, cached: int) -> int:
 def decode_step_ends(log) -> np.ndarray:
     """A replica's decode-step end times so far from its iteration log (index = step; 0 is
     NaN), as :func:`simsched.engine.log.decode_step_ends` gives them at the end of a run."""
-    rows = np.frombuffer(bytes(log.values), dtype=log.dtype)
+    rows = log.columns_arrays(empty=False)
     decodes = rows["num_decode_tokens"] > 0
     return np.concatenate(([np.nan], (rows["started_at"] + rows["duration"])[decodes]))
 

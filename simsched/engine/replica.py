@@ -247,7 +247,7 @@ class Replica:
                         yield quiet.wait(run)
                     else:
                         env._now = end
-                    now, plan_at, finished = quiet.take(run, rows, pack)
+                    now, plan_at, finished = quiet.take(run, log)
                     if finished:
                         self._done(finished)
                     continue
