@@ -8,8 +8,10 @@ change worth a few per cent cannot be timed. Counting the instructions the CPU e
 count run after run (hash seeds fixed). This runs ``benchmarks.fleet_day`` for ``--hours`` from
 ``--start-hour`` (its calibration run included) in the working tree and in a temporary checkout
 of ``--base`` (given this tree's ``benchmarks/fleet_day.py``, so both run the same command), and
-prints both counts and their ratio. Needs git and valgrind; the counts include Python's start-up
-and imports (about 2.6 G instructions with pandas and pyarrow).
+prints both counts and their ratio. Both trees are byte-compiled first and run with one BLAS
+thread (idle BLAS threads spin under valgrind), so the counts repeat to the last digits. Needs
+git and valgrind; the counts include Python's start-up and imports (about 2.6 G instructions
+with pandas and pyarrow).
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def count(tree: Path, hours: float, start_hour: float) -> int:
     """Instructions of the fleet-day slice run in ``tree``."""
-    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(tree))
+    # One BLAS thread: idle BLAS threads spin under valgrind and add counts of their own.
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=str(tree), OPENBLAS_NUM_THREADS="1")
+    # Byte-compiled first, so neither count includes compiling what a fresh checkout lacks.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "simsched", "benchmarks"],
+                   cwd=tree, env=env, capture_output=True, check=True)
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, "-m", "benchmarks.fleet_day", "--hours", str(hours),
            "--start-hour", str(start_hour)]

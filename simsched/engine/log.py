@@ -35,11 +35,12 @@ class IterationLog:
     A run of quiet decode steps (:mod:`simsched.engine.quiet`) is logged by :meth:`add_run`: its
     first row is packed as any other, with ``num_prefill_tokens`` set to minus the number of
     steps after it, whose rows differ from the first only in ``started_at``, ``duration``,
-    ``num_waiting`` and ``kv_blocks_used``; those four go to lists, a C-level extend each per
-    run (an ``array`` would parse each value on the way in, as a row's packing does). It
-    replaces a packed row per step, which cost a Python loop turn per decode step (most of a
-    busy fleet's rows); every reader (:meth:`columns`, :meth:`fill`, iteration)
-    expands the runs back into rows, so what comes out is the same rows in the same order.
+    ``num_waiting`` and ``kv_blocks_used``; those go to ``runs``, one packed block per run
+    (start times, durations, KV growths, and waiting counts only where some request waits:
+    the first row's ``num_preempted`` is then -1). It replaces a packed row per step, a Python
+    loop turn per decode step (most of a busy fleet's rows; a run's block is one C call). Every
+    reader (:meth:`fill`, :meth:`columns_arrays`, iteration) expands the runs back into rows,
+    so what comes out is the same rows in the same order.
 
     The frame's columns are filled from the end of the log backwards, a chunk at a time, and
     the buffer shrinks as they fill, so building them needs little more memory than the log
@@ -54,6 +55,7 @@ class IterationLog:
         self.values = bytearray()
         # The rows after each quiet run's first: a block of columns per run (see add_run).
         self.runs = bytearray()
+        self.num_run_rows = 0
         self._tail = (0,) * (len(columns) - len(ITERATION_COLUMNS))
 
     def append(self, row: tuple) -> None:
@@ -71,15 +73,23 @@ class IterationLog:
         none), and KV blocks used before the first (``kv_blocks_used``) and taken by each
         (``kv_growth``, ``num_steps`` of them)."""
         k = num_steps - 1
+        self.num_run_rows += k
         if num_waiting:
-            first_waiting, num_waiting = num_waiting[0], num_waiting[1:]
-        else:
-            first_waiting, num_waiting = 0, (0,) * k
+            # The block has a waiting column: its first row says so (num_preempted -1).
+            self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
+                                     num_decode_tokens, num_waiting[0],
+                                     kv_blocks_used + kv_growth[0], -1, 0.0, *self._tail)
+            self.runs += _run_block(k, 4)(*started_at[1:num_steps], *duration[1:num_steps],
+                                          *kv_growth[1:], *num_waiting[1:])
+            return
         self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
-                                 num_decode_tokens, first_waiting, kv_blocks_used + kv_growth[0],
-                                 0, 0.0, *self._tail)
-        self.runs += _run_block(k)(*started_at[1:num_steps], *duration[1:num_steps], *num_waiting,
-                                   *kv_growth[1:])
+                                 num_decode_tokens, 0, kv_blocks_used + kv_growth[0], 0, 0.0,
+                                 *self._tail)
+        try:
+            pack = _BLOCKS3[k]
+        except IndexError:
+            pack = _run_block(k, 3)
+        self.runs += pack(*started_at[1:num_steps], *duration[1:num_steps], *kv_growth[1:])
 
     @property
     def nbytes(self) -> int:
@@ -87,7 +97,7 @@ class IterationLog:
         return len(self.values) + len(self.runs)
 
     def __len__(self) -> int:
-        return len(self.values) // self.dtype.itemsize + len(self.runs) // _RUN_ROW
+        return len(self.values) // self.dtype.itemsize + self.num_run_rows
 
     def __iter__(self):
         """The rows as tuples, oldest first."""
@@ -100,27 +110,31 @@ class IterationLog:
         size = self.dtype.itemsize
         values = self.values
         n = len(values) // size
-        # Rows after each packed row (quiet runs), and their running total.
-        after = -np.frombuffer(values, dtype=self.dtype)["num_prefill_tokens"]
-        np.maximum(after, 0, out=after)
-        ends = np.cumsum(after)
-        total = n + int(ends[-1]) if n else 0
+        # Rows after each packed row (quiet runs) and their block's 8-byte words, summed.
+        packed = np.frombuffer(values, dtype=self.dtype)
+        after = np.maximum(-packed["num_prefill_tokens"], 0)
+        words = after * np.where(packed["num_preempted"] < 0, 4, 3)
+        del packed
+        row_ends, word_ends = np.cumsum(after), np.cumsum(words)
+        total = n + int(row_ends[-1]) if n else 0
         hi = n
         while hi > 0:
             lo = max(0, hi - _CHUNK_ROWS)
             chunk = np.frombuffer(values, dtype=self.dtype, offset=lo * size, count=hi - lo)
-            side_lo = int(ends[lo - 1]) if lo else 0
-            side_hi = int(ends[hi - 1])
-            out = start + lo + side_lo
-            expanded = _expand(chunk, after[lo:hi], np.frombuffer(
-                self.runs, dtype=np.uint8, offset=side_lo * _RUN_ROW,
-                count=(side_hi - side_lo) * _RUN_ROW))
+            row_lo = int(row_ends[lo - 1]) if lo else 0
+            word_lo = int(word_ends[lo - 1]) if lo else 0
+            word_hi = int(word_ends[hi - 1])
+            out = start + lo + row_lo
+            expanded = _expand(chunk, after[lo:hi], words[lo:hi], np.frombuffer(
+                self.runs, dtype=np.uint8, offset=8 * word_lo, count=8 * (word_hi - word_lo)))
+            length = len(expanded["started_at"])
             for col in self.columns:
-                columns[col][out:out + (hi - lo) + side_hi - side_lo] = expanded[col]
+                columns[col][out:out + length] = expanded[col]
             del chunk, expanded
             if empty:
                 del values[lo * size:]              # gives the memory back as the log empties
-                del self.runs[side_lo * _RUN_ROW:]
+                del self.runs[8 * word_lo:]
+                self.num_run_rows = row_lo
             hi = lo
         return total        # values is empty now, and still the one the engine appends to
 
@@ -135,31 +149,33 @@ class IterationLog:
         return pd.DataFrame(_fill([self])[1], copy=False)
 
 
-def _expand(chunk: np.ndarray, after: np.ndarray, runs: np.ndarray) -> dict:
+def _expand(chunk: np.ndarray, after: np.ndarray, words: np.ndarray, runs: np.ndarray) -> dict:
     """Packed rows ``chunk`` as columns, each followed by its ``after`` rows of a quiet run,
-    whose own values are the bytes ``runs`` (their blocks, in order: see
-    :meth:`IterationLog.add_run`)."""
+    whose own values are the bytes ``runs``: a block of ``words`` 8-byte values per run (start
+    times, durations, KV growths, then waiting counts if its first row's ``num_preempted`` is
+    -1; see :meth:`IterationLog.add_run`)."""
     names = chunk.dtype.names
     if not len(runs):
         return {col: chunk[col] for col in names}
     # Each packed row repeated over its run, then the runs' own values where they differ.
     counts = after + 1
-    total = int(counts.sum())
-    rest = np.ones(total, dtype=bool)
+    rest = np.ones(int(counts.sum()), dtype=bool)
     rest[np.cumsum(counts) - counts] = False        # where each packed row goes
     first = np.cumsum(after) - after                # each run's first row among the others
     k = np.repeat(after, after)                     # each other row's run length, less one
-    start = np.repeat(first, after)
-    at = np.arange(len(k)) - start + 4 * start      # its started_at in its run's block
+    at = np.arange(len(k)) - np.repeat(first, after) + np.repeat(np.cumsum(words) - words, after)
     floats, ints = runs.view(np.float64), runs.view(np.int64)
-    growth = np.cumsum(ints[at + 3 * k])            # blocks taken, summed within each run
+    growth = np.cumsum(ints[at + 2 * k])            # blocks taken, summed within each run
     before = np.concatenate(([0], growth))[first]   # ... and before each run
-    own = {"started_at": floats[at], "duration": floats[at + k], "num_waiting": ints[at + 2 * k],
+    waiting = np.zeros(len(k), dtype=np.int64)
+    flagged = np.repeat(chunk["num_preempted"] < 0, after)
+    waiting[flagged] = ints[(at + 3 * k)[flagged]]
+    own = {"started_at": floats[at], "duration": floats[at + k], "num_waiting": waiting,
            "kv_blocks_used": growth - np.repeat(before, after)}
     out = {}
     for col in names:
         column = np.repeat(chunk[col], counts)
-        if col == "num_prefill_tokens":
+        if col == "num_prefill_tokens" or col == "num_preempted":
             np.maximum(column, 0, out=column)
         elif col == "kv_blocks_used":
             column[rest] += own[col]
@@ -169,18 +185,19 @@ def _expand(chunk: np.ndarray, after: np.ndarray, runs: np.ndarray) -> dict:
     return out
 
 
-# A quiet run's rows after its first: four 8-byte values each (start, duration, waiting, growth).
-_RUN_ROW = 32
-_RUN_BLOCKS: list = []
+def _run_block(k: int, width: int):
+    """The packer of a run block of ``k`` rows: ``k`` start times, ``k`` durations, ``k`` KV
+    growths, and (``width`` 4) ``k`` waiting counts."""
+    blocks = _BLOCKS3 if width == 3 else _BLOCKS4
+    while len(blocks) <= k:
+        n = len(blocks)
+        blocks.append(struct.Struct(f"<{2 * n}d{(width - 2) * n}q").pack)
+    return blocks[k]
 
 
-def _run_block(k: int):
-    """The packer of a run block of ``k`` rows: ``k`` start times, then ``k`` durations, ``k``
-    waiting counts and ``k`` KV growths."""
-    while len(_RUN_BLOCKS) <= k:
-        n = len(_RUN_BLOCKS)
-        _RUN_BLOCKS.append(struct.Struct(f"<{2 * n}d{2 * n}q").pack)
-    return _RUN_BLOCKS[k]
+_BLOCKS3: list = []
+_BLOCKS4: list = []
+_run_block(64, 3)
 
 
 def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:
