@@ -108,34 +108,32 @@ class IterationLog:
         """Move the rows into ``columns`` (arrays by column name, rows from ``start`` on) and
         empty the log (``empty``); return the number of rows."""
         size = self.dtype.itemsize
-        values = self.values
+        values, runs = self.values, self.runs
         n = len(values) // size
-        # Rows after each packed row (quiet runs) and their block's 8-byte words, summed.
-        packed = np.frombuffer(values, dtype=self.dtype)
-        after = np.maximum(-packed["num_prefill_tokens"], 0)
-        words = after * np.where(packed["num_preempted"] < 0, 4, 3)
-        del packed
-        row_ends, word_ends = np.cumsum(after), np.cumsum(words)
-        total = n + int(row_ends[-1]) if n else 0
-        hi = n
+        total = n + self.num_run_rows
+        # From the end backwards; a chunk of packed rows expands to at most the longest run's
+        # rows each, so chunks are shorter where there are runs.
+        step = max(1, _CHUNK_ROWS // 16) if runs else _CHUNK_ROWS
+        hi, out_hi, word_hi = n, start + total, len(runs) // 8
         while hi > 0:
-            lo = max(0, hi - _CHUNK_ROWS)
+            lo = max(0, hi - step)
             chunk = np.frombuffer(values, dtype=self.dtype, offset=lo * size, count=hi - lo)
-            row_lo = int(row_ends[lo - 1]) if lo else 0
-            word_lo = int(word_ends[lo - 1]) if lo else 0
-            word_hi = int(word_ends[hi - 1])
-            out = start + lo + row_lo
-            expanded = _expand(chunk, after[lo:hi], words[lo:hi], np.frombuffer(
-                self.runs, dtype=np.uint8, offset=8 * word_lo, count=8 * (word_hi - word_lo)))
-            length = len(expanded["started_at"])
+            # Rows after each packed row (its quiet run) and their block's 8-byte words.
+            after = np.maximum(-chunk["num_prefill_tokens"], 0)
+            words = after * np.where(chunk["num_preempted"] < 0, 4, 3)
+            word_lo = word_hi - int(words.sum())
+            expanded = _expand(chunk, after, words, np.frombuffer(
+                runs, dtype=np.uint8, offset=8 * word_lo, count=8 * (word_hi - word_lo)))
+            num_after = int(after.sum())
+            out_lo = out_hi - (hi - lo) - num_after
             for col in self.columns:
-                columns[col][out:out + length] = expanded[col]
+                columns[col][out_lo:out_hi] = expanded[col]
             del chunk, expanded
             if empty:
                 del values[lo * size:]              # gives the memory back as the log empties
-                del self.runs[8 * word_lo:]
-                self.num_run_rows = row_lo
-            hi = lo
+                del runs[8 * word_lo:]
+                self.num_run_rows -= num_after
+            hi, out_hi, word_hi = lo, out_lo, word_lo
         return total        # values is empty now, and still the one the engine appends to
 
     def columns_arrays(self, empty: bool = True) -> dict:

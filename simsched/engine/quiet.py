@@ -47,10 +47,9 @@ from simsched.cost.base import Batch
 from simsched.engine.scheduler import Scheduler
 from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_earlier
 
-#: Most quiet steps planned in one run. A run's turn of the loop costs about as much as timing
-#: a hundred planned steps, and an arrival wastes the plans of the steps after it: 48 costs
-#: least, measured on a 64-replica fleet at a quiet hour and at a busy one (16 was 5 % slower
-#: at the quiet one, 128 slower at both; ``python -m benchmarks.instructions``).
+#: Most quiet steps planned in one run. A longer run saves loop turns, and an arrival wastes
+#: the plans of the steps after it: 48 cost fewest instructions of 16 to 128 on a 64-replica
+#: fleet at a quiet hour and at a busy one (``python -m benchmarks.instructions``).
 MAX_QUIET_STEPS = 48
 
 _NONE: list = []        # no request finished (never appended to)
