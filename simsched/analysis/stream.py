@@ -39,7 +39,8 @@ import pandas as pd
 from simsched.analysis.fleet_metrics import migrations_column
 from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
 from simsched.cluster.lazy import LazyRequests
-from simsched.engine.log import _is_count
+from simsched.engine.log import _is_count, concat_frames
+from simsched.engine.log import decode_step_ends as frame_step_ends
 from simsched.engine.removal import decode_step_ends
 from simsched.request import Request
 
@@ -133,35 +134,28 @@ class StreamingRequests:
             self.num_steps.append(0)
 
     def _drain_iterations(self) -> None:
-        replicas = self.cluster.replicas
         self._track_replicas()
-        parts = []
-        for r, replica in enumerate(replicas):
-            log = replica.iteration_rows
-            if not log.values:
-                continue
-            rows = log.columns_arrays()     # empties it in place (the GPU loop appends to it)
-            parts.append((r, len(rows["started_at"]), rows))
-            decodes = rows["num_decode_tokens"] > 0
-            self.steps[r].frombytes((rows["started_at"] + rows["duration"])[decodes].tobytes())
-            self.num_steps[r] += int(decodes.sum())
-        if parts:
-            # The logs' columns in order (replicas with a prefix cache log three more: the others
-            # hold 0 there), concatenated once; dictionary encoding only where it pays (counts).
-            names = max((tuple(rows) for _, _, rows in parts), key=len)
-            columns = {"replica": np.concatenate([np.full(k, r, dtype=np.int64)
-                                                  for r, k, _ in parts])}
-            for col in names:
-                columns[col] = np.concatenate([
-                    rows[col] if col in rows
-                    else np.zeros(k, dtype=np.int64 if _is_count(col) else float)
-                    for _, k, rows in parts])
-            name = f"part-{self.iteration_parts:06d}.parquet"
-            pd.DataFrame(columns).to_parquet(
-                self.path / "iterations" / name,
-                use_dictionary=[c for c in columns if c == "replica" or _is_count(c)])
-            self.iteration_parts += 1
-            _release_arrow_memory()
+        owners, logs = [], []
+        for r, replica in enumerate(self.cluster.replicas):
+            if replica.iteration_rows.values:
+                owners.append(r)
+                logs.append(replica.iteration_rows)
+        if not logs:
+            return
+        # One frame of the logs (emptied in place: the GPU loops append to them), replica after
+        # replica; a replica without a prefix cache holds 0 in its columns.
+        frame = concat_frames(logs)
+        for r, ends in zip(owners, frame_step_ends(frame, len(logs))):
+            self.steps[r].frombytes(ends[1:].tobytes())     # without the NaN before step 1
+            self.num_steps[r] += len(ends) - 1
+        frame["replica"] = np.asarray(owners, dtype=np.int64)[frame["replica"].to_numpy()]
+        name = f"part-{self.iteration_parts:06d}.parquet"
+        # Dictionary encoding only where it pays (counts).
+        frame.to_parquet(self.path / "iterations" / name,
+                         use_dictionary=[c for c in frame.columns
+                                         if c == "replica" or _is_count(c)])
+        self.iteration_parts += 1
+        _release_arrow_memory()
 
     def flush(self) -> None:
         """Write the iterations logged so far and the ended requests' rows, then forget them."""

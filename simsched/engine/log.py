@@ -67,29 +67,26 @@ class IterationLog:
 
     def add_run(self, started_at: list, duration: list, num_steps: int, num_decode_tokens: int,
                 num_waiting, kv_blocks_used: int, kv_growth: list) -> None:
-        """Record ``num_steps`` (at least 2) decode-only iterations of ``num_decode_tokens``
-        sequences each, nothing preempted or swapped: their start times and durations (the
-        first ``num_steps`` of each list), waiting requests (a list of ``num_steps``, or 0 for
-        none), and KV blocks used before the first (``kv_blocks_used``) and taken by each
-        (``kv_growth``, ``num_steps`` of them)."""
+        """Record ``num_steps`` decode-only iterations of ``num_decode_tokens`` sequences each,
+        nothing preempted or swapped: their start times and durations (the first ``num_steps``
+        of each list), waiting requests (a list of ``num_steps``, or 0 for none), and KV blocks
+        used before the first (``kv_blocks_used``) and taken by each (``kv_growth``,
+        ``num_steps`` of them)."""
         k = num_steps - 1
+        # A block with a waiting column says so in its first row (num_preempted -1).
+        flag = -1 if num_waiting and k else 0
+        self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
+                                 num_decode_tokens, num_waiting[0] if num_waiting else 0,
+                                 kv_blocks_used + kv_growth[0], flag, 0.0, *self._tail)
+        if not k:
+            return
         self.num_run_rows += k
-        if num_waiting:
-            # The block has a waiting column: its first row says so (num_preempted -1).
-            self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
-                                     num_decode_tokens, num_waiting[0],
-                                     kv_blocks_used + kv_growth[0], -1, 0.0, *self._tail)
+        if flag:
             self.runs += _run_block(k, 4)(*started_at[1:num_steps], *duration[1:num_steps],
                                           *kv_growth[1:], *num_waiting[1:])
-            return
-        self.values += self.pack(started_at[0], duration[0], -k, num_decode_tokens,
-                                 num_decode_tokens, 0, kv_blocks_used + kv_growth[0], 0, 0.0,
-                                 *self._tail)
-        try:
-            pack = _BLOCKS3[k]
-        except IndexError:
-            pack = _run_block(k, 3)
-        self.runs += pack(*started_at[1:num_steps], *duration[1:num_steps], *kv_growth[1:])
+        else:
+            self.runs += _run_block(k, 3)(*started_at[1:num_steps], *duration[1:num_steps],
+                                          *kv_growth[1:])
 
     @property
     def nbytes(self) -> int:
@@ -187,15 +184,14 @@ def _run_block(k: int, width: int):
     """The packer of a run block of ``k`` rows: ``k`` start times, ``k`` durations, ``k`` KV
     growths, and (``width`` 4) ``k`` waiting counts."""
     blocks = _BLOCKS3 if width == 3 else _BLOCKS4
-    while len(blocks) <= k:
-        n = len(blocks)
-        blocks.append(struct.Struct(f"<{2 * n}d{(width - 2) * n}q").pack)
+    if k >= len(blocks):
+        blocks.extend(struct.Struct(f"<{2 * n}d{(width - 2) * n}q").pack
+                      for n in range(len(blocks), k + 1))
     return blocks[k]
 
 
 _BLOCKS3: list = []
 _BLOCKS4: list = []
-_run_block(64, 3)
 
 
 def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:

@@ -219,19 +219,14 @@ class QuietSteps:
         # Requests that arrived during the run (async scheduling keeps them in ``pending``) wait
         # from the first step that starts after them; without async scheduling none arrived
         # before a quiet step.
+        waiting = 0
         pending = self.replica.pending
-        if m == 1:
-            waiting = sum(1 for at, _ in pending if at <= times[0])
-            log.values += log.pack(times[0], durations[0], 0, n, n, waiting, used + needs[0], 0,
-                                   0.0, *log._tail)
-        else:
-            waiting = 0
-            if pending:
-                waiting = [0] * m
-                for at, _ in pending:
-                    for j in range(bisect_left(times, at, 0, m), m):
-                        waiting[j] += 1
-            log.add_run(times, durations, m, n, waiting, used, needs)
+        if pending:
+            waiting = [0] * m
+            for at, _ in pending:
+                for j in range(bisect_left(times, at, 0, m), m):
+                    waiting[j] += 1
+        log.add_run(times, durations, m, n, waiting, used, needs)
         if run.finishes and m == run.num_planned:
             return times[m], times[m - 1], sched.finish_quiet_step()
         return times[m], times[m - 1], _NONE
