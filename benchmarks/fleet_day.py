@@ -1,7 +1,7 @@
 """A fleet over a day: wall time and peak memory of a streamed 64-replica ServeGen day.
 
 ``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0]
-[--utilisation 0.65] [--autoscale] [--out DIR]``
+[--utilisation 0.5] [--autoscale] [--out DIR]``
 
 Llama-2-7B replicas on A100-80GB (calibrated cost model, default engine), prompts uniform in
 ``--prompt-range``, outputs in ``--output-range``. One replica's capacity on those lengths is
@@ -45,7 +45,9 @@ def main(argv=None) -> None:
     p.add_argument("--hours", type=float, default=24.0)
     p.add_argument("--start-hour", type=float, default=0.0,
                    help="replay the day from this hour (profile a busy slice)")
-    p.add_argument("--utilisation", type=float, default=0.65)
+    # The issue's scale target: 50-80 % mean utilisation and at least 10 M requests a day. At
+    # 50 % the day has 11.7 M requests (65 %, the default before: 15.3 M).
+    p.add_argument("--utilisation", type=float, default=0.5)
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
     p.add_argument("--autoscale", action="store_true")

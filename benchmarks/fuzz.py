@@ -34,7 +34,8 @@ from simsched.config import (LINK_PRESETS, PREEMPTION_MODES, ROLES, SCHEDULER_ST
                              CacheConfig, HardwareConfig, SchedulerConfig, SimConfig)
 from simsched.config.cluster import MIN_REFRESH_INTERVAL
 from simsched.api import simulate_checked
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 

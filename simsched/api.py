@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from simsched.analysis.runner import make_requests, run, simulate
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 
 __all__ = ["make_requests", "simulate", "simulate_checked"]
 

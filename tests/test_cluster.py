@@ -17,7 +17,8 @@ from simsched.analysis.sweep import sweep
 from simsched.api import simulate_checked
 from simsched.cluster.cluster import Cluster, replica_rng
 from simsched.cost.factory import make_cost_model
-from simsched.engine.invariants import InvariantError, check_results
+from simsched.engine.invariants import InvariantError
+from simsched.engine.result_checks import check_results
 from simsched.request import Status
 from tests.golden.make_golden import CASES, frame_hash, run_case
 

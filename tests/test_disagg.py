@@ -13,7 +13,8 @@ from simsched.analysis.runner import run, simulate
 from simsched.cluster.disagg import Link, transfer_time
 from simsched.config import LINK_PRESETS, ClusterConfig, SimConfig
 from simsched.cost import hardware
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 
 BLOCK = 16
 

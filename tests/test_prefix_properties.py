@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from benchmarks.fuzz import livelock_guard
 from simsched.api import simulate_checked
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 from tests.test_properties import cases
 
 

@@ -14,7 +14,8 @@ from benchmarks.fuzz import livelock_guard
 from simsched.config import (PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig, HardwareConfig,
                              SchedulerConfig, SimConfig)
 from simsched.api import simulate_checked
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 
 

@@ -17,7 +17,8 @@ from simsched.config.speculative import SpeculativeConfig
 from simsched.cost.base import Batch, LinearCostModel
 from simsched.cost.factory import make_cost_model
 from simsched.cost.speculative import SpecBatch, speculative_cost_model
-from simsched.engine.invariants import check_final_state, check_results
+from simsched.engine.invariants import check_final_state
+from simsched.engine.result_checks import check_results
 from simsched.engine.kv_cache import KVCacheManager
 from simsched.engine.speculative import Acceptance, SpeculativeScheduler
 from simsched.request import Request

@@ -288,10 +288,11 @@ class Cluster:
 
     def _route(self, req: Request) -> int:
         """Admission control, then the router's choice: ``req``'s replica, or -1 if shed."""
-        if self.rate_limited(req):
+        # (Each check called only where its admission control is on: once per request.)
+        if self.bucket is not None and self.rate_limited(req):
             return -1
         i = self._choose(self.view, req)
-        if self.queue_full(req, i):
+        if self.queue_cap is not None and self.queue_full(req, i):
             return -1
         owners = self.replica_of
         if req.id >= len(owners):        # a session turn created after the run started

@@ -218,8 +218,12 @@ class CalibratedCostModel:
                 and dec_a + dec_s * last - (sat_a + sat_s * last) > 1e-9 and dec_s >= 0:
             if not self._general:
                 return [shared + (dec_a + dec_s * c) for c in contexts]
-            sync, serial = self._sync, self._at(self._serial, n)
-            if shared + (dec_a + dec_s * first_context_sum) + sync > self._at(self._floor, n):
+            sync = self._sync
+            if n < size:                    # self._at(table, n), inlined: once per run
+                serial, floor_all = self._serial[n], self._floor[n]
+            else:
+                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
+            if shared + (dec_a + dec_s * first_context_sum) + sync > floor_all:
                 return [shared + (dec_a + dec_s * c) + sync + serial for c in contexts]
         times = []
         if not self._general:
@@ -237,15 +241,20 @@ class CalibratedCostModel:
         return times
 
     def _whole_iteration(self, batch: Batch) -> float:
-        seqs = batch.num_seqs
+        new = batch.prefill_new_tokens
+        seqs = len(new) + batch.num_decode_seqs         # batch.num_seqs, without the call
         t = self._gpu_time(batch)
-        floor = self._at(self._floor, seqs)
-        if batch.prefill_new_tokens:
+        # self._at(table, seqs), inlined: once per iteration outside quiet runs
+        if seqs < self._size:
+            floor, serial = self._floor[seqs], self._serial[seqs]
+        else:
+            floor, serial = _extend(self._floor, seqs), _extend(self._serial, seqs)
+        if new:
             t *= self._slowdown
             if self._floor_prefill > floor:
                 floor = self._floor_prefill
         t += self._sync
-        return (t if t > floor else floor) + self._at(self._serial, seqs)
+        return (t if t > floor else floor) + serial
 
     # ------------------------------------------------------------------ slow path
 

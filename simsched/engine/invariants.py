@@ -1,7 +1,8 @@
-"""Invariants of a run: per-iteration state checks, end-of-run checks and result-frame checks.
+"""Invariants of a run: per-iteration state checks and end-of-run checks.
 
 :func:`check_invariants` runs after every iteration when ``config.check_invariants`` is on;
-:func:`check_final_state` and :func:`check_results` are for tests and fuzzing, after a run.
+:func:`check_final_state` is for tests and fuzzing, after a run, as is
+:func:`~simsched.engine.result_checks.check_results` (the result frames).
 Each violation raises :class:`InvariantError` naming the invariant, the request and the time.
 """
 
@@ -330,99 +331,3 @@ def check_final_state(engine) -> None:
         if req.status not in _CLOSED:
             raise InvariantError("drained", now, f"ends {req.status.value}", req.id)
 
-
-def check_results(results) -> None:
-    """Check the frames of a run that ended without a time limit (every request closed).
-
-    Every request is finished (all tokens generated, ordered timestamps, TTFT >= 0), rejected
-    with a reason, or aborted unfinished with a reason (its replica was removed); the iterations'
-    token total equals what the finished requests needed, recomputation included (and the work
-    aborted requests lost), on every replica unless requests migrated; no iteration is empty.
-    """
-    df, it = results.requests, results.iterations
-    now = results.sim_time
-    for row in df.itertuples(index=False):
-        rid = int(row.request_id)
-        if row.status == Status.REJECTED.value:
-            if not row.reject_reason or not math.isnan(row.first_scheduled_at) \
-                    or row.num_generated_tokens != 0:
-                raise InvariantError("rejected_untouched", now,
-                                     f"reason {row.reject_reason!r}, generated "
-                                     f"{row.num_generated_tokens}", rid)
-            continue
-        if row.status == Status.ABORTED.value:
-            if not row.reject_reason.startswith("aborted:") \
-                    or row.num_generated_tokens >= row.num_output_tokens:
-                raise InvariantError("aborted_unfinished", now,
-                                     f"reason {row.reject_reason!r}, generated "
-                                     f"{row.num_generated_tokens}", rid)
-            continue
-        if row.status != Status.FINISHED.value:
-            raise InvariantError("drained", now, f"ends {row.status}", rid)
-        if row.num_generated_tokens != row.num_output_tokens:
-            raise InvariantError("finished_complete", now,
-                                 f"{row.num_generated_tokens}/{row.num_output_tokens}", rid)
-        times = (row.arrival_at, row.first_scheduled_at, row.first_token_at, row.finished_at)
-        # The client sees tokens after an output delay (vllm_v1): the engine's finish is <= now.
-        if any(t != t for t in times) or any(b < a for a, b in zip(times, times[1:])) \
-                or not row.ttft >= 0 or getattr(row, "engine_finished_at", times[-1]) > now:
-            raise InvariantError("monotone_timestamps", now, f"timestamps {times}", rid)
-        if row.num_output_tokens > 1 and not row.tpot >= 0:
-            raise InvariantError("monotone_timestamps", now, f"tpot {row.tpot}", rid)
-    done = df[df["status"] == Status.FINISHED.value]
-    need = int((done["num_prompt_tokens"] + done["num_output_tokens"] - 1
-                + done["num_recomputed_tokens"]).sum())
-    # An aborted request's computed KV was all dropped: it counts as recomputed work.
-    need += int(df.loc[df["status"] == Status.ABORTED.value, "num_recomputed_tokens"].sum())
-    if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
-        need -= int(it["num_cached_tokens"].sum())
-    spec = results.info.get("speculative")
-    if spec is not None:
-        # A verification's accepted proposals advance a decoder beyond its one logged token.
-        need -= spec["num_accepted_tokens"]
-    work = int(it["num_prefill_tokens"].sum() + it["num_decode_tokens"].sum()) if len(it) else 0
-    if work != need:
-        raise InvariantError("work_conservation", now,
-                             f"iterations computed {work} tokens, finished requests need {need}")
-    if len(it) and not (it["num_seqs"] >= 1).all():
-        raise InvariantError("no_empty_iterations", now, "an iteration ran no sequence")
-    steps_per_token = 1 + (spec["num_speculative_tokens"] if spec is not None else 0)
-    if len(done) and len(it) * steps_per_token < done["num_output_tokens"].max():
-        raise InvariantError("iteration_count", now,
-                             f"{len(it)} iterations for a {done['num_output_tokens'].max()}"
-                             "-token output")
-    groups = it.groupby("replica")["started_at"] if "replica" in it else [(0, it["started_at"])]
-    if len(it) and not ((it["duration"] > 0).all()
-                        and all(g.is_monotonic_increasing for _, g in groups)):
-        raise InvariantError("iteration_times", now, "durations <= 0 or start times out of order "
-                                                     "within a replica")
-    # A disaggregated request's prefill and decode ran on two replicas (recomputation on
-    # either): only the total is checked.
-    # A migrated request's work, too, was done on two replicas (autoscaling's migrate).
-    if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df \
-            and not ("num_migrations" in df and df["num_migrations"].any()):
-        _check_replica_work(df, it, now, spec)
-
-
-def _check_replica_work(df, it, now: float, spec: dict | None = None) -> None:
-    """Each replica computed exactly what the finished requests routed to it needed (and the
-    work aborted ones lost there)."""
-    done = df[df["status"] == Status.FINISHED.value]
-    need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
-            + done["num_recomputed_tokens"]).groupby(done["replica"]).sum()
-    aborted = df[df["status"] == Status.ABORTED.value]
-    if len(aborted):
-        need = need.add(aborted["num_recomputed_tokens"].groupby(aborted["replica"]).sum(),
-                        fill_value=0)
-    if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
-        need = need.sub(it["num_cached_tokens"].groupby(it["replica"]).sum(), fill_value=0)
-    work = (it["num_prefill_tokens"] + it["num_decode_tokens"]).groupby(it["replica"]).sum()
-    if spec is not None:
-        for replica, accepted in spec["per_replica_accepted"].items():
-            need[replica] = need.get(replica, 0) - accepted
-    for replica in set(need.index) | set(work.index):
-        if int(need.get(replica, 0)) != int(work.get(replica, 0)):
-            raise InvariantError("work_conservation", now,
-                                 f"replica {replica} computed {int(work.get(replica, 0))} tokens, "
-                                 f"the finished requests routed to it need "
-                                 f"{int(need.get(replica, 0))}")

@@ -85,8 +85,9 @@ class IterationLog:
             self.runs += _run_block(k, 4)(*started_at[1:num_steps], *duration[1:num_steps],
                                           *kv_growth[1:], *num_waiting[1:])
         else:
-            self.runs += _run_block(k, 3)(*started_at[1:num_steps], *duration[1:num_steps],
-                                          *kv_growth[1:])
+            # _run_block(k, 3), its packer looked up here: once per run
+            pack = _BLOCKS3[k] if k < len(_BLOCKS3) else _run_block(k, 3)
+            self.runs += pack(*started_at[1:num_steps], *duration[1:num_steps], *kv_growth[1:])
 
     @property
     def nbytes(self) -> int:

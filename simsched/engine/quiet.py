@@ -131,6 +131,7 @@ class QuietSteps:
         # A model's own decode_iteration_times returns floats; any other's times are checked.
         self.checked = not promised(replica.cost_model, "decode_iteration_times")
         self.asynchronous = replica.async_scheduling
+        self.env = replica.env
         self.queue, self.eid, _ = iteration_clock(replica.env)    # the heap and event ids
         self.scheduler.track_due_steps()
         self.run: QuietRun | None = None        # the run the loop waits on, if any
@@ -183,7 +184,7 @@ class QuietSteps:
     def wait(self, run: QuietRun):
         """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
         the loop yields; :meth:`cut` may move it earlier."""
-        run.event = event = clock_event(self.replica.env)
+        run.event = event = clock_event(self.env)
         run.entry = entry = (run.times[-1], LATE, next(self.eid), event)
         heappush(self.queue, entry)
         self.run = run

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import numbers
 from collections import deque
 
 import numpy as np
@@ -37,6 +36,8 @@ import simpy
 from simsched.cost import hardware, overhead
 from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv_factory import make_kv_cache
+# IterationTimeError is re-exported: the loop raises it (simsched.engine.iteration_time).
+from simsched.engine.iteration_time import IterationTimeError, checked_duration
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.quiet import QuietSteps
@@ -46,18 +47,11 @@ from simsched.engine.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
 from simsched.request import Request, Status
 
-
-# An iteration must span at least this many float spacings of the clock (relative error <= 0.05 %).
-MIN_ULPS = 1024
+__all__ = ["IterationTimeError", "Replica", "SimulationError"]
 
 
 class SimulationError(RuntimeError):
     """The engine could not make progress (a scheduler bug, never a user error)."""
-
-
-class IterationTimeError(ValueError):
-    """A cost model's iteration time is unusable: not a number, not finite and positive, or too
-    small to advance the clock at the current time (float resolution)."""
 
 
 class Replica:
@@ -218,7 +212,7 @@ class Replica:
         on_iteration = self.on_iteration
         inf = math.inf
         num_cached_tokens = num_evicted_blocks = kv_blocks_cached = last_hits = last_evictions = 0
-        ulp_below = -1.0     # the clock is below this power of two: MIN_ULPS ulps stay ulp_floor
+        ulp_below = -1.0     # the clock is below this power of two: ulp_floor holds
         ulp_floor = 0.0
         now = env.now        # the clock, kept here: only this loop and its sleeps move it
         asynchronous, pending = self.async_scheduling, self.pending
@@ -238,11 +232,12 @@ class Replica:
                 yield from self._sleep()
                 now = env.now
                 continue
-            if quiet is not None and not pending:
+            # A request waiting in the queue makes the next step an admission, not quiet.
+            if quiet is not None and not pending and not sched._waiting:
                 run = quiet.plan(now, ulp_below, ulp_floor)
                 if run is not None:
                     # Quiet decode steps, one clock event for all (simsched.engine.quiet).
-                    end = run.end
+                    end = run.times[-1]         # run.end, without the call
                     if queue and queue[0][0] <= end:
                         yield quiet.wait(run)
                     else:
@@ -300,7 +295,8 @@ class Replica:
             # clock's spacing changes only at powers of two: recompute it when one is crossed.
             if duration.__class__ is not float or started_at >= ulp_below \
                     or not (duration >= ulp_floor and started_at + duration < inf):
-                duration, ulp_floor, ulp_below = self._checked(duration, batch, started_at)
+                duration, ulp_floor, ulp_below = checked_duration(duration, batch, started_at,
+                                                                  cost)
             if swapping:
                 swap_time = (batch.swap_out_bytes + batch.swap_in_bytes) / swap_rate
                 duration += swap_time
@@ -359,46 +355,6 @@ class Replica:
             callbacks, done.callbacks = done.callbacks, None
             for callback in callbacks:
                 callback(done)
-
-    def _cost_name(self) -> str:
-        cost = self.cost_model
-        own_repr = type(cost).__repr__ is not object.__repr__
-        return repr(cost) if own_repr else type(cost).__qualname__
-
-    def _checked(self, duration, batch, started: float) -> tuple[float, float, float]:
-        """``duration`` as usable seconds (or an error), with the clock's resolution at
-        ``started``: the least duration it resolves, and the power of two below which that holds.
-        """
-        if duration.__class__ is not float:
-            duration = self._seconds(duration, batch)
-        ulp_floor = math.ulp(started) * MIN_ULPS
-        exp = math.frexp(started)[1]
-        ulp_below = 0.0 if started <= 0 else math.ldexp(1.0, exp) if exp < 1024 else math.inf
-        if not (duration >= ulp_floor and started + duration < math.inf):
-            self._bad_duration(duration, batch)
-        return duration, ulp_floor, ulp_below
-
-    def _seconds(self, value, batch) -> float:
-        """A cost model's non-``float`` return value as seconds (ints and numpy reals pass)."""
-        if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
-            return float(value)
-        raise IterationTimeError(
-            f"cost model {self._cost_name()} returned {value!r} ({type(value).__name__}, not a "
-            f"number of seconds) for {batch!r} at t={self.env.now!r}")
-
-    def _bad_duration(self, duration: float, batch) -> None:
-        now = self.env.now
-        if duration > 0 and now + duration < math.inf:
-            raise IterationTimeError(
-                f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at "
-                f"t={now!r} s, below the clock's float resolution there (spacing "
-                f"{math.ulp(now):.3g} s; an iteration must span {MIN_ULPS} of them): latencies "
-                f"would round to nothing. Shift the arrival times to start near 0 (times this "
-                f"large are rejected, not shifted) or check the cost model's units")
-        why = ("overflows the clock" if duration > 0 else "must be a finite number > 0")
-        raise IterationTimeError(
-            f"cost model {self._cost_name()} returned {duration!r} s for {batch!r} at t={now!r} "
-            f"s: an iteration time {why}")
 
     def _interrupt_victims(self) -> None:
         for victim, cause in self.scheduler.preempted:

@@ -39,14 +39,14 @@ from simsched.config.parts import CacheConfig
 from simsched.cost.base import Batch
 from simsched.engine.kv_cache import KVManager
 from simsched.policies import VICTIM_POLICIES, make_queue
-from simsched.policies.base import QueuePolicy, check_queue
-from simsched.policies.queues import HeapQueue
+from simsched.policies.base import QueuePolicy
 from simsched.engine.admission import AdmissionMixin
 from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
 from simsched.engine.decode import DecodeMixin
 from simsched.engine.handoff import HandoffMixin
 from simsched.engine.plan_ahead import PlanAheadMixin
 from simsched.engine.preemption import PreemptionMixin
+from simsched.engine.queue_binding import bind_queue
 from simsched.engine.removal import take_all
 from simsched.engine.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
@@ -172,42 +172,11 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
 
     @queue.setter
     def queue(self, queue: QueuePolicy) -> None:
-        # The policy's hooks (see QueuePolicy): those left at their defaults are never called.
-        check_queue(queue)
-        self._queue = queue
-        queue_type = type(queue)
-        queue.bind(self)
-        # HeapQueue.update only notes the time, which only max_wait promotion reads: set it
-        # (no call) when there is a max_wait, else skip it.
-        heap_update = queue_type.update is HeapQueue.update
-        self._note_time = heap_update and queue.max_wait is not None
-        self._queue_update = None if heap_update or queue_type.update is QueuePolicy.update \
-            else queue.update
-        self._queue_refresh = None if queue_type.refresh is QueuePolicy.refresh \
-            else queue.refresh
-        self._queue_hooks = bool(self._note_time or self._queue_update is not None
-                                 or self._queue_refresh is not None)
-        self.preemptive = bool(queue.preemptive)
-        # A policy may refuse an admission preemption its ranks would allow (storm guards);
-        # without its own rule the scan asks ranks_below directly.
-        self._may_preempt = None if queue_type.may_preempt is QueuePolicy.may_preempt \
-            else queue.may_preempt
-        # With fixed ranks a failed admission preemption fails again until the running set
-        # changes (free + freeable blocks can only shrink meanwhile): remember it, skip the scan
-        # (and compare the keys inline: only a policy without its own preemption rule).
-        self._static_ranks = (self._queue_refresh is None and not queue.dynamic_ranks
-                              and self._may_preempt is None)
-        # Running requests whose ranks can only improve (SJF: remaining work shrinks) keep a
-        # failed admission scan failed until the running set changes, as fixed ranks do.
-        self._memo_failed = self._static_ranks or bool(queue.ranks_only_improve)
-        self.meter = queue.meter            # per-tenant service, if the policy meters
-        # A plain HeapQueue without max_wait keeps its order between pushes and pops.
-        self._fixed_order = queue_type is HeapQueue and queue.max_wait is None
-        # A HeapQueue is as long as its live dict: len() of that is a C call on the hot path.
-        self._waiting = queue._live if queue_type.__len__ is HeapQueue.__len__ else queue
-        # HeapQueue.pop() is peek() then forgetting the entry: having peeked, forget it only.
-        self._forget = queue._live if queue_type.pop is HeapQueue.pop \
-            and queue_type.peek is HeapQueue.peek else None
+        # The policy's hooks and the fast paths its type allows (simsched.engine.queue_binding).
+        (self._queue, self._note_time, self._queue_update, self._queue_refresh,
+         self._queue_hooks, self.preemptive, self._may_preempt, self._static_ranks,
+         self._memo_failed, self.meter, self._fixed_order, self._waiting,
+         self._forget) = bind_queue(self, queue)
         if hasattr(self, "_static"):        # a queue set after __init__: flags from it anew
             self._update_special()
 
