@@ -41,7 +41,7 @@ from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
 from simsched.cluster.lazy import LazyRequests
 from simsched.engine.log import _is_count, concat_frames
 from simsched.engine.log import decode_step_ends as frame_step_ends
-from simsched.engine.removal import decode_step_ends
+from simsched.engine.log import log_step_ends
 from simsched.request import Request
 
 CHUNK = 65536
@@ -122,7 +122,7 @@ class StreamingRequests:
         its iteration ``log`` (a removed replica's requests turn their runs into gaps with
         them: :func:`simsched.engine.removal.remove_requests`)."""
         self._track_replicas()
-        logged = decode_step_ends(log)[1:]          # without its NaN before the first step
+        logged = log_step_ends(log)[1:]          # without its NaN before the first step
         return self.kept_from[r], np.concatenate(
             [np.frombuffer(self.steps[r], dtype=float), logged])
 

@@ -217,15 +217,27 @@ def _fill(logs: list[IterationLog]) -> tuple[np.ndarray, dict]:
     return owner, columns
 
 
+def _decode_ends(columns) -> tuple[np.ndarray, np.ndarray]:
+    """(which rows decode, their end times) of iteration ``columns`` (a frame or arrays by
+    name): a step ends when its iteration does, ``started_at + duration``, the same float sum
+    the clock made."""
+    decodes = np.asarray(columns["num_decode_tokens"]) > 0
+    return decodes, (np.asarray(columns["started_at"]) + np.asarray(columns["duration"]))[decodes]
+
+
+def log_step_ends(log: IterationLog) -> np.ndarray:
+    """One replica's decode-step end times so far, read from its live ``log`` (left as it
+    is), indexed by step as :func:`decode_step_ends` gives them at the end of a run."""
+    return np.concatenate(([np.nan], _decode_ends(log.columns_arrays(empty=False))[1]))
+
+
 def decode_step_ends(iterations: pd.DataFrame, num_replicas: int = 1) -> list[np.ndarray]:
     """Each replica's decode-step end times, indexed by step (index 0, before the first step,
     is NaN), from the iteration frame (``replica`` column when there are several).
 
-    A replica's decode steps are its iterations with decodes, in order; a step ends when its
-    iteration does (``started_at + duration``, the same float sum the clock made).
+    A replica's decode steps are its iterations with decodes, in order.
     """
-    decodes = iterations["num_decode_tokens"].to_numpy() > 0
-    ends = (iterations["started_at"].to_numpy() + iterations["duration"].to_numpy())[decodes]
+    decodes, ends = _decode_ends(iterations)
     if num_replicas == 1:
         return [np.concatenate(([np.nan], ends))]
     # Rows come replica after replica: each replica's steps are one slice.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simsched.engine.log import log_step_ends
 from simsched.request import Request, Status
 
 WAITING, SWAPPED, FINISHED = Status.WAITING, Status.SWAPPED, Status.FINISHED
@@ -70,14 +71,6 @@ def _reset(req: Request, generated: int, cached: int) -> int:
     return cached
 
 
-def decode_step_ends(log) -> np.ndarray:
-    """A replica's decode-step end times so far from its iteration log (index = step; 0 is
-    NaN), as :func:`simsched.engine.log.decode_step_ends` gives them at the end of a run."""
-    rows = log.columns_arrays(empty=False)
-    decodes = rows["num_decode_tokens"] > 0
-    return np.concatenate(([np.nan], (rows["started_at"] + rows["duration"])[decodes]))
-
-
 def runs_as_gaps(req: Request, step_ends: np.ndarray, first_step: int = 0) -> None:
     """Replace ``req``'s decode runs (steps of the replica whose ``step_ends`` are given, the
     first of them step ``first_step``) by the gaps before each of their tokens, the first
@@ -102,15 +95,16 @@ def remove_requests(replica, step_ends=None) -> list[tuple]:
     Returns ``(request, handles, tokens whose KV was dropped)`` per request, ``handles`` as
     :meth:`~simsched.engine.replica.Replica.add` took them; a request's decode runs there are
     turned into token gaps, so its token times stay right wherever it goes next. The decode
-    steps' end times come from the replica's iteration log (:func:`decode_step_ends`), or are
-    ``step_ends``, ``(first step, its end and the later ones' as an array)``, where a streamed
-    run has written part of the log out already.
+    steps' end times come from the replica's iteration log
+    (:func:`~simsched.engine.log.log_step_ends`), or are ``step_ends``, ``(first step, its end
+    and the later ones' as an array)``, where a streamed run has written part of the log out
+    already.
     """
     taken = replica.scheduler.take_all()
     taken += [(req, 0) for _, req in replica.pending]
     replica.pending.clear()
     first, ends = step_ends if step_ends is not None \
-        else (0, decode_step_ends(replica.iteration_rows))
+        else (0, log_step_ends(replica.iteration_rows))
     out = []
     for req, lost in taken:
         runs_as_gaps(req, ends, first)
