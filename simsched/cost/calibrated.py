@@ -207,6 +207,12 @@ class CalibratedCostModel:
             shared = 0.0 + (_extend(self._per_token, n) + _extend(self._per_seq, n))
             dec_a, dec_s = _extend(self._dec_a, n), self._dec_s[-1]
         sat_a, sat_s = self._sat_a, self._sat_s
+        if self._general:           # the iteration's sync, serial time and floor, read once
+            sync = self._sync
+            if n < size:
+                serial, floor_all = self._serial[n], self._floor[n]
+            else:
+                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
         contexts = range(first_context_sum, first_context_sum + n * num_steps, n) if n else \
             [first_context_sum] * num_steps
         # Where the decode term is above its floor by a clear margin at both ends of the range
@@ -218,11 +224,6 @@ class CalibratedCostModel:
                 and dec_a + dec_s * last - (sat_a + sat_s * last) > 1e-9 and dec_s >= 0:
             if not self._general:
                 return [shared + (dec_a + dec_s * c) for c in contexts]
-            sync = self._sync
-            if n < size:                    # self._at(table, n), inlined: once per run
-                serial, floor_all = self._serial[n], self._floor[n]
-            else:
-                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
             if shared + (dec_a + dec_s * first_context_sum) + sync > floor_all:
                 return [shared + (dec_a + dec_s * c) + sync + serial for c in contexts]
         times = []
@@ -232,7 +233,6 @@ class CalibratedCostModel:
                 floor = sat_a + sat_s * ctx
                 times.append(shared + (d if d > floor else floor))
             return times
-        floor_all, serial, sync = self._at(self._floor, n), self._at(self._serial, n), self._sync
         for ctx in contexts:
             d = dec_a + dec_s * ctx
             floor = sat_a + sat_s * ctx

@@ -71,11 +71,6 @@ class QuietRun:
         self.entry = None
         self.event = None
 
-    @property
-    def end(self) -> float:
-        """When the last planned step ends."""
-        return self.times[-1]
-
 
 _TIME_METHODS = ("iteration_time", "_gpu_time", "_whole_iteration")
 

@@ -237,7 +237,7 @@ class Replica:
                 run = quiet.plan(now, ulp_below, ulp_floor)
                 if run is not None:
                     # Quiet decode steps, one clock event for all (simsched.engine.quiet).
-                    end = run.times[-1]         # run.end, without the call
+                    end = run.times[-1]         # its last planned step's end
                     if queue and queue[0][0] <= end:
                         yield quiet.wait(run)
                     else:
