@@ -132,6 +132,7 @@ class CalibratedCostModel:
         self._dec_a, self._dec_s = k.dec_a.tolist(), k.dec_s.tolist()
         self._sat_a, self._sat_s = k.sat_a, k.sat_s
         self._size = size
+        self._decode_terms: dict = {}   # batch size -> decode_iteration_times' shared terms
 
     def describe(self) -> str:
         """One line: model, GPU, TP, where the kernel times come from (measured, derived or
@@ -196,38 +197,33 @@ class CalibratedCostModel:
         """:meth:`iteration_time` of ``num_steps`` decode-only batches of ``num_seqs`` sequences,
         the first with ``first_context_sum`` context tokens, each next with ``num_seqs`` more:
         the same floats (the same operations in the same order as :meth:`_gpu_time` and
-        :meth:`_whole_iteration`), with the table reads the batches share done once. Quiet
-        decode steps are timed with it (:mod:`simsched.engine.quiet`)."""
+        :meth:`_whole_iteration`), with the table reads the batches share done once per batch
+        size (:meth:`_decode_terms_of`). Quiet decode steps are timed with it
+        (:mod:`simsched.engine.quiet`)."""
         n = num_seqs
-        size = self._size
-        if n < size:
-            shared = 0.0 + (self._per_token[n] + self._per_seq[n])
-            dec_a, dec_s = self._dec_a[n], self._dec_s[n]
+        terms = self._decode_terms.get(n)
+        if terms is None:
+            terms = self._decode_terms_of(n)
+        shared, dec_a, dec_s, sat_a, sat_s, sync, serial, floor_all = terms
+        first = first_context_sum
+        if n:
+            contexts = range(first, first + n * num_steps, n)
+            last = first + n * (num_steps - 1)
         else:
-            shared = 0.0 + (_extend(self._per_token, n) + _extend(self._per_seq, n))
-            dec_a, dec_s = _extend(self._dec_a, n), self._dec_s[-1]
-        sat_a, sat_s = self._sat_a, self._sat_s
-        if self._general:           # the iteration's sync, serial time and floor, read once
-            sync = self._sync
-            if n < size:
-                serial, floor_all = self._serial[n], self._floor[n]
-            else:
-                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
-        contexts = range(first_context_sum, first_context_sum + n * num_steps, n) if n else \
-            [first_context_sum] * num_steps
+            contexts = [first] * num_steps
+            last = first
         # Where the decode term is above its floor by a clear margin at both ends of the range
         # (the difference is linear in the context, so it is above in between; each term's
         # rounding is ~1e-18 s), and the first step is above the iteration floor (the times
         # grow with the context), no step takes a floor: the same sums, without the tests.
-        last = contexts[-1]
-        if dec_a + dec_s * first_context_sum - (sat_a + sat_s * first_context_sum) > 1e-9 \
+        if dec_a + dec_s * first - (sat_a + sat_s * first) > 1e-9 \
                 and dec_a + dec_s * last - (sat_a + sat_s * last) > 1e-9 and dec_s >= 0:
-            if not self._general:
+            if sync is None:
                 return [shared + (dec_a + dec_s * c) for c in contexts]
-            if shared + (dec_a + dec_s * first_context_sum) + sync > floor_all:
+            if shared + (dec_a + dec_s * first) + sync > floor_all:
                 return [shared + (dec_a + dec_s * c) + sync + serial for c in contexts]
         times = []
-        if not self._general:
+        if sync is None:
             for ctx in contexts:
                 d = dec_a + dec_s * ctx
                 floor = sat_a + sat_s * ctx
@@ -239,6 +235,29 @@ class CalibratedCostModel:
             t = shared + (d if d > floor else floor) + sync
             times.append((t if t > floor_all else floor_all) + serial)
         return times
+
+    def _decode_terms_of(self, n: int) -> tuple:
+        """What every decode-only batch of ``n`` sequences shares, read from the tables once
+        and kept: ``(per-token and per-sequence time, decode intercept and slope, the decode
+        floor's intercept and slope, sync, serial time, iteration floor)``, the last three None
+        without the general path's terms."""
+        size = self._size
+        if n < size:
+            shared = 0.0 + (self._per_token[n] + self._per_seq[n])
+            dec_a, dec_s = self._dec_a[n], self._dec_s[n]
+        else:
+            shared = 0.0 + (_extend(self._per_token, n) + _extend(self._per_seq, n))
+            dec_a, dec_s = _extend(self._dec_a, n), self._dec_s[-1]
+        sync = serial = floor_all = None
+        if self._general:
+            sync = self._sync
+            if n < size:
+                serial, floor_all = self._serial[n], self._floor[n]
+            else:
+                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
+        terms = (shared, dec_a, dec_s, self._sat_a, self._sat_s, sync, serial, floor_all)
+        self._decode_terms[n] = terms
+        return terms
 
     def _whole_iteration(self, batch: Batch) -> float:
         new = batch.prefill_new_tokens
