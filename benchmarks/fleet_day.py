@@ -11,14 +11,17 @@ hours, real clock, or ``--hours`` from ``--start-hour``: a busy slice, at the sa
 streamed to Parquet under ``--out`` (``simulate(..., stream_to=...)``), router
 ``least_tokens``. ``--autoscale`` adds a threshold autoscaler (running requests per replica at
 70 % of capacity, 30 s delay). Prints requests, iterations, wall time, peak RSS, and the rates
-per request and per replica-iteration, so a full day can be extrapolated from a shorter run.
+per request and per replica-iteration, so a full day can be extrapolated from a shorter run, and
+the interpreter that ran it (its build changes the time as much as a code change does).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import platform
 import shutil
+import sys
 import tempfile
 import time
 
@@ -89,6 +92,9 @@ def main(argv=None) -> None:
     print(f"wall {wall:.1f} s ({wall / n * 1e6:.1f} us per request, "
           f"{wall / iterations * 1e6:.2f} us per iteration), CPU {cpu:.1f} s; peak RSS "
           f"{peak_rss_mb():.0f} MiB (before the run: {before:.0f} MiB)")
+    # The interpreter's build matters as much as a code change: say which one ran.
+    print(f"Python {platform.python_version()} ({sys.executable}; "
+          f"{' '.join(platform.python_build())})")
     if auto is not None:
         print(f"fleet cost {run.info['fleet_cost']:.1f} ({run.info['fleet_replica_hours']:.1f} "
               f"replica-hours)")

@@ -22,7 +22,7 @@ from simsched.config.cluster import ClusterConfig
 from simsched.cost.base import Batch, UnitCostModel, LinearCostModel
 from simsched.cost.calibrated import CalibratedCostModel
 from simsched.engine import quiet
-from simsched.engine.simpy_fast import LATE, clock_event, move_earlier
+from simsched.engine.simpy_fast import LATE, iteration_clock, move_earlier
 from simsched.workloads.workload import WorkloadConfig
 
 
@@ -189,7 +189,8 @@ def test_a_subclass_overriding_the_time_loses_the_promises():
 def test_move_earlier_keeps_the_heap_and_the_event_order():
     env = simpy.Environment()
     queue, ids = [], itertools.count()
-    entries = [(t, LATE, next(ids), clock_event(env)) for t in (5.0, 1.0, 3.0, 9.0, 7.0, 2.0)]
+    entries = [(t, LATE, next(ids), iteration_clock(env)[2])
+               for t in (5.0, 1.0, 3.0, 9.0, 7.0, 2.0)]
     for e in entries:
         heapq.heappush(queue, e)
     moved = (0.5, LATE, next(ids), entries[3][3])

@@ -45,7 +45,7 @@ from itertools import accumulate
 
 from simsched.cost.base import Batch
 from simsched.engine.scheduler import Scheduler
-from simsched.engine.simpy_fast import LATE, clock_event, iteration_clock, move_earlier
+from simsched.engine.simpy_fast import LATE, iteration_clock, move_earlier
 
 #: Most quiet steps planned in one run. A longer run saves loop turns, and an arrival wastes
 #: the plans of the steps after it: 48 cost fewest instructions of 16 to 128 on a 64-replica
@@ -127,7 +127,9 @@ class QuietSteps:
         self.checked = not promised(replica.cost_model, "decode_iteration_times")
         self.asynchronous = replica.async_scheduling
         self.env = replica.env
-        self.queue, self.eid, _ = iteration_clock(replica.env)    # the heap and event ids
+        # The heap, the event ids and the event every run's end reuses: a run's end is processed
+        # before the loop plans the next run, so one run at a time holds it.
+        self.queue, self.eid, self.event = iteration_clock(replica.env)
         self.scheduler.track_due_steps()
         self.run: QuietRun | None = None        # the run the loop waits on, if any
 
@@ -179,7 +181,8 @@ class QuietSteps:
     def wait(self, run: QuietRun):
         """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
         the loop yields; :meth:`cut` may move it earlier."""
-        run.event = event = clock_event(self.env)
+        run.event = event = self.event
+        event.callbacks = []            # pending again (the loop's resume goes in it)
         run.entry = entry = (run.times[-1], LATE, next(self.eid), event)
         heappush(self.queue, entry)
         self.run = run

@@ -37,8 +37,8 @@ What each replaces, and why the result is the same:
   internal outside this module: a call here would cost every iteration; SimPy would process the
   loop's timeout next and set the same time); otherwise it pushes its reusable iteration-end event
   on the heap at ``end`` with priority LATE, as ``env.schedule`` would at ``now + delay``.
-* :func:`clock_event` and :func:`move_earlier`: a run of quiet decode steps
-  (:mod:`simsched.engine.quiet`) waits on one such event pushed at the run's end; an arrival that
+* :func:`move_earlier`: a run of quiet decode steps (:mod:`simsched.engine.quiet`) waits on a
+  reusable event of :func:`iteration_clock`'s kind pushed at the run's end; an arrival that
   ends the run sooner moves the event's heap entry earlier in place (a decrease-key: the entry is
   replaced and sifted towards the root), so no entry is left behind to move the clock later.
 * :func:`run` replaces ``env.run()`` (no ``until``): the same loop over the heap as
@@ -54,7 +54,7 @@ import heapq
 import simpy
 from simpy.core import NORMAL, URGENT, StopSimulation
 
-__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess", "clock_event",
+__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess",
            "done_event", "iteration_clock", "late", "move_earlier", "request_starter", "run"]
 
 # SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
@@ -222,14 +222,6 @@ def iteration_clock(env: simpy.Environment) -> tuple[list, object, simpy.Event]:
     event = _new_event(simpy.Event)
     event.env, event.callbacks, event._value, event._ok = env, None, None, True
     return env._queue, env._eid, event
-
-
-def clock_event(env: simpy.Environment) -> simpy.Event:
-    """A fresh triggered event for the GPU loop to push on the heap itself and yield (see
-    :func:`iteration_clock`; a quiet run's end, :mod:`simsched.engine.quiet`)."""
-    event = _new_event(simpy.Event)
-    event.env, event.callbacks, event._value, event._ok = env, [], None, True
-    return event
 
 
 def move_earlier(queue: list, old: tuple, new: tuple) -> None:
