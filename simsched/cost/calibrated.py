@@ -241,20 +241,14 @@ class CalibratedCostModel:
         and kept: ``(per-token and per-sequence time, decode intercept and slope, the decode
         floor's intercept and slope, sync, serial time, iteration floor)``, the last three None
         without the general path's terms."""
-        size = self._size
-        if n < size:
-            shared = 0.0 + (self._per_token[n] + self._per_seq[n])
-            dec_a, dec_s = self._dec_a[n], self._dec_s[n]
-        else:
-            shared = 0.0 + (_extend(self._per_token, n) + _extend(self._per_seq, n))
-            dec_a, dec_s = _extend(self._dec_a, n), self._dec_s[-1]
+        at = self._at
+        shared = 0.0 + (at(self._per_token, n) + at(self._per_seq, n))
+        # Past the table the slope is its last value (as _gpu_time has it), not extrapolated.
+        dec_a = at(self._dec_a, n)
+        dec_s = self._dec_s[n] if n < self._size else self._dec_s[-1]
         sync = serial = floor_all = None
         if self._general:
-            sync = self._sync
-            if n < size:
-                serial, floor_all = self._serial[n], self._floor[n]
-            else:
-                serial, floor_all = _extend(self._serial, n), _extend(self._floor, n)
+            sync, serial, floor_all = self._sync, at(self._serial, n), at(self._floor, n)
         terms = (shared, dec_a, dec_s, self._sat_a, self._sat_s, sync, serial, floor_all)
         self._decode_terms[n] = terms
         return terms

@@ -58,10 +58,10 @@ _NONE: list = []        # no request finished (never appended to)
 class QuietRun:
     """One run of planned quiet steps: ``times`` (the first step's start, then each step's end),
     ``durations``, how many steps were planned and how many to take, whether a decoder finishes
-    at the last planned one, and the run's end event and its heap entry (None while the loop
-    has not waited on it)."""
+    at the last planned one, and the heap entry of its end (None while the loop has not waited
+    on it; the entry's event is the planner's, one per replica)."""
 
-    __slots__ = ("times", "durations", "num_planned", "num_steps", "finishes", "entry", "event")
+    __slots__ = ("times", "durations", "num_planned", "num_steps", "finishes", "entry")
 
     def __init__(self, times: list, durations: list, finishes: bool) -> None:
         self.times = times
@@ -69,7 +69,6 @@ class QuietRun:
         self.num_planned = self.num_steps = len(durations)
         self.finishes = finishes    # a decoder's last token is the last planned step's
         self.entry = None
-        self.event = None
 
 
 _TIME_METHODS = ("iteration_time", "_gpu_time", "_whole_iteration")
@@ -181,7 +180,7 @@ class QuietSteps:
     def wait(self, run: QuietRun):
         """Schedule ``run``'s end on the clock (LATE, as an iteration's end) and return the event
         the loop yields; :meth:`cut` may move it earlier."""
-        run.event = event = self.event
+        event = self.event
         event.callbacks = []            # pending again (the loop's resume goes in it)
         run.entry = entry = (run.times[-1], LATE, next(self.eid), event)
         heappush(self.queue, entry)
@@ -200,7 +199,7 @@ class QuietSteps:
             m = bisect_left(times, now, 1, run.num_steps + 1)
         if m < run.num_steps:
             run.num_steps = m
-            entry = (times[m], LATE, next(self.eid), run.event)
+            entry = (times[m], LATE, next(self.eid), self.event)
             move_earlier(self.queue, run.entry, entry)
             run.entry = entry
 
