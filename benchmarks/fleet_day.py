@@ -1,6 +1,6 @@
 """A fleet over a day: wall time and peak memory of a streamed 64-replica ServeGen day.
 
-``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0]
+``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0] [--loop simsched|floor|both]
 [--utilisation 0.5] [--autoscale] [--out DIR]``
 
 Llama-2-7B replicas on A100-80GB (calibrated cost model, default engine), prompts uniform in
@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from benchmarks.cluster import floor_run
 from benchmarks.common import peak_rss_mb
 from simsched import SimConfig, simulate
 from simsched.config.autoscaling import AutoscalingConfig
@@ -41,8 +42,8 @@ def lengths(args, **changes) -> WorkloadConfig:
                           output_range=tuple(args.output_range), **changes)
 
 
-def main(argv=None) -> None:
-    """Calibrate one replica, run the streamed fleet, print the figures."""
+def parser() -> argparse.ArgumentParser:
+    """The command line (shared with ``benchmarks.bytecodes``, which runs the same slice)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=64)
     p.add_argument("--hours", type=float, default=24.0)
@@ -54,8 +55,12 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
     p.add_argument("--autoscale", action="store_true")
-    p.add_argument("--out", help="stream directory (default: a temporary one, removed)")
-    args = p.parse_args(argv)
+    return p
+
+
+def fleet_config(args) -> tuple:
+    """Calibrate one replica (its capacity on the benchmark's lengths) and build the fleet's
+    config: ``(config, capacity in req/s, mean offered rate, autoscaling config or None)``."""
     base = SimConfig(workload=lengths(args))
     sat = simulate(base.replace(workload=lengths(args, rate=40.0, duration=120.0)))
     capacity = sat.summary()["request_throughput"]
@@ -77,6 +82,11 @@ def main(argv=None) -> None:
                                  max_replicas=args.replicas, price_per_hour=2.0)
     cfg = dataclasses.replace(base, workload=workload, cluster=ClusterConfig(
         num_replicas=args.replicas, router="least_tokens", autoscaling=auto))
+    return cfg, capacity, rate, auto
+
+
+def run_simsched(args, cfg, capacity: float, rate: float, auto) -> float:
+    """Run the streamed fleet, print its figures and return its wall time."""
     out = args.out or tempfile.mkdtemp(prefix="fleet_day_")
     before = peak_rss_mb()
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -92,14 +102,45 @@ def main(argv=None) -> None:
     print(f"wall {wall:.1f} s ({wall / n * 1e6:.1f} us per request, "
           f"{wall / iterations * 1e6:.2f} us per iteration), CPU {cpu:.1f} s; peak RSS "
           f"{peak_rss_mb():.0f} MiB (before the run: {before:.0f} MiB)")
-    # The interpreter's build matters as much as a code change: say which one ran.
-    print(f"Python {platform.python_version()} ({sys.executable}; "
-          f"{' '.join(platform.python_build())})")
     if auto is not None:
         print(f"fleet cost {run.info['fleet_cost']:.1f} ({run.info['fleet_replica_hours']:.1f} "
               f"replica-hours)")
     if args.out is None:
         shutil.rmtree(out, ignore_errors=True)
+    return wall
+
+
+def run_floor(cfg, wall: float | None) -> None:
+    """Run :mod:`benchmarks.floor`'s bare SimPy loop on ``cfg``'s requests and print its time
+    (and its ratio to simsched's ``wall``, if given)."""
+    started = time.perf_counter()
+    bare = floor_run(cfg)
+    floor_wall = time.perf_counter() - started
+    ratio = f": {floor_wall / wall:.2f}x simsched's time" if wall else ""
+    print(f"bare SimPy loop (benchmarks.floor, round robin): wall {floor_wall:.1f} s "
+          f"({floor_wall / bare['requests'] * 1e6:.1f} us per request, "
+          f"{floor_wall / bare['iterations'] * 1e6:.2f} us per iteration; {bare['requests']} "
+          f"requests, {bare['iterations']} iterations){ratio}; peak RSS {peak_rss_mb():.0f} MiB")
+
+
+def main(argv=None) -> None:
+    """Calibrate one replica, run the streamed fleet (or the bare loop), print the figures."""
+    p = parser()
+    p.add_argument("--out", help="stream directory (default: a temporary one, removed)")
+    # The least a SimPy simulator with one event per iteration does on the same requests
+    # (benchmarks.floor: dealt round robin, KV reserved at admission, no log, no frames).
+    p.add_argument("--loop", choices=("simsched", "floor", "both"), default="simsched",
+                   help="floor: benchmarks.floor's bare SimPy loop on the same requests")
+    args = p.parse_args(argv)
+    cfg, capacity, rate, auto = fleet_config(args)
+    wall = None
+    if args.loop != "floor":
+        wall = run_simsched(args, cfg, capacity, rate, auto)
+    if args.loop != "simsched":
+        run_floor(cfg, wall)
+    # The interpreter's build matters as much as a code change: say which one ran.
+    print(f"Python {platform.python_version()} ({sys.executable}; "
+          f"{' '.join(platform.python_build())})")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,52 @@ def test_stream_rejects_what_it_cannot_stream(tmp_path):
         stream.read_stream(tmp_path / "nothing")
 
 
+def test_stream_without_pyarrow_says_what_to_install_before_running(tmp_path, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *args, **kwargs):
+        if name == "pyarrow" or name.startswith("pyarrow."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    cfg = SimConfig(workload=WORKLOAD)
+    with pytest.raises(ImportError, match=r"needs pyarrow: pip install 'simsched\[parquet\]'"):
+        simulate(cfg, stream_to=tmp_path / "run")
+    assert not (tmp_path / "run").exists()          # nothing started
+
+
+def test_stream_writes_parts_on_the_run_thread(tmp_path, monkeypatch):
+    # pandas' to_parquet has pyarrow convert a large frame's columns on a thread pool; a
+    # streamed run writes its parts on its own thread, keeping frames and attrs as pandas does.
+    import concurrent.futures
+    submitted = []
+    real_submit = concurrent.futures.ThreadPoolExecutor.submit
+
+    def submit(self, *args, **kwargs):
+        submitted.append(args[0])
+        return real_submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", submit)
+    frame = pd.DataFrame({f"c{i}": [0.5 * k for k in range(5000)] for i in range(8)})
+    frame.attrs["unit"] = "s"
+    stream._write_parquet(frame, tmp_path / "f.parquet")
+    assert not submitted
+    back = pd.read_parquet(tmp_path / "f.parquet")
+    pd.testing.assert_frame_equal(back, frame)
+    assert back.attrs == {"unit": "s"}
+    import pyarrow as pa
+    cpus = pa.cpu_count()
+    pa.set_cpu_count(max(cpus, 2))          # pyarrow pools only where it sees several CPUs
+    try:
+        frame.to_parquet(tmp_path / "g.parquet")      # pandas' own way does use the pool
+    finally:
+        pa.set_cpu_count(cpus)
+    assert submitted
+    assert (tmp_path / "f.parquet").read_bytes() == (tmp_path / "g.parquet").read_bytes()
+
+
 def test_cli_run_stream_writes_parquet(tmp_path, capsys):
     from simsched.cli import main
     assert main(["run", "--workload", "lesson", "--num-requests", "200", "--stream",

@@ -61,6 +61,7 @@ class StreamingRequests:
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
+        _require_pyarrow()          # before the run, not at its first write
         self.arrival = np.asarray(arrival, dtype=float)
         self.prompt = _narrow(prompt)
         self.output = _narrow(output)
@@ -151,9 +152,9 @@ class StreamingRequests:
         frame["replica"] = np.asarray(owners, dtype=np.int64)[frame["replica"].to_numpy()]
         name = f"part-{self.iteration_parts:06d}.parquet"
         # Dictionary encoding only where it pays (counts).
-        frame.to_parquet(self.path / "iterations" / name,
-                         use_dictionary=[c for c in frame.columns
-                                         if c == "replica" or _is_count(c)])
+        _write_parquet(frame, self.path / "iterations" / name,
+                       use_dictionary=[c for c in frame.columns
+                                       if c == "replica" or _is_count(c)])
         self.iteration_parts += 1
         _release_arrow_memory()
 
@@ -196,9 +197,9 @@ class StreamingRequests:
             chunk = {i: moves[i] for i in ids.tolist() if i in moves}
             frame["num_migrations"] = migrations_column(frame["request_id"].to_numpy(), chunk)
         name = f"part-{self.parts:05d}.parquet"
-        frame.to_parquet(self.path / "requests" / name)
+        _write_parquet(frame, self.path / "requests" / name)
         if len(causes):
-            causes.to_parquet(self.path / "preemptions" / name)
+            _write_parquet(causes, self.path / "preemptions" / name)
         _release_arrow_memory()
         self._summarise(frame)
 
@@ -278,6 +279,28 @@ def _narrow(values) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _require_pyarrow() -> None:
+    """Streaming writes Parquet: say what to install if pyarrow is missing."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ImportError("stream_to writes Parquet files and needs pyarrow: "
+                          "pip install 'simsched[parquet]'") from None
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path, **options) -> None:
+    """``frame.to_parquet(path, **options)``, its columns converted on this thread: pandas has
+    pyarrow convert a large frame's columns on a pool of threads, which a run meant to use one
+    core should not do (the file is the same)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.Table.from_pandas(frame, nthreads=1)
+    if frame.attrs:                 # kept as pandas keeps them, for read_parquet to restore
+        table = table.replace_schema_metadata({**table.schema.metadata,
+                                               "PANDAS_ATTRS": json.dumps(frame.attrs)})
+    pq.write_table(table, path, **options)
+
+
 def _release_arrow_memory() -> None:
     """Have pyarrow's allocator hand the pages of the part just written back to the OS.
 
@@ -286,7 +309,7 @@ def _release_arrow_memory() -> None:
     also hold what its biggest writes needed: a 1 h fleet run peaked 30 MiB lower with this.
     """
     try:
-        import pyarrow as pa                 # imported by to_parquet already
+        import pyarrow as pa                 # imported by _write_parquet already
     except ImportError:
         return
     pa.default_memory_pool().release_unused()
@@ -338,10 +361,10 @@ def read_stream(path) -> dict[str, pd.DataFrame]:
 def write_end(store: StreamingRequests, extra: dict, info: dict) -> StreamedRun:
     """Write the end-of-run files (``extra`` frames, ``info``) and return the run's handle."""
     windows = store.windows_frame()
-    windows.to_parquet(store.path / "windows.parquet")
+    _write_parquet(windows, store.path / "windows.parquet")
     for name, frame in extra.items():
         if frame is not None:
-            frame.to_parquet(store.path / f"{name}.parquet")
+            _write_parquet(frame, store.path / f"{name}.parquet")
     plain = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
              for k, v in info.items() if isinstance(v, (int, float, str, list))}
     (store.path / "info.json").write_text(json.dumps(plain, indent=1))
