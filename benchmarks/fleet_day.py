@@ -1,7 +1,7 @@
 """A fleet over a day: wall time and peak memory of a streamed 64-replica ServeGen day.
 
-``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0] [--loop simsched|floor|both]
-[--utilisation 0.5] [--autoscale] [--out DIR]``
+``python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--start-hour 0]
+[--utilisation 0.5] [--autoscale] [--out DIR] [--loop simsched|floor|both]``
 
 Llama-2-7B replicas on A100-80GB (calibrated cost model, default engine), prompts uniform in
 ``--prompt-range``, outputs in ``--output-range``. One replica's capacity on those lengths is
@@ -13,6 +13,9 @@ streamed to Parquet under ``--out`` (``simulate(..., stream_to=...)``), router
 70 % of capacity, 30 s delay). Prints requests, iterations, wall time, peak RSS, and the rates
 per request and per replica-iteration, so a full day can be extrapolated from a shorter run, and
 the interpreter that ran it (its build changes the time as much as a code change does).
+``--loop floor`` replays the same requests in :mod:`benchmarks.floor`'s bare SimPy loop instead
+(one event per iteration, requests dealt round robin, no log or frames: the least a SimPy
+simulator does on them), ``--loop both`` runs simsched and then the bare loop.
 """
 
 from __future__ import annotations
