@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     p.set_defaults(hours=0.02, start_hour=14.0)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
-    cfg, capacity, rate, _ = fleet_config(args)
+    cfg = fleet_config(args)[0]
     ops, calls, n, iterations = count(cfg)
     by_name: collections.Counter = collections.Counter()
     calls_by_name: collections.Counter = collections.Counter()

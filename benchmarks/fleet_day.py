@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
 
 def fleet_config(args) -> tuple:
     """Calibrate one replica (its capacity on the benchmark's lengths) and build the fleet's
-    config: ``(config, capacity in req/s, mean offered rate, autoscaling config or None)``."""
+    config: ``(config, capacity in req/s, mean offered rate)``."""
     base = SimConfig(workload=lengths(args))
     sat = simulate(base.replace(workload=lengths(args, rate=40.0, duration=120.0)))
     capacity = sat.summary()["request_throughput"]
@@ -85,10 +85,10 @@ def fleet_config(args) -> tuple:
                                  max_replicas=args.replicas, price_per_hour=2.0)
     cfg = dataclasses.replace(base, workload=workload, cluster=ClusterConfig(
         num_replicas=args.replicas, router="least_tokens", autoscaling=auto))
-    return cfg, capacity, rate, auto
+    return cfg, capacity, rate
 
 
-def run_simsched(args, cfg, capacity: float, rate: float, auto) -> float:
+def run_simsched(args, cfg, capacity: float, rate: float) -> float:
     """Run the streamed fleet, print its figures and return its wall time."""
     out = args.out or tempfile.mkdtemp(prefix="fleet_day_")
     before = peak_rss_mb()
@@ -105,7 +105,7 @@ def run_simsched(args, cfg, capacity: float, rate: float, auto) -> float:
     print(f"wall {wall:.1f} s ({wall / n * 1e6:.1f} us per request, "
           f"{wall / iterations * 1e6:.2f} us per iteration), CPU {cpu:.1f} s; peak RSS "
           f"{peak_rss_mb():.0f} MiB (before the run: {before:.0f} MiB)")
-    if auto is not None:
+    if cfg.cluster.autoscaling is not None:
         print(f"fleet cost {run.info['fleet_cost']:.1f} ({run.info['fleet_replica_hours']:.1f} "
               f"replica-hours)")
     if args.out is None:
@@ -135,10 +135,10 @@ def main(argv=None) -> None:
     p.add_argument("--loop", choices=("simsched", "floor", "both"), default="simsched",
                    help="floor: benchmarks.floor's bare SimPy loop on the same requests")
     args = p.parse_args(argv)
-    cfg, capacity, rate, auto = fleet_config(args)
+    cfg, capacity, rate = fleet_config(args)
     wall = None
     if args.loop != "floor":
-        wall = run_simsched(args, cfg, capacity, rate, auto)
+        wall = run_simsched(args, cfg, capacity, rate)
     if args.loop != "simsched":
         run_floor(cfg, wall)
     # The interpreter's build matters as much as a code change: say which one ran.

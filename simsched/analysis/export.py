@@ -80,14 +80,19 @@ def write_frames(frames: Mapping[str, pd.DataFrame], directory, fmt: str = "csv"
         if fmt == "csv":
             frame.to_csv(target, index=False)
         else:
-            try:
-                import pyarrow  # noqa: F401
-            except ImportError:
-                raise ImportError("Parquet export needs pyarrow: pip install 'simsched[parquet]'"
-                                  ) from None
+            require_pyarrow("Parquet export")
             _parquet_safe(frame).to_parquet(target, index=False)
         written.append(target)
     return written
+
+
+def require_pyarrow(what: str) -> None:
+    """Raise an ImportError saying that ``what`` needs pyarrow and how to install it, if it is
+    missing (pyarrow is an optional extra)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ImportError(f"{what} needs pyarrow: pip install 'simsched[parquet]'") from None
 
 
 def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:

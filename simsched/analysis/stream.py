@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simsched.analysis.export import require_pyarrow
 from simsched.analysis.fleet_metrics import migrations_column
 from simsched.analysis.frames import _STR, _TEXT_COLUMNS, build_requests_frame
 from simsched.cluster.lazy import LazyRequests
@@ -61,7 +62,7 @@ class StreamingRequests:
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
-        _require_pyarrow()          # before the run, not at its first write
+        require_pyarrow("stream_to (it writes Parquet)")   # before the run, not at a write
         self.arrival = np.asarray(arrival, dtype=float)
         self.prompt = _narrow(prompt)
         self.output = _narrow(output)
@@ -279,15 +280,6 @@ def _narrow(values) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _require_pyarrow() -> None:
-    """Streaming writes Parquet: say what to install if pyarrow is missing."""
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise ImportError("stream_to writes Parquet files and needs pyarrow: "
-                          "pip install 'simsched[parquet]'") from None
-
-
 def _write_parquet(frame: pd.DataFrame, path: Path, **options) -> None:
     """``frame.to_parquet(path, **options)``, its columns converted on this thread: pandas has
     pyarrow convert a large frame's columns on a pool of threads, which a run meant to use one
@@ -308,10 +300,7 @@ def _release_arrow_memory() -> None:
     writer's buffers come from it (whatever pool Python code sets), so a streamed run would
     also hold what its biggest writes needed: a 1 h fleet run peaked 30 MiB lower with this.
     """
-    try:
-        import pyarrow as pa                 # imported by _write_parquet already
-    except ImportError:
-        return
+    import pyarrow as pa            # there: a store is only made with it (require_pyarrow)
     pa.default_memory_pool().release_unused()
 
 

@@ -125,7 +125,6 @@ class QuietSteps:
         # A model's own decode_iteration_times returns floats; any other's times are checked.
         self.checked = not promised(replica.cost_model, "decode_iteration_times")
         self.asynchronous = replica.async_scheduling
-        self.env = replica.env
         # The heap, the event ids and the event every run's end reuses: a run's end is processed
         # before the loop plans the next run, so one run at a time holds it.
         self.queue, self.eid, self.event = iteration_clock(replica.env)
