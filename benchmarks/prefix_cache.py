@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 
 from simsched import SimConfig, simulate
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments
 from simsched.workloads.workload import WorkloadConfig, generate

@@ -1,6 +1,6 @@
 """Tiered KV cache: hit rate and TTFT with CPU, SSD and a shared remote store below the GPU.
 
-Four studies (simsched.engine.kv_tiers; docs/kv_tiers.md)::
+Four studies (simsched.engine.kv.tiers; docs/kv_tiers.md)::
 
     python -m experiments.kv_tiers [--out out/kv_tiers] [--quick]
 

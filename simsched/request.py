@@ -30,7 +30,7 @@ class Request:
     output alike (a prefix-cache hit counts as computed); each iteration grants a request some
     tokens: a prefill chunk or one decode token. Decoding progress is kept lazily (the scheduler
     advances all decoders with one counter), so read ``num_generated`` and the computed tokens
-    through :class:`~simsched.engine.scheduler.Scheduler` helpers (``num_generated``,
+    through :class:`~simsched.engine.scheduler.core.Scheduler` helpers (``num_generated``,
     ``num_cached``) while a request decodes; after it stops they are exact.
     """
 

@@ -7,10 +7,10 @@ from simsched.config import SchedulerConfig, SimConfig
 from simsched.api import make_requests
 from simsched.cluster.cluster import Cluster
 from simsched.cost.base import UnitCostModel
-from simsched.engine.constraints import (AdmissionConstraint, KVBlocks, PrefillSlots, SeqSlots,
+from simsched.engine.scheduler.constraints import (AdmissionConstraint, KVBlocks, PrefillSlots, SeqSlots,
                                          TokenBudget)
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.scheduler.core import Scheduler
 from simsched.request import Request, Status
 
 

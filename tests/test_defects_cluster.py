@@ -14,7 +14,7 @@ import pytest
 import simsched
 from simsched.api import simulate_checked
 from simsched.config import ClusterConfig, SimConfig
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.request import Content, Request
 
 COLUMNS = ["arrival_at", "num_prompt_tokens", "num_output_tokens"]

@@ -295,7 +295,7 @@ def test_experiment_quick_runs(tmp_path):
 def test_invariants_catch_a_request_left_on_the_prefill_replica(monkeypatch):
     # A broken hand-off that never frees the prefill side leaves the request on two replicas.
     from simsched.engine.invariants import InvariantError
-    from simsched.engine.scheduler import Scheduler
+    from simsched.engine.scheduler.core import Scheduler
 
     monkeypatch.setattr(Scheduler, "release_held", lambda self, req: 0)
     cfg = _cfg(num_replicas=2).replace(cluster=ClusterConfig(num_replicas=2,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-ENGINE = Path(__file__).resolve().parent.parent / "simsched" / "engine"
+ENGINE = Path(__file__).resolve().parent.parent / "simsched" / "engine" / "scheduler"
 # module -> (class, layer): a part may call only parts of lower layers (and itself)
 PARTS = {"decode": ("DecodeMixin", 0), "preemption": ("PreemptionMixin", 1),
          "handoff": ("HandoffMixin", 1), "admission": ("AdmissionMixin", 2),
-         "scheduler": ("Scheduler", 3),
+         "core": ("Scheduler", 3),
          # plan_ahead's schedule wraps the class's (type(self).schedule, not a call up)
          "plan_ahead": ("PlanAheadMixin", 2)}
 
@@ -56,7 +56,7 @@ def test_parts_call_down_only(module):
 
 
 def test_only_the_scheduler_declares_fields():
-    declared = {sub.attr for sub in ast.walk(_class("scheduler")) if isinstance(sub, ast.Attribute)
+    declared = {sub.attr for sub in ast.walk(_class("core")) if isinstance(sub, ast.Attribute)
                 and isinstance(sub.ctx, ast.Store)}
     for module in PARTS:
         read, changed = _self_attrs(_class(module))

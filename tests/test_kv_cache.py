@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simsched.engine.kv_cache import KVCacheError, KVCacheManager
+from simsched.engine.kv.cache import KVCacheError, KVCacheManager
 
 
 def test_blocks_are_ceil_of_tokens():

@@ -4,9 +4,9 @@ private one never matches, and the scheduler asks a manager nothing else."""
 import pytest
 
 from simsched.config import SchedulerConfig
-from simsched.engine.kv_cache import KVCacheError, KVCacheManager, KVManager
-from simsched.engine.prefix_cache import PrefixCache
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.kv.cache import KVCacheError, KVCacheManager, KVManager
+from simsched.engine.kv.prefix_cache import PrefixCache
+from simsched.engine.scheduler.core import Scheduler
 from simsched.request import Content, Request, Status
 
 MANAGERS = [KVCacheManager, PrefixCache]

@@ -11,10 +11,10 @@ from simsched.api import simulate_checked
 from simsched.config import CacheConfig, ClusterConfig, HardwareConfig, SimConfig
 from simsched.config.kv_tiers import KVTierConfig, KVTiersConfig
 from simsched.cost import hardware
-from simsched.engine.kv_factory import make_kv_cache
-from simsched.engine.kv_tier import Tier
-from simsched.engine.kv_tiers import LoadCharge, TieredPrefixCache
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.factory import make_kv_cache
+from simsched.engine.kv.tier import Tier
+from simsched.engine.kv.tiers import LoadCharge, TieredPrefixCache
+from simsched.engine.kv.prefix_cache import PrefixCache
 
 B = 16
 MIB = 2**20

@@ -79,6 +79,38 @@ def test_simpy_only_in_process_modules():
             assert mod in SIMPY_MODULES, f"{mod} imports simpy"
 
 
+# Inside engine/, the KV cache sits below the scheduler: the cache never asks who schedules it,
+# and the scheduler's parts reach the cache only through its interface modules.
+ENGINE_ROOMS = {"kv": 0, "scheduler": 1}
+
+
+def _engine_room(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "engine" and parts[2] in ENGINE_ROOMS:
+        return parts[2]
+    return None
+
+
+def test_engine_rooms_hold_their_concern_and_point_down():
+    modules = dict(_modules())
+    rooms = {m: _engine_room(m) for m in modules}
+    assert {r for r in rooms.values() if r} == set(ENGINE_ROOMS), "an engine room is empty"
+    # no KV-cache or scheduler module left loose at the top of engine/
+    loose = {m.rsplit(".", 1)[1] for m, path in modules.items()
+             if m.count(".") == 2 and m.startswith("simsched.engine.") and path.name != "__init__.py"}
+    assert not loose & {"kv_cache", "prefix_cache", "block_pool", "kv_tier", "kv_tiers", "kv_factory",
+                        "prefix_blocks", "scheduler", "admission", "decode", "preemption", "handoff",
+                        "plan_ahead", "constraints", "queue_binding", "speculative", "quiet", "swap"}
+    for mod, path in modules.items():
+        room = rooms[mod]
+        if room is None:
+            continue
+        for dep in _imports(path):
+            dep_room = rooms.get(dep)
+            if dep_room and dep_room != room:
+                assert ENGINE_ROOMS[dep_room] < ENGINE_ROOMS[room], f"{mod} imports {dep} (upward)"
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_frames_are_bit_identical(name):
     golden = json.loads((Path(__file__).parent / "golden" / "frames.json").read_text())

@@ -8,10 +8,10 @@ import simsched
 from simsched.api import make_requests
 from simsched.config import SchedulerConfig, SimConfig
 from simsched.cluster.cluster import Cluster
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv.cache import KVCacheManager
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
 from simsched.request import Request, Status
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 from simsched.workloads.workload import WorkloadConfig
 
 NEW_POLICIES = ("sjf_oracle", "predicted_sjf", "mlfq", "fair", "edf", "spf_aging",

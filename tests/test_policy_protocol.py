@@ -6,8 +6,8 @@ import pytest
 
 import simsched
 from simsched.config import SchedulerConfig, SimConfig
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.scheduler.core import Scheduler
 from simsched.policies import QUEUE_POLICIES, QueuePolicy, make_queue
 from simsched.policies.queues import HeapQueue
 from simsched.request import Request, Status

@@ -76,8 +76,8 @@ def test_both_rules_run_every_style(style):
 # ---------------------------------------------------------------- preemption storms (section 3)
 
 from simsched.config import SchedulerConfig  # noqa: E402
-from simsched.engine.kv_cache import KVCacheManager  # noqa: E402
-from simsched.engine.scheduler import Scheduler  # noqa: E402
+from simsched.engine.kv.cache import KVCacheManager  # noqa: E402
+from simsched.engine.scheduler.core import Scheduler  # noqa: E402
 from simsched.policies import make_queue  # noqa: E402
 from simsched.policies.mlfq import MLFQueue  # noqa: E402
 from simsched.request import Request, Status  # noqa: E402

@@ -8,9 +8,9 @@ from simsched.api import simulate_checked
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.engine.invariants import check_final_state
 from simsched.engine.result_checks import check_results
-from simsched.engine.kv_cache import KVCacheError
-from simsched.engine.prefix_cache import PrefixCache
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.kv.cache import KVCacheError
+from simsched.engine.kv.prefix_cache import PrefixCache
+from simsched.engine.scheduler.core import Scheduler
 from simsched.request import Content, Request
 
 B = 16

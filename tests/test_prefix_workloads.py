@@ -13,7 +13,7 @@ import simsched
 from simsched import SimConfig
 from simsched.api import make_requests, simulate_checked
 from simsched.config import CacheConfig, HardwareConfig
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.policies import make_queue
 from simsched.request import Request
 from simsched.workloads import hash_ids, traces
@@ -193,7 +193,7 @@ def test_closed_loop_rows_must_grow():
 # ----------------------------------------------------------------------- lpm
 def test_lpm_serves_the_longest_cached_prefix_first_then_falls_back_to_fcfs():
     kv = PrefixCache(100, B)
-    from simsched.engine.scheduler import Scheduler
+    from simsched.engine.scheduler.core import Scheduler
     from simsched.config import SchedulerConfig
 
     sched = Scheduler(SchedulerConfig(policy="lpm", policy_options={"max_queue_len": 3}), kv)

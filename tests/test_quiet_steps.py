@@ -1,4 +1,4 @@
-"""Quiet decode steps in one clock event (simsched.engine.quiet) change no result.
+"""Quiet decode steps in one clock event (simsched.engine.scheduler.quiet) change no result.
 
 Each run is made twice, with quiet runs allowed (the default where the setup allows them) and
 with them off (``MAX_QUIET_STEPS`` 0: one clock event per iteration, as before they existed); the
@@ -21,7 +21,7 @@ from simsched import SimConfig
 from simsched.config.cluster import ClusterConfig
 from simsched.cost.base import Batch, UnitCostModel, LinearCostModel
 from simsched.cost.calibrated import CalibratedCostModel
-from simsched.engine import quiet
+from simsched.engine.scheduler import quiet
 from simsched.engine.simpy_fast import LATE, iteration_clock, move_earlier
 from simsched.workloads.workload import WorkloadConfig
 

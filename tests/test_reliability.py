@@ -10,9 +10,9 @@ import simsched
 from simsched.config import CacheConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.api import simulate_checked
 from simsched.engine.invariants import InvariantError
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv.cache import KVCacheManager
 from simsched.policies import VICTIM_POLICIES
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 from simsched.workloads.workload import WorkloadConfig
 
 

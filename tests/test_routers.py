@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from simsched.cluster.routers import ROUTERS, _cached_tokens, check_router, make_router
 from simsched.cluster.state import MinIndex, ReplicaLoad, Snapshot, TokenBucket
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.request import Content, Request
 
 

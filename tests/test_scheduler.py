@@ -5,9 +5,9 @@ import math
 import pytest
 
 from simsched.config import SchedulerConfig
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv.cache import KVCacheManager
 from simsched.request import Request, Status
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 
 
 def make(num_blocks=1000, block_size=16, **cfg):

@@ -12,8 +12,8 @@ from simsched.config import HardwareConfig, SchedulerConfig, SimConfig
 from simsched.cost import hardware
 from simsched.cost.base import UnitCostModel
 from simsched.cost.factory import COST_MODELS, make_cost_model
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.scheduler.core import Scheduler
 from simsched.workloads.workload import WorkloadConfig
 
 

@@ -19,8 +19,8 @@ from simsched.cost.factory import make_cost_model
 from simsched.cost.speculative import SpecBatch, speculative_cost_model
 from simsched.engine.invariants import check_final_state
 from simsched.engine.result_checks import check_results
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.speculative import Acceptance, SpeculativeScheduler
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.scheduler.speculative import Acceptance, SpeculativeScheduler
 from simsched.request import Request
 
 

@@ -2,9 +2,9 @@
 
 import simsched
 from simsched.config import SchedulerConfig, SimConfig
-from simsched.engine.kv_cache import KVCacheManager
+from simsched.engine.kv.cache import KVCacheManager
 from simsched.request import Request
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 from simsched.workloads.workload import WorkloadConfig
 
 WORKLOAD = WorkloadConfig(name="lesson", num_requests=120, rate=30.0, lengths="uniform",

@@ -17,9 +17,9 @@ import pytest
 import simsched
 from simsched import CacheConfig, SchedulerConfig, SimConfig, UnitCostModel
 from simsched.api import simulate_checked
-from simsched.engine.block_pool import BlockPool
-from simsched.engine.kv_factory import make_kv_cache
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.block_pool import BlockPool
+from simsched.engine.kv.factory import make_kv_cache
+from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.policies import VICTIM_POLICIES
 from simsched.request import Content, Request
 

@@ -26,10 +26,10 @@ from simsched.analysis.progress import RunWatcher
 # make_requests is re-exported (simsched.api and callers import it from here).
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
-from simsched.engine.kv_tiers import tier_summary
+from simsched.engine.kv.tiers import tier_summary
 from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.engine.lora import check_adapters, lora_info
-from simsched.engine.speculative import merge_stats
+from simsched.engine.scheduler.speculative import merge_stats
 from simsched.engine.steps import StepRecorder, steps_frame
 from simsched.workloads.traces import apply_long_prompt_policy
 from simsched.workloads.workload import generate

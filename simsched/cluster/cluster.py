@@ -41,9 +41,9 @@ from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBu
 from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
-from simsched.engine.kv_tiers import share_remote_tier
+from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.sessions import run_sessions
-from simsched.engine.quiet import MAX_QUIET_STEPS
+from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
 from simsched.engine.simpy_fast import run as run_events
@@ -175,7 +175,7 @@ class Cluster:
         if self.fleet is None and self.disagg is None and not sessions \
                 and self.remote_tier is None and math.isinf(config.max_sim_time):
             # Nothing outside a replica reads its state or reaches it between arrivals: quiet
-            # decode steps may share one clock event (simsched.engine.quiet).
+            # decode steps may share one clock event (simsched.engine.scheduler.quiet).
             for replica in self.replicas:
                 replica.allow_quiet_steps(MAX_QUIET_STEPS)
 

@@ -2,7 +2,7 @@
 
 A request goes to a prefill replica (``cluster.router`` over the prefill and mixed replicas),
 which runs its prefill and emits the first token (its TTFT), then stops it with the prompt's KV
-still held (:meth:`~simsched.engine.scheduler.Scheduler.release_held`). The decode router
+still held (:meth:`~simsched.engine.scheduler.core.Scheduler.release_held`). The decode router
 (``cluster.decode_router`` over the decode and mixed replicas) picks a decode replica, which
 reserves KV blocks for the prompt before the transfer starts; while it cannot, the request waits
 with its KV held on the prefill replica (backpressure: those blocks count as used there and can

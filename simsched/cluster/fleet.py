@@ -29,7 +29,7 @@ import pandas as pd
 from simsched.cluster.removal import Remover
 from simsched.cluster.routers import RoundRobin, SessionAffinity, make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
-from simsched.engine.kv_tiers import join_remote_tier
+from simsched.engine.kv.tiers import join_remote_tier
 from simsched.engine.replica import Replica
 from simsched.workloads.sessions import draw
 

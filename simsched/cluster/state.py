@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 
-from simsched.engine.prefix_cache import segment_runs
+from simsched.engine.kv.prefix_cache import segment_runs
 
 # The load figures a router may ask ``least`` for (routers' ``needs``, power_of_two's metric).
 METRICS = ("outstanding", "tokens", "kv_use")

@@ -50,7 +50,7 @@ class ClusterConfig:
     ``kv_remote_tier`` (a :class:`~simsched.config.kv_tiers.KVTierConfig` named ``remote``,
     default None) is a KV store shared by all replicas, below their own tiers
     (``cache.kv_tiers``, which must be set): blocks one replica evicts can be loaded by
-    another (:mod:`simsched.engine.kv_tiers`).
+    another (:mod:`simsched.engine.kv.tiers`).
     ``autoscaling`` (:class:`~simsched.config.autoscaling.AutoscalingConfig`, None: a fixed
     fleet) adds and removes replicas during the run; ``num_replicas`` is then the count at the
     start.

@@ -5,7 +5,7 @@ capacity, the bandwidths and latency of its link to the GPU and its eviction pol
 :class:`KVTiersConfig` (``CacheConfig.kv_tiers``) lists a replica's own tiers, fastest first,
 and says whether a load overlaps the forward pass layer by layer. A ``remote`` tier shared by
 every replica of a cluster is ``ClusterConfig.kv_remote_tier`` (a :class:`KVTierConfig`).
-The engine side is :mod:`simsched.engine.kv_tiers`; docs/kv_tiers.md explains the model.
+The engine side is :mod:`simsched.engine.kv.tiers`; docs/kv_tiers.md explains the model.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ class CacheConfig:
     ``num_blocks=None`` derives the block count from the hardware (GPU memory, weights, KV bytes per
     token) as vLLM does; an integer sets it directly. ``enable_prefix_caching`` shares full blocks
     of equal content between requests and keeps released ones cached until their memory is needed
-    (vLLM's automatic prefix caching; see :mod:`simsched.engine.prefix_cache`). Off by default:
+    (vLLM's automatic prefix caching; see :mod:`simsched.engine.kv.prefix_cache`). Off by default:
     results are then exactly those of a cache without sharing.
 
     ``prefix_hit_rule`` says how much of a fully cached prompt is served from the cache: ``"token"``
@@ -141,10 +141,10 @@ class CacheConfig:
     ``prefix_cache_model`` picks the prefix cache's model: ``"segments"`` (default; one shared
     copy of each block, tracked per prompt segment, fast at any scale) or ``"blocks"`` (vLLM V1's
     block pool block by block: a block a request recomputes is its own copy even when an
-    identical one is cached, as in vLLM; see :mod:`simsched.engine.block_pool`).
+    identical one is cached, as in vLLM; see :mod:`simsched.engine.kv.block_pool`).
     ``kv_tiers`` (a :class:`~simsched.config.kv_tiers.KVTiersConfig`, default None: off) keeps
     blocks evicted from the GPU in CPU memory, on disk or in a remote store and loads them back
-    on a hit (:mod:`simsched.engine.kv_tiers`); it needs prefix caching (segments model).
+    on a hit (:mod:`simsched.engine.kv.tiers`); it needs prefix caching (segments model).
     """
 
     block_size: int = 16

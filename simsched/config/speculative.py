@@ -2,7 +2,7 @@
 
 ``SchedulerConfig.speculative`` holds a :class:`SpeculativeConfig` (``None``, the default, is
 off; so is ``num_speculative_tokens=0``: results are then bit-identical to a run without it).
-The engine side is :mod:`simsched.engine.speculative`, the cost side
+The engine side is :mod:`simsched.engine.scheduler.speculative`, the cost side
 :mod:`simsched.cost.speculative`.
 
 Acceptance is given, in order of precedence, as a per-request ``acceptance_trace`` (a CSV file

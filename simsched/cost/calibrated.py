@@ -199,7 +199,7 @@ class CalibratedCostModel:
         the same floats (the same operations in the same order as :meth:`_gpu_time` and
         :meth:`_whole_iteration`), with the table reads the batches share done once per batch
         size (:meth:`_decode_terms_of`). Quiet decode steps are timed with it
-        (:mod:`simsched.engine.quiet`)."""
+        (:mod:`simsched.engine.scheduler.quiet`)."""
         n = num_seqs
         terms = self._decode_terms.get(n)
         if terms is None:

@@ -1,7 +1,7 @@
 """What a speculative step costs: the target model verifying 1 + K tokens per sequence, plus the
 proposer's own forward passes, on top of any cost model.
 
-:class:`SpecBatch` is the batch the speculative scheduler (:mod:`simsched.engine.speculative`)
+:class:`SpecBatch` is the batch the speculative scheduler (:mod:`simsched.engine.scheduler.speculative`)
 hands out: a :class:`~simsched.cost.base.Batch` whose decodes also verify ``num_spec_tokens``
 proposed tokens in all. :class:`SpeculativeCostModel` wraps the run's cost model (any of them:
 it asks only ``iteration_time`` and, for the proposer, ``breakdown``):

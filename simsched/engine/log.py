@@ -32,7 +32,7 @@ class IterationLog:
     growing array per column took a call per value and parsed each value's type on the way in
     (about five times the cost).
 
-    A run of quiet decode steps (:mod:`simsched.engine.quiet`) is logged by :meth:`add_run`: its
+    A run of quiet decode steps (:mod:`simsched.engine.scheduler.quiet`) is logged by :meth:`add_run`: its
     first row is packed as any other, with ``num_prefill_tokens`` set to minus the number of
     steps after it, whose rows differ from the first only in ``started_at``, ``duration``,
     ``num_waiting`` and ``kv_blocks_used``; those go to ``runs``, one packed block per run

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from simsched.cost import hardware
-from simsched.engine.constraints import AdmissionConstraint
+from simsched.engine.scheduler.constraints import AdmissionConstraint
 
 GPU, CPU, DISK = "gpu", "cpu", "disk"
 

@@ -4,7 +4,7 @@
 :func:`take_all` empties a scheduler: running requests (prefilling or decoding, an iteration in
 progress included: its work is lost, as the replica stops before it commits), swapped-out ones,
 the waiting queue and arrivals no plan has seen yet. Each request is left as a recompute
-preemption leaves it (:meth:`~simsched.engine.preemption.PreemptionMixin._preempt`): its KV
+preemption leaves it (:meth:`~simsched.engine.scheduler.preemption.PreemptionMixin._preempt`): its KV
 freed, its decode run closed (the tokens it emitted keep their times), ``num_generated`` exact,
 ``num_computed_tokens`` 0 and ``prefill_target`` the prompt plus the tokens generated so far, so
 another replica can take it as it would take a recomputed request. The tokens whose KV is dropped

@@ -35,15 +35,15 @@ import simpy
 
 from simsched.cost import hardware, overhead
 from simsched.cost.speculative import speculative_cost_model
-from simsched.engine.kv_factory import make_kv_cache
+from simsched.engine.kv.factory import make_kv_cache
 # IterationTimeError is re-exported: the loop raises it (simsched.engine.iteration_time).
 from simsched.engine.iteration_time import IterationTimeError, checked_duration
 from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
-from simsched.engine.quiet import QuietSteps
+from simsched.engine.scheduler.quiet import QuietSteps
 from simsched.engine import removal
-from simsched.engine.scheduler import Scheduler
-from simsched.engine.speculative import SpeculativeScheduler
+from simsched.engine.scheduler.core import Scheduler
+from simsched.engine.scheduler.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
 from simsched.request import Request, Status
 
@@ -101,7 +101,7 @@ class Replica:
         self.pending: deque = deque()
         # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
         self.lora = attach_lora(self) if config.scheduler.lora is not None else None
-        # Quiet decode steps in one clock event (simsched.engine.quiet): off unless the cluster
+        # Quiet decode steps in one clock event (simsched.engine.scheduler.quiet): off unless the cluster
         # allows them; the planner is made when the loop starts, after every hook is attached.
         self.max_quiet_steps = 0
         self.quiet: QuietSteps | None = None
@@ -109,7 +109,7 @@ class Replica:
 
     def allow_quiet_steps(self, limit: int) -> None:
         """Let the GPU loop take up to ``limit`` quiet decode steps per clock event where the
-        replica's own setup allows it (:mod:`simsched.engine.quiet`); the cluster calls this
+        replica's own setup allows it (:mod:`simsched.engine.scheduler.quiet`); the cluster calls this
         before the run when nothing outside reads the replica's state between its events."""
         self.max_quiet_steps = limit
 
@@ -236,7 +236,7 @@ class Replica:
             if quiet is not None and not pending and not sched._waiting:
                 run = quiet.plan(now, ulp_below, ulp_floor)
                 if run is not None:
-                    # Quiet decode steps, one clock event for all (simsched.engine.quiet).
+                    # Quiet decode steps, one clock event for all (simsched.engine.scheduler.quiet).
                     end = run.times[-1]         # its last planned step's end
                     if queue and queue[0][0] <= end:
                         yield quiet.wait(run)

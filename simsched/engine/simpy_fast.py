@@ -37,7 +37,7 @@ What each replaces, and why the result is the same:
   internal outside this module: a call here would cost every iteration; SimPy would process the
   loop's timeout next and set the same time); otherwise it pushes its reusable iteration-end event
   on the heap at ``end`` with priority LATE, as ``env.schedule`` would at ``now + delay``.
-* :func:`move_earlier`: a run of quiet decode steps (:mod:`simsched.engine.quiet`) waits on a
+* :func:`move_earlier`: a run of quiet decode steps (:mod:`simsched.engine.scheduler.quiet`) waits on a
   reusable event of :func:`iteration_clock`'s kind pushed at the run's end; an arrival that
   ends the run sooner moves the event's heap entry earlier in place (a decrease-key: the entry is
   replaced and sifted towards the root), so no entry is left behind to move the clock later.

@@ -58,7 +58,7 @@ class StepRecorder:
         # A request admitted in this step has computed only its cached tokens so far.
         self._planned = [(req.id, chunk, req.num_computed_tokens if req.admitted_seq >= first else 0)
                          for req, chunk in sched.planned.values()]
-        # Speculative decoding grants a decoder 1 + K tokens, or none (simsched.engine.speculative).
+        # Speculative decoding grants a decoder 1 + K tokens, or none (simsched.engine.scheduler.speculative).
         grants = getattr(sched, "decode_grants", None)
         self._decoding = ([] if not batch.num_decode_seqs else list(grants.items())
                           if grants is not None else [(rid, 1) for rid in sched.decoding])

@@ -1,4 +1,4 @@
-"""One tier below the GPU of the tiered KV cache (:mod:`simsched.engine.kv_tiers`): which
+"""One tier below the GPU of the tiered KV cache (:mod:`simsched.engine.kv.tiers`): which
 prefix blocks it holds, its link to the GPU (loads and stores queue on it) and its counters."""
 
 from __future__ import annotations

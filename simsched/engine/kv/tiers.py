@@ -1,13 +1,13 @@
 """A tiered KV cache: prefix blocks evicted from the GPU kept in CPU memory, on disk or in a
 (cluster-shared) remote store, and loaded back on a hit instead of being recomputed.
 
-Built only when ``cache.kv_tiers`` is set (:func:`~simsched.engine.kv_factory.make_kv_cache`
+Built only when ``cache.kv_tiers`` is set (:func:`~simsched.engine.kv.factory.make_kv_cache`
 picks :class:`TieredPrefixCache`); without it nothing here runs and results are bit-identical.
 
 The model (docs/kv_tiers.md says why):
 
 * **Residency.** A :class:`Tier` keeps, per prompt segment key of the GPU's prefix cache
-  (:mod:`simsched.engine.prefix_cache`), one run of block positions ``[lo, hi)``: a block is in
+  (:mod:`simsched.engine.kv.prefix_cache`), one run of block positions ``[lo, hi)``: a block is in
   at most one place per tier. Tiers are inclusive: a block loaded back stays in its tier.
   Evictions take whole keys' runs from their tail, least recently used key first (``lru``: a
   store or a hit makes a key recent; ``fifo``: only a store).
@@ -33,15 +33,15 @@ at once); tier capacities are per replica (all its GPUs' shares).
 from __future__ import annotations
 
 from simsched.cost import hardware
-from simsched.engine.kv_tier import Tier
-from simsched.engine.prefix_cache import PrefixCache, segment_runs
+from simsched.engine.kv.tier import Tier
+from simsched.engine.kv.prefix_cache import PrefixCache, segment_runs
 
 _NO_HIT = (0, 0, 0)
 
 
 class TieredPrefixCache(PrefixCache):
-    """A :class:`~simsched.engine.prefix_cache.PrefixCache` whose evicted blocks go down to
-    :class:`~simsched.engine.kv_tier.Tier` objects and come back on a hit (see the module
+    """A :class:`~simsched.engine.kv.prefix_cache.PrefixCache` whose evicted blocks go down to
+    :class:`~simsched.engine.kv.tier.Tier` objects and come back on a hit (see the module
     docstring).
 
     Usable once :meth:`bind` has built the tiers (the replica does it). ``load_time_of`` maps a

@@ -1,9 +1,9 @@
 """Speculative decoding: decoders step eagerly, each verifying up to 1 + K tokens a step.
 
-:class:`SpeculativeScheduler` is the :class:`~simsched.engine.scheduler.Scheduler` the replica
+:class:`SpeculativeScheduler` is the :class:`~simsched.engine.scheduler.core.Scheduler` the replica
 builds when ``scheduler.speculative`` is on (chosen once, at construction: the plain scheduler
 and its lazy decode path are untouched, and a run without speculation is bit-identical and as
-fast as before). It replaces the decode layer (:mod:`simsched.engine.decode`) by an eager one:
+fast as before). It replaces the decode layer (:mod:`simsched.engine.scheduler.decode`) by an eager one:
 
 * **Grants, one token budget** (vLLM V1's ``schedule()``): every step, before continuing
   prefills and admitting, each decoder in admission order asks for ``1 + K`` tokens (its last
@@ -43,7 +43,7 @@ import numpy as np
 
 from simsched.config.speculative import read_acceptance_trace
 from simsched.cost.speculative import SpecBatch
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 from simsched.request import Request
 
 _new_batch = object.__new__

@@ -8,7 +8,7 @@ commits, except for what the plan cannot know yet: requests that arrived since t
 KV blocks and sequence slots through the plan (they may still be preempted for their blocks,
 which frees them early and, as any preemption, stops the step's admissions). A plan that schedules nothing is made again at once with both
 known: the engine then waits for batch k and schedules after it. One more difference lives in
-:meth:`~simsched.engine.preemption.PreemptionMixin._stop`: a preempted decoder's block filled by
+:meth:`~simsched.engine.scheduler.preemption.PreemptionMixin._stop`: a preempted decoder's block filled by
 the last step is not cached (vLLM caches a decode block once the token after it is known).
 Timing is unchanged: iterations still run back to back.
 """
@@ -19,7 +19,7 @@ from simsched.request import Request
 
 
 class PlanAheadMixin:
-    """plan_ahead's bookkeeping for :class:`~simsched.engine.scheduler.Scheduler`."""
+    """plan_ahead's bookkeeping for :class:`~simsched.engine.scheduler.core.Scheduler`."""
 
     __slots__ = ()
 

@@ -13,7 +13,7 @@ How it is kept fast (work grows with the segments a request touches, never with 
 
 * Blocks are grouped by the prompt *segment* their last token falls in (a trace block of 512
   tokens, a system prompt, a turn of a conversation). A node per segment key
-  (:class:`~simsched.engine.prefix_blocks._Node`) holds the cached blocks of that segment as
+  (:class:`~simsched.engine.kv.prefix_blocks._Node`) holds the cached blocks of that segment as
   positions ``[0, num_cached)``: every holder of a block also holds all blocks before it, and
   ties in release time evict the deeper block first, so a segment's cached blocks always form a
   prefix and are evicted from their tail.
@@ -27,7 +27,7 @@ How it is kept fast (work grows with the segments a request touches, never with 
   by decoding are registered lazily, when their request finishes or is preempted: only then can
   anyone else use them (the next turn of a session, or the request's own re-admission).
 * Requests without content (no ``Request.content``) hold private blocks exactly as
-  :class:`~simsched.engine.kv_cache.KVCacheManager` does: they never hit and never populate the
+  :class:`~simsched.engine.kv.cache.KVCacheManager` does: they never hit and never populate the
   cache, and pay nothing for it.
 
 Allocation takes never-used ("empty") blocks before evicting cached ones, so a cached block is
@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from simsched.engine.kv_cache import KVCacheError, KVCacheManager
-from simsched.engine.prefix_blocks import (  # noqa: F401  (re-exported)
+from simsched.engine.kv.cache import KVCacheError, KVCacheManager
+from simsched.engine.kv.prefix_blocks import (  # noqa: F401  (re-exported)
     OPEN_END, _Holding, _Node, _Run, segment_runs)
 
 

@@ -3,10 +3,10 @@
 A request holding ``n`` cached tokens holds exactly ``ceil(n / block_size)`` blocks. Only block
 counts are tracked (which physical block holds what does not affect scheduling). The scheduler
 asks a manager only what :class:`KVManager` lists. :class:`KVCacheManager` never shares a block
-(its ``match`` never hits); :class:`~simsched.engine.prefix_cache.PrefixCache`
+(its ``match`` never hits); :class:`~simsched.engine.kv.prefix_cache.PrefixCache`
 (``cache.enable_prefix_caching``) shares full blocks of equal content between requests and keeps
 released ones cached until their memory is needed;
-:func:`~simsched.engine.kv_factory.make_kv_cache` picks one.
+:func:`~simsched.engine.kv.factory.make_kv_cache` picks one.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ class KVCacheManager:
     def grow_groups(self, first_group: int, sizes: list) -> bool:
         """:meth:`grow_group` of groups ``first_group``, the next, ... (cyclically, modulo
         ``block_size``), ``sizes`` their numbers of members: the growth of a run of quiet decode
-        steps at once (:mod:`simsched.engine.quiet`). False, and nothing done, if fewer blocks
+        steps at once (:mod:`simsched.engine.scheduler.quiet`). False, and nothing done, if fewer blocks
         than their sum are free."""
         total = sum(sizes)
         if total > self.num_free - self.num_evictable:

@@ -1,6 +1,6 @@
 """vLLM V1's block pool, block by block: a prefix cache that keeps duplicate copies.
 
-:class:`~simsched.engine.prefix_cache.PrefixCache` tracks cached blocks per prompt segment and
+:class:`~simsched.engine.kv.prefix_cache.PrefixCache` tracks cached blocks per prompt segment and
 shares one copy of each block. vLLM's pool keeps every physical block: a block a request computes
 is its own even when an identical block is already cached (block tables are append-only), and
 both copies are cached; a lookup takes the copy cached first. That costs memory whenever a
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.prefix_cache import segment_runs
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.kv.prefix_cache import segment_runs
 
 
 class _Block:
@@ -98,7 +98,7 @@ class BlockPool(KVCacheManager):
     def match(self, req) -> tuple[int, int, int]:
         """``(cached_tokens, hit_blocks, evictable_hit_blocks)`` if ``req`` were admitted now:
         the longest run of cached blocks from the start of its ``prefill_target`` tokens (as
-        :meth:`PrefixCache.match <simsched.engine.prefix_cache.PrefixCache.match>`)."""
+        :meth:`PrefixCache.match <simsched.engine.kv.prefix_cache.PrefixCache.match>`)."""
         runs = self._runs(req)
         if runs is None:
             return 0, 0, 0

@@ -5,25 +5,25 @@ start of an iteration, which returns the :class:`~simsched.cost.base.Batch` to r
 :meth:`Scheduler.commit` at its end, which advances progress and reports first tokens and
 finished requests.
 
-Decodes are advanced lazily (:mod:`simsched.engine.decode`): one step counter for all decoders,
+Decodes are advanced lazily (:mod:`simsched.engine.scheduler.decode`): one step counter for all decoders,
 their last steps in a calendar dict and their KV growth one O(1) grant per group, so an
 iteration costs O(events) rather than O(batch), and never O(waiting queue). A queue policy
 (:class:`~simsched.policies.base.QueuePolicy`) with a per-iteration ``refresh`` hook would add
 O(running) per iteration (none has one: MLFQ ranks lazily).
 
-Partial prefills, swap-ins and admissions are planned in :mod:`simsched.engine.admission`, under
-the admission constraints of :mod:`simsched.engine.constraints`. Preemption
-(:mod:`simsched.engine.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
+Partial prefills, swap-ins and admissions are planned in :mod:`simsched.engine.scheduler.admission`, under
+the admission constraints of :mod:`simsched.engine.scheduler.constraints`. Preemption
+(:mod:`simsched.engine.scheduler.preemption`) recomputes (the victim's KV is dropped and it re-queues) or,
 with ``preemption_mode="swap"``, swaps the victim's KV to CPU memory
-(:class:`~simsched.engine.swap.SwapSpace`). The KV cache is asked only through
-:class:`~simsched.engine.kv_cache.KVManager`: with a prefix cache
-(:mod:`simsched.engine.prefix_cache`) an admission first reuses the cached blocks of the
+(:class:`~simsched.engine.scheduler.swap.SwapSpace`). The KV cache is asked only through
+:class:`~simsched.engine.kv.cache.KVManager`: with a prefix cache
+(:mod:`simsched.engine.kv.prefix_cache`) an admission first reuses the cached blocks of the
 request's prefix and prefills only the rest, with the cached tokens as context.
 
 The scheduler owns all the state (``__init__`` declares every field); its methods live in
-layers that call down only: :mod:`~simsched.engine.decode` (decode runs, the bottom),
-:mod:`~simsched.engine.preemption` (victims, stopping a request, one-by-one KV growth) above it,
-:mod:`~simsched.engine.admission` above that, :mod:`~simsched.engine.handoff` beside them (it
+layers that call down only: :mod:`~simsched.engine.scheduler.decode` (decode runs, the bottom),
+:mod:`~simsched.engine.scheduler.preemption` (victims, stopping a request, one-by-one KV growth) above it,
+:mod:`~simsched.engine.scheduler.admission` above that, :mod:`~simsched.engine.scheduler.handoff` beside them (it
 uses decode only), and this module's ``schedule`` and ``commit`` on top. Each layer's class
 docstring lists the fields it reads and changes.
 """
@@ -37,18 +37,18 @@ import numpy as np
 
 from simsched.config.parts import CacheConfig
 from simsched.cost.base import Batch
-from simsched.engine.kv_cache import KVManager
+from simsched.engine.kv.cache import KVManager
 from simsched.policies import VICTIM_POLICIES, make_queue
 from simsched.policies.base import QueuePolicy
-from simsched.engine.admission import AdmissionMixin
-from simsched.engine.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
-from simsched.engine.decode import DecodeMixin
-from simsched.engine.handoff import HandoffMixin
-from simsched.engine.plan_ahead import PlanAheadMixin
-from simsched.engine.preemption import PreemptionMixin
-from simsched.engine.queue_binding import bind_queue
+from simsched.engine.scheduler.admission import AdmissionMixin
+from simsched.engine.scheduler.constraints import KVBlocks, PrefillSlots, SeqSlots, TokenBudget
+from simsched.engine.scheduler.decode import DecodeMixin
+from simsched.engine.scheduler.handoff import HandoffMixin
+from simsched.engine.scheduler.plan_ahead import PlanAheadMixin
+from simsched.engine.scheduler.preemption import PreemptionMixin
+from simsched.engine.scheduler.queue_binding import bind_queue
 from simsched.engine.removal import take_all
-from simsched.engine.swap import SwapSpace
+from simsched.engine.scheduler.swap import SwapSpace
 from simsched.request import PreemptionCause, Request, Status
 
 RUNNING, WAITING, FINISHED, REJECTED = (Status.RUNNING, Status.WAITING, Status.FINISHED,
@@ -146,7 +146,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
         self._prefill_first = cfg.style == "prefill_first"
         self._num_pushed = 0                      # requests ever pushed to the queue
         self._static = cfg.style == "static"
-        # Admission constraints (simsched.engine.constraints): the built-in ones, asked inline
+        # Admission constraints (simsched.engine.scheduler.constraints): the built-in ones, asked inline
         # by _admit; add_constraint adds more. A preemptive policy may preempt for a sequence
         # slot, and with preemption=True for KV blocks.
         may_preempt = bool(cfg.preemption or self.preemptive)
@@ -172,7 +172,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
 
     @queue.setter
     def queue(self, queue: QueuePolicy) -> None:
-        # The policy's hooks and the fast paths its type allows (simsched.engine.queue_binding).
+        # The policy's hooks and the fast paths its type allows (simsched.engine.scheduler.queue_binding).
         (self._queue, self._note_time, self._queue_update, self._queue_refresh,
          self._queue_hooks, self.preemptive, self._may_preempt, self._static_ranks,
          self._memo_failed, self.meter, self._fixed_order, self._waiting,
@@ -375,7 +375,7 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
 
     def finish_quiet_step(self) -> list[Request]:
         """After :meth:`take_quiet_steps` applied a run whose last step is a decoder's last:
-        finish the decoders due then, as :meth:`commit` would (see :mod:`simsched.engine.quiet`)."""
+        finish the decoders due then, as :meth:`commit` would (see :mod:`simsched.engine.scheduler.quiet`)."""
         due = self.finish_due.pop(self.step, None)
         return self._finish_due(due, self.step, self.step_ended_at) if due else _NONE
 

@@ -4,7 +4,7 @@ The scheduler admits waiting requests in queue order (``Scheduler._admit``). Bef
 the head of the queue it asks the constraints whose answer does not depend on the request (a
 sequence slot, a prefill slot, token budget left); it then sizes the head's first prefill chunk
 under the token budget and asks the added constraints (LoRA adapter slots, a per-tenant cap, ...,
-each with :meth:`~simsched.engine.scheduler.Scheduler.add_constraint`) and last the KV blocks for
+each with :meth:`~simsched.engine.scheduler.core.Scheduler.add_constraint`) and last the KV blocks for
 that chunk. The first refusal ends the iteration's admissions (nobody overtakes the refused
 request; a constraint that ``skips`` sets the request aside instead and the scan goes on), unless preempting lower-ranked running requests can lift it: a sequence slot under a
 preemptive queue policy, KV blocks under one or with ``preemption=True``. Those are asked last, so

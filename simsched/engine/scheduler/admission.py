@@ -2,10 +2,10 @@
 
 Each iteration first continues the partial prefills of running requests (a chunk each while the
 token budget lasts), then admits waiting requests in queue order while the admission
-constraints (:mod:`simsched.engine.constraints`) allow: each admission takes the KV blocks of its
+constraints (:mod:`simsched.engine.scheduler.constraints`) allow: each admission takes the KV blocks of its
 first chunk (with a prefix cache, after reusing the blocks of its cached prefix), keeping a
 watermark of free blocks back while others run, and may preempt lower-ranked running requests
-when the queue policy is preemptive or ``preemption=True`` (:mod:`simsched.engine.preemption`).
+when the queue policy is preemptive or ``preemption=True`` (:mod:`simsched.engine.scheduler.preemption`).
 The last refusal of the queue's head is remembered, so KV-bound iterations skip the scan while
 nothing it depends on has changed.
 """
@@ -18,7 +18,7 @@ RUNNING = Status.RUNNING
 
 
 class AdmissionMixin:
-    """Prefill chunks, swap-ins and admissions for :class:`~simsched.engine.scheduler.Scheduler`.
+    """Prefill chunks, swap-ins and admissions for :class:`~simsched.engine.scheduler.core.Scheduler`.
 
     The scheduler owns the state (declared in ``Scheduler.__init__``). This layer reads ``cfg``,
     ``kv``, ``chunking``, ``max_num_prefills``, ``block_size``, ``preemptive``, ``meter``,
@@ -46,7 +46,7 @@ class AdmissionMixin:
         return self.cfg.max_num_batched_tokens - used
 
     def add_constraint(self, constraint) -> None:
-        """Ask ``constraint`` (an :class:`~simsched.engine.constraints.AdmissionConstraint`)
+        """Ask ``constraint`` (an :class:`~simsched.engine.scheduler.constraints.AdmissionConstraint`)
         before every admission: once the head of the queue's first chunk is sized, after the
         constraints added before it and before ``KVBlocks``. A constraint that ``skips``
         makes the scheduler admit with :meth:`_admit_skipping` from then on."""
@@ -77,7 +77,7 @@ class AdmissionMixin:
     def _admit_waiting(self) -> None:
         """Swap-ins first, then admissions, unless the last refusal of the queue's head would
         be made again: the queue as it was (nothing pushed or admitted since, fixed keys) and
-        the refusing constraint still refusing (simsched.engine.constraints). KV-bound runs
+        the refusing constraint still refusing (simsched.engine.scheduler.constraints). KV-bound runs
         spend many iterations with a refused head; those skip the admission scan."""
         if self.swapped:
             self._swap_in()
@@ -99,7 +99,7 @@ class AdmissionMixin:
             self._admit()
 
     def _swap_in(self) -> None:
-        """Swap requests back in (:mod:`simsched.engine.swap`), oldest swap first, while
+        """Swap requests back in (:mod:`simsched.engine.scheduler.swap`), oldest swap first, while
         sequence slots, KV blocks and budget last.
 
         A decoder resumes its decode run in this iteration's decode step; a request swapped out
@@ -172,7 +172,7 @@ class AdmissionMixin:
 
     def _admit(self) -> None:
         """Admit waiting requests in queue order while every admission constraint allows
-        (:mod:`simsched.engine.constraints`); the first refusal ends the scan, and is remembered
+        (:mod:`simsched.engine.scheduler.constraints`); the first refusal ends the scan, and is remembered
         (``_blocked``) when its constraint can say until when.
 
         The built-in constraints are asked inline, in this order (their ``admits``, copied: a

@@ -13,7 +13,7 @@ from simsched.request import Request
 
 
 class HandoffMixin:
-    """KV hand-off and reception for :class:`~simsched.engine.scheduler.Scheduler`.
+    """KV hand-off and reception for :class:`~simsched.engine.scheduler.core.Scheduler`.
 
     The scheduler owns the state. This part reads ``cfg``, ``kv``, ``max_model_len`` and
     ``_max_total`` (whether a handed-off prompt fits); it changes ``running``,

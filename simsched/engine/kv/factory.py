@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from simsched.engine.block_pool import BlockPool
-from simsched.engine.kv_cache import KVCacheManager
-from simsched.engine.kv_tiers import TieredPrefixCache
-from simsched.engine.prefix_cache import PrefixCache
+from simsched.engine.kv.block_pool import BlockPool
+from simsched.engine.kv.cache import KVCacheManager
+from simsched.engine.kv.tiers import TieredPrefixCache
+from simsched.engine.kv.prefix_cache import PrefixCache
 
 
 def make_kv_cache(num_blocks: int, cache) -> KVCacheManager:
     """The KV cache manager ``cache`` (a :class:`~simsched.config.CacheConfig`) asks for: private
-    blocks, or with ``enable_prefix_caching`` a :class:`~simsched.engine.prefix_cache.PrefixCache`
-    (``prefix_cache_model="segments"``) or a :class:`~simsched.engine.block_pool.BlockPool`
-    (``"blocks"``); with ``kv_tiers`` a :class:`~simsched.engine.kv_tiers.TieredPrefixCache`
+    blocks, or with ``enable_prefix_caching`` a :class:`~simsched.engine.kv.prefix_cache.PrefixCache`
+    (``prefix_cache_model="segments"``) or a :class:`~simsched.engine.kv.block_pool.BlockPool`
+    (``"blocks"``); with ``kv_tiers`` a :class:`~simsched.engine.kv.tiers.TieredPrefixCache`
     (the replica binds it to its clock and model)."""
     tiers = getattr(cache, "kv_tiers", None)
-    if tiers is not None:       # tiers below the GPU (simsched.engine.kv_tiers); bound later
+    if tiers is not None:       # tiers below the GPU (simsched.engine.kv.tiers); bound later
         kv = TieredPrefixCache(num_blocks, cache.block_size, cache.watermark,
                                cache.prefix_hit_rule, tiers)
     elif getattr(cache, "enable_prefix_caching", False):

@@ -6,10 +6,10 @@ decoder's new KV block is free, and no arrival reaches the replica before the st
 GPU loop (:meth:`~simsched.engine.replica.Replica._gpu`) otherwise pays one SimPy event per
 iteration, most of a busy fleet's cost; here it plans a run of quiet steps at once (their times
 from the cost model, exactly as each iteration would have them), waits on the clock once for the
-run's end and then applies the steps (:meth:`~simsched.engine.decode.DecodeMixin.take_quiet_steps`)
+run's end and then applies the steps (:meth:`~simsched.engine.scheduler.decode.DecodeMixin.take_quiet_steps`)
 and logs their rows. A run may end with a step at which decoders finish (their last token): it is
 planned and timed as the others, and the finish is applied at the run's end, which is that step's
-end, as ``commit()`` would (:meth:`~simsched.engine.scheduler.Scheduler.finish_quiet_step`), so
+end, as ``commit()`` would (:meth:`~simsched.engine.scheduler.core.Scheduler.finish_quiet_step`), so
 the finish costs no loop step and no clock event of its own.
 
 What it replaces, and why the result is the same:
@@ -44,7 +44,7 @@ from heapq import heappush
 from itertools import accumulate
 
 from simsched.cost.base import Batch
-from simsched.engine.scheduler import Scheduler
+from simsched.engine.scheduler.core import Scheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, move_earlier
 
 #: Most quiet steps planned in one run. A longer run saves loop turns, and an arrival wastes

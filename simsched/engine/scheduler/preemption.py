@@ -11,7 +11,7 @@ every running request is protected the newest is evicted, so the oldest always f
 Decoders that need a block each (their group could not grow at once) take one by one here, as
 the first trigger may fire for any of them (``_grow_each``). A victim is stopped (``_stop``: its
 decode run closed or its planned chunk dropped, its blocks freed) and then recomputed (back to
-the queue) or swapped out (:mod:`simsched.engine.swap`).
+the queue) or swapped out (:mod:`simsched.engine.scheduler.swap`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WAITING, SWAPPED, FINISHED = Status.WAITING, Status.SWAPPED, Status.FINISHED
 
 class _VictimSearch:
     """The owner of a failed admission preemption in the scheduler's memo of refusals
-    (``Scheduler._blocked``, see :mod:`simsched.engine.constraints`).
+    (``Scheduler._blocked``, see :mod:`simsched.engine.scheduler.constraints`).
 
     Its stamp is ``((request id, blocks needed, slot needed, running-set version, planned ids),
     free blocks)``: with ranks that cannot turn against the request (fixed, or only improving),
@@ -45,7 +45,7 @@ VICTIM_SEARCH = _VictimSearch()
 
 class PreemptionMixin:
     """Preemption triggers, victims and stopping a request for
-    :class:`~simsched.engine.scheduler.Scheduler`.
+    :class:`~simsched.engine.scheduler.core.Scheduler`.
 
     The scheduler owns the state. This layer reads ``cfg``, ``kv``, ``choose_victim``, ``now``,
     ``step``, ``meter``, ``decoding``, ``swapping``, ``_queue``, ``_plan_ahead`` and the rank flags
@@ -161,7 +161,7 @@ class PreemptionMixin:
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
     def _swap_out(self, victim: Request, reason: str, by: int | None) -> bool:
-        """Swap ``victim`` out to the CPU swap space (:mod:`simsched.engine.swap`); False
+        """Swap ``victim`` out to the CPU swap space (:mod:`simsched.engine.scheduler.swap`); False
         (nothing done) if it has no KV or the swap space is full."""
         cached = self.num_cached(victim)
         num_blocks = self.kv.blocks_for(cached)

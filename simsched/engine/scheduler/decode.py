@@ -6,9 +6,9 @@ decoder's progress is its count at the start of its decode run plus the steps si
 step is known in advance (the scheduler's ``finish_due`` calendar). A decoder needs a new KV
 block every ``block_size`` steps, at steps of one residue modulo ``block_size``: decoders are
 grouped by that residue (``growing``), and when the cache has the blocks a whole group grows in
-O(1) (:meth:`~simsched.engine.kv_cache.KVCacheManager.grow_group`); otherwise its members take
+O(1) (:meth:`~simsched.engine.kv.cache.KVCacheManager.grow_group`); otherwise its members take
 one block each, in the order they started decoding, preempting (victim policy) when none is
-free (:meth:`~simsched.engine.preemption.PreemptionMixin._grow_each`).
+free (:meth:`~simsched.engine.scheduler.preemption.PreemptionMixin._grow_each`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from simsched.request import Request
 
 
 class DecodeMixin:
-    """Decode runs and lazy progress for :class:`~simsched.engine.scheduler.Scheduler`.
+    """Decode runs and lazy progress for :class:`~simsched.engine.scheduler.core.Scheduler`.
 
     The bottom layer: it calls no other part of the scheduler. It reads ``kv``, ``block_size``,
     ``meter``, ``step``, ``step_ended_at`` and ``_grown_step``, and changes the decode state:
     ``decoding``, ``ctx_base_sum``, ``growing``, ``finish_due`` (with quiet steps, its steps as a
     heap too: ``_due_steps``) and ``_late`` (and a request's own run fields). Growing decoders
     one by one, which may preempt, is preemption's (``PreemptionMixin._grow_each``).
-    Quiet steps (:mod:`simsched.engine.quiet`) also read what else the next steps could do
+    Quiet steps (:mod:`simsched.engine.scheduler.quiet`) also read what else the next steps could do
     (``planned``, ``preempted``, ``ready``, ``prefilling``, ``_waiting``, ``_requeue``,
     ``swapped``) and set what a step's ``schedule()``/``commit()`` leave (``now``,
     ``planned_tokens``, ``decode_step``).
@@ -100,7 +100,7 @@ class DecodeMixin:
             self._close_run(req, self.step)
             req.num_computed_tokens = req.num_prompt_tokens + req.num_generated - 1
 
-    # ------------------------------------------------------------ quiet steps (engine/quiet.py)
+    # ------------------------------------------------------------ quiet steps (engine/scheduler/quiet.py)
     def track_due_steps(self) -> None:
         """Keep ``finish_due``'s steps in a heap too (``_due_steps``), so :meth:`quiet_steps`
         finds the next decoder's last step in O(1); entries leave it as their step ends

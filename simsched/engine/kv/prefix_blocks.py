@@ -1,6 +1,6 @@
 """The prefix cache's bookkeeping records: segment nodes, evictable runs, holdings, segment runs.
 
-:class:`~simsched.engine.prefix_cache.PrefixCache` (whose docstring explains the scheme) groups
+:class:`~simsched.engine.kv.prefix_cache.PrefixCache` (whose docstring explains the scheme) groups
 cached blocks by prompt segment: a :class:`_Node` per segment key, :class:`_Run` s of evictable
 blocks in one LRU list, a :class:`_Holding` per request; :func:`segment_runs` cuts a request's
 content into per-segment block ranges (also used by the KV tiers, the block pool and the
