@@ -247,6 +247,15 @@ class Results:
         """As :meth:`to_csv`, as Parquet files (needs pyarrow)."""
         return self._write(directory, prefix, "parquet")
 
+    def to_perfetto(self, path, **window) -> Path:
+        """Write the run as a Chrome/Perfetto trace (JSON) to ``path``: a track per replica with
+        its iterations and KV counters, a track per request with its phases and preemptions,
+        router decisions as instant events (:mod:`simsched.analysis.perfetto`; ``start_at``,
+        ``end_at``, ``max_num_requests`` and ``max_num_iterations`` bound big runs)."""
+        from simsched.analysis.perfetto import write_chrome_trace
+
+        return write_chrome_trace(self, path, **window)
+
     def to_vllm_bench(self, path=None, percentiles=(99,), percentile_metrics=None, slo=None,
                       label: str | None = None) -> dict:
         """The run as ``vllm bench serve --save-result`` would save it (keys ``completed``,
