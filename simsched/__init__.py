@@ -7,10 +7,11 @@ from simsched.analysis.plan import Candidate, plan
 from simsched.config import CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig, SimConfig
 from simsched.cost.base import Batch, LinearCostModel, UnitCostModel
 from simsched.analysis.metrics import Results
+from simsched.analysis.replicate import Replicates, replicate
 from simsched.analysis.sweep import SweepResult, sweep
 from simsched.workloads.workload import WorkloadConfig
 
-__all__ = ["simulate", "make_requests", "SimConfig", "SchedulerConfig", "CacheConfig",
+__all__ = ["simulate", "make_requests", "replicate", "Replicates", "SimConfig", "SchedulerConfig", "CacheConfig",
            "HardwareConfig", "WorkloadConfig", "ClusterConfig", "Batch", "LinearCostModel",
            "UnitCostModel", "Results", "sweep", "SweepResult", "SLO", "SLOTarget",
            "capacity_search", "plan", "Candidate"]

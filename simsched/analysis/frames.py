@@ -110,9 +110,11 @@ def build_requests_frame(requests, step_end_at: np.ndarray, release: bool = Fals
     counts = np.cumsum(delta, out=delta)[:n_steps]
     if n_steps and counts.max() < 2**31:
         counts = counts.astype(np.int32)    # decoders per step: half the memory, same values
-    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]))
+    other_owner = np.concatenate([owner, gap_arr[:, 0]]).astype(np.int32)
+    itl = ItlSamples(step_gap[:n_steps], counts, np.concatenate([first_gaps, gap_arr[:, 1]]),
+                     other_owner)
     # Per-run temporaries go before the frame's columns come (a big run's peak memory).
-    del prev, a, b, owner, first_gaps, gap_arr, gaps, delta, counts
+    del prev, a, b, owner, first_gaps, gap_arr, gaps, delta, counts, other_owner
     cols = {}
     for name, *_ in fields:
         cols[name] = _text(data[name]) if name in _TEXT_COLUMNS else data[name]

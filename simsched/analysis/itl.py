@@ -53,10 +53,14 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> list[fl
 class ItlSamples:
     """All inter-token gaps of a run, held as (step gap, count) pairs plus irregular gaps."""
 
-    def __init__(self, step_gaps: np.ndarray, step_counts: np.ndarray, other: np.ndarray) -> None:
+    def __init__(self, step_gaps: np.ndarray, step_counts: np.ndarray, other: np.ndarray,
+                 other_owner: np.ndarray | None = None) -> None:
         self.step_gaps = step_gaps
         self.step_counts = step_counts
         self.other = other
+        # The request (row of the request frame) each irregular gap belongs to, where known:
+        # exporters that place gaps in time (simsched.analysis.openmetrics) read it.
+        self.other_owner = other_owner
 
     def __len__(self) -> int:
         return int(self.step_counts.sum()) + len(self.other)

@@ -256,6 +256,15 @@ class Results:
 
         return write_chrome_trace(self, path, **window)
 
+    def to_openmetrics(self, path, interval: float = 1.0, **options) -> Path:
+        """Write the Prometheus metrics a vLLM server per replica would have exported during the
+        run, scraped every ``interval`` simulated seconds, as OpenMetrics text to ``path``
+        (:mod:`simsched.analysis.openmetrics`; backfill with ``promtool tsdb
+        create-blocks-from openmetrics``)."""
+        from simsched.analysis.openmetrics import write_openmetrics
+
+        return write_openmetrics(self, path, interval=interval, **options)
+
     def to_vllm_bench(self, path=None, percentiles=(99,), percentile_metrics=None, slo=None,
                       label: str | None = None) -> dict:
         """The run as ``vllm bench serve --save-result`` would save it (keys ``completed``,

@@ -130,6 +130,15 @@ def make_parser() -> argparse.ArgumentParser:
                      metavar="P1,P2,...", help="percentiles in the --vllm-json file (default 99)")
     run.add_argument("--gantt", type=_positive_int, nargs="?", const=50, metavar="N",
                      help="also draw gantt.png: the first N requests' phases (default N=50)")
+    run.add_argument("--seeds", type=_positive_int, metavar="N",
+                     help="run N seeds (the config's seed, +1, ...) and print each metric's mean "
+                          "and 95%% t-interval; writes seeds.csv and intervals.csv")
+    run.add_argument("--trace", metavar="FILE",
+                     help="also write the run as a Chrome/Perfetto trace (JSON) to FILE")
+    run.add_argument("--metrics", metavar="FILE",
+                     help="also write vLLM's Prometheus metrics of the run (OpenMetrics) to FILE")
+    run.add_argument("--metrics-interval", type=float, default=1.0, metavar="S",
+                     help="scrape interval of --metrics, simulated seconds (default 1)")
     run.add_argument("--record-steps", action="store_true",
                      help="also write steps.csv: one row per request per scheduling step "
                           "(tokens scheduled, cache hits, preemptions, completions)")

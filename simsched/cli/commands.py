@@ -49,6 +49,12 @@ def cmd_run(args) -> int:
     from simsched.analysis.executors import run_config
 
     config, slo = config_from_args(args)
+    for flag, target in (("--trace", args.trace), ("--metrics", args.metrics)):
+        _check_out_file(flag, target)
+    if not args.metrics_interval > 0:
+        raise ValueError(f"--metrics-interval must be positive, got {args.metrics_interval}")
+    if args.seeds:
+        return _run_seeds(args, config)
     if args.stream:
         return _run_streamed(args, config)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
@@ -72,6 +78,12 @@ def cmd_run(args) -> int:
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")
+    if args.trace:
+        results.to_perfetto(args.trace)
+        print(f"wrote {args.trace}")
+    if args.metrics:
+        results.to_openmetrics(args.metrics, interval=args.metrics_interval)
+        print(f"wrote {args.metrics}")
     if _plot("timeline plot", lambda: plots.timeline(results, path=path / "timeline.png")):
         written.append("timeline.png")
     if args.gantt and _plot("gantt plot", lambda: plots.gantt(
@@ -85,6 +97,38 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _run_seeds(args, config) -> int:
+    """``simsched run --seeds N``: the config over N seeds, each metric with its interval."""
+    from simsched.analysis.replicate import replicate
+
+    if args.seeds < 2:
+        raise ValueError(f"--seeds must be at least 2 for an interval, got {args.seeds}")
+    rep = replicate(config, seeds=args.seeds)
+    keys = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p99", "e2el_p50", "e2el_p99",
+            "request_throughput", "output_throughput")
+    table = rep.intervals[rep.intervals["metric"].isin(keys)]
+    with pd.option_context("display.float_format", "{:.4g}".format):
+        print(table.drop(columns="confidence").to_string(index=False))
+    path = Path(args.out or "out/run")
+    path.mkdir(parents=True, exist_ok=True)
+    rep.runs.to_csv(path / "seeds.csv", index=False)
+    rep.intervals.to_csv(path / "intervals.csv", index=False)
+    print(f"wrote {path}/: seeds.csv, intervals.csv")
+    return 0
+
+
+def _check_out_file(flag: str, target) -> None:
+    """Refuse an output file that cannot be written, before the run (not after it)."""
+    if target is None:
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise ValueError(f"{flag} {target}: is a directory, give a file name")
+    parent = next((p for p in path.resolve().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"{flag} {target}: {parent} is a file, not a directory")
 
 
 def _run_streamed(args, config) -> int:
