@@ -108,7 +108,9 @@ def restore_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
     """Give a frame read from disk its in-memory dtypes back (see :data:`STRING_COLUMNS`)."""
     for col in STRING_COLUMNS:
         if col in frame.columns:
-            frame[col] = frame[col].fillna("").astype(object)
+            # astype first: an all-empty column reads back as float NaN, which fillna("")
+            # would warn about (pandas refuses a string fill for a float column).
+            frame[col] = frame[col].astype(object).fillna("")
     for col in NULLABLE_INT_COLUMNS:
         if col in frame.columns:
             frame[col] = frame[col].astype("Int64")

@@ -265,6 +265,13 @@ class Results:
 
         return write_openmetrics(self, path, interval=interval, **options)
 
+    def to_report(self, path, title: str = "simsched run", intervals=None) -> Path:
+        """Write a one-page, self-contained HTML report of the run (config, summary, timeline,
+        latency CDFs, replicas; :mod:`simsched.analysis.report`) to ``path``."""
+        from simsched.analysis.report import write_report
+
+        return write_report(self, path, title, intervals)
+
     def to_vllm_bench(self, path=None, percentiles=(99,), percentile_metrics=None, slo=None,
                       label: str | None = None) -> dict:
         """The run as ``vllm bench serve --save-result`` would save it (keys ``completed``,

@@ -78,11 +78,13 @@ def t_quantile(p: float, df: float) -> float:
 class Replicates:
     """What :func:`replicate` returns: ``runs`` (one row per seed: ``seed`` and every summary
     metric) and ``intervals`` (one row per numeric metric: ``metric``, ``mean``, ``std``,
-    ``ci_low``, ``ci_high``, ``num_seeds``, ``confidence``)."""
+    ``ci_low``, ``ci_high``, ``num_seeds``, ``confidence``); ``first`` is the first seed's
+    :class:`~simsched.analysis.metrics.Results` (its frames, for plots and reports)."""
 
     runs: pd.DataFrame
     intervals: pd.DataFrame
     confidence: float
+    first: object = None
 
     def interval(self, metric: str) -> tuple[float, float, float]:
         """(mean, low, high) of one metric."""
@@ -131,9 +133,10 @@ def replicate(config, seeds=5, confidence: float = 0.95, requests=None, **simula
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    rows = []
+    rows, first = [], None
     for seed in seeds:
         res = simulate(config.replace(seed=seed), requests=requests, **simulate_options)
         rows.append({"seed": seed, **res.summary()})
+        first = res if first is None else first
     runs = pd.DataFrame(rows)
-    return Replicates(runs, intervals_of(runs, confidence), confidence)
+    return Replicates(runs, intervals_of(runs, confidence), confidence, first)

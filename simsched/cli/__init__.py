@@ -17,7 +17,7 @@ from typing import Sequence
 
 # The subcommands live in commands.py; feature_figures and SUMMARY_COLUMNS stay importable here.
 from simsched.cli.commands import (SUMMARY_COLUMNS, cmd_capacity, cmd_plan,  # noqa: F401
-                                   cmd_run, cmd_sweep, feature_figures)
+                                   cmd_report, cmd_run, cmd_sweep, feature_figures)
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
                                   load_toml, parse_value)
 from simsched.config.presets import PRESETS
@@ -200,12 +200,17 @@ def _add_plan_parser(sub) -> None:
                     "[[candidates]] (gpu, tp, router, min_replicas, max_replicas, settings)")
     pl.add_argument("--out", help="output directory (default out/plan)")
     _add_parallel(pl)
+    rep = sub.add_parser("report", help="one self-contained HTML page of a run that "
+                         "`simsched run --out DIR` wrote")
+    rep.add_argument("directory", help="the run's output directory")
+    rep.add_argument("--file", help="where to write the page (default DIR/report.html)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsched`` command; returns the exit status."""
     args = make_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity, "plan": cmd_plan}
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity, "plan": cmd_plan,
+                "report": cmd_report}
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _WarningPrinter()

@@ -115,7 +115,20 @@ def _run_seeds(args, config) -> int:
     path.mkdir(parents=True, exist_ok=True)
     rep.runs.to_csv(path / "seeds.csv", index=False)
     rep.intervals.to_csv(path / "intervals.csv", index=False)
-    print(f"wrote {path}/: seeds.csv, intervals.csv")
+    # The first seed's frames too, so that `simsched report DIR` has a run to draw.
+    rep.runs.iloc[[0]].drop(columns="seed").to_csv(path / "summary.csv", index=False)
+    rep.first.to_csv(path)
+    print(f"wrote {path}/: seeds.csv, intervals.csv, and seed {rep.runs['seed'].iloc[0]}'s "
+          "summary.csv, frames and config.json")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """``simsched report DIR``: one self-contained HTML page of a run ``simsched run`` wrote."""
+    from simsched.analysis.report import report_from_dir
+
+    out = report_from_dir(args.directory, args.file)
+    print(f"wrote {out}")
     return 0
 
 
