@@ -265,6 +265,14 @@ class Results:
 
         return write_openmetrics(self, path, interval=interval, **options)
 
+    def energy(self, power_cap_watts: float | None = None, carbon_intensity=None):
+        """Energy and power of the run from the GPU power model (computed on demand; see
+        :mod:`simsched.analysis.energy`): per-iteration power, per-replica joules and peaks,
+        J per request and per output token, and grams of CO2 given a carbon intensity."""
+        from simsched.analysis.energy import energy
+
+        return energy(self, power_cap_watts, carbon_intensity)
+
     def to_report(self, path, title: str = "simsched run", intervals=None) -> Path:
         """Write a one-page, self-contained HTML report of the run (config, summary, timeline,
         latency CDFs, replicas; :mod:`simsched.analysis.report`) to ``path``."""

@@ -55,8 +55,10 @@ _ONERROR = ("window.addEventListener('error', function(e){"
 SUMMARY_KEYS = ("num_requests", "num_finished", "num_rejected", "ttft_mean", "ttft_p50",
                 "ttft_p99", "tpot_mean", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99",
                 "e2el_mean", "e2el_p50", "e2el_p99", "queue_time_mean", "request_throughput",
-                "output_throughput", "num_preemptions", "kv_usage_mean", "energy_joules",
-                "joules_per_output_token", "power_mean_watts", "power_peak_watts")
+                "output_throughput", "num_preemptions", "kv_usage_mean")
+ENERGY_KEYS = ("energy_joules", "busy_energy_joules", "idle_energy_joules", "joules_per_request",
+               "joules_per_output_token", "power_mean_watts", "power_peak_watts",
+               "num_capped_iterations", "co2_grams")
 
 
 def _png(fig) -> str:
@@ -133,8 +135,7 @@ def build_html(*, title: str, config: dict, summary: dict, requests: pd.DataFram
         parts.append("<h2>Replicas</h2>" + _table(replicas))
     status = requests["status"].value_counts().rename_axis("status").reset_index(name="count")
     parts.append("<h2>Requests by outcome</h2>" + _table(status))
-    energy = {k: summary[k] for k in SUMMARY_KEYS if k.startswith(("energy", "joules", "power"))
-              and k in summary}
+    energy = {k: summary[k] for k in ENERGY_KEYS if k in summary}
     parts.append("<h2>Energy</h2>" + (_table(pd.DataFrame([energy])) if energy else
                                        "<p>This run has no power model figures.</p>"))
     parts.append("<h2>Config</h2><pre>" + html.escape(json.dumps(config, indent=1)) + "</pre>")
@@ -145,8 +146,14 @@ def build_html(*, title: str, config: dict, summary: dict, requests: pd.DataFram
 
 
 def report_html(res, title: str = "simsched run", intervals: pd.DataFrame | None = None) -> str:
-    """The report of a :class:`~simsched.analysis.metrics.Results` as an HTML string."""
-    return build_html(title=title, config=res.resolved_config(), summary=res.summary(),
+    """The report of a :class:`~simsched.analysis.metrics.Results` as an HTML string (with the
+    power model's energy figures where every replica's GPU has power figures)."""
+    summary = res.summary()
+    try:
+        summary.update(res.energy().summary)
+    except ValueError:      # a GPU without power figures: the page says it has none
+        pass
+    return build_html(title=title, config=res.resolved_config(), summary=summary,
                       requests=res.requests, iterations=res.iterations, replicas=res.replicas,
                       num_blocks=res.info.get("num_blocks"), intervals=intervals)
 

@@ -133,6 +133,11 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=_positive_int, metavar="N",
                      help="run N seeds (the config's seed, +1, ...) and print each metric's mean "
                           "and 95%% t-interval; writes seeds.csv and intervals.csv")
+    run.add_argument("--energy", action="store_true",
+                     help="add the power model's energy figures to the summary and write "
+                          "energy.csv (per replica)")
+    run.add_argument("--power-cap", type=float, metavar="WATTS",
+                     help="each GPU's power cap for the energy figures (implies --energy)")
     run.add_argument("--trace", metavar="FILE",
                      help="also write the run as a Chrome/Perfetto trace (JSON) to FILE")
     run.add_argument("--metrics", metavar="FILE",

@@ -51,6 +51,8 @@ def cmd_run(args) -> int:
     config, slo = config_from_args(args)
     for flag, target in (("--trace", args.trace), ("--metrics", args.metrics)):
         _check_out_file(flag, target)
+    if args.power_cap is not None and not args.power_cap > 0:
+        raise ValueError(f"--power-cap must be positive watts, got {args.power_cap}")
     if not args.metrics_interval > 0:
         raise ValueError(f"--metrics-interval must be positive, got {args.metrics_interval}")
     if args.seeds:
@@ -61,6 +63,10 @@ def cmd_run(args) -> int:
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
                                   record_steps=args.record_steps)
     summary.update(feature_figures(results))
+    wants_energy = args.energy or args.power_cap is not None
+    energy = results.energy(args.power_cap) if wants_energy else None
+    if energy is not None:
+        summary.update(energy.summary)
     if results.fleet is not None:
         summary.update(fleet_cost=results.fleet.cost,
                        fleet_replica_hours=results.fleet.replica_hours)
@@ -75,6 +81,9 @@ def cmd_run(args) -> int:
     written = ["summary.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
                "config.json"] + (["steps.csv"] if results.steps is not None else []) \
         + (["fleet_units.csv", "fleet_timeline.csv"] if results.fleet is not None else [])
+    if energy is not None:
+        energy.replicas.to_csv(path / "energy.csv", index=False)
+        written.append("energy.csv")
     if args.vllm_json:
         results.to_vllm_bench(args.vllm_json, percentiles=args.metric_percentiles, slo=slo)
         print(f"wrote {args.vllm_json}")
