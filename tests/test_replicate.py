@@ -56,3 +56,45 @@ def test_bad_seeds_are_refused(seeds, match):
 def test_bad_confidence_is_refused():
     with pytest.raises(ValueError, match="confidence"):
         simsched.replicate(SimConfig().replace(num_requests=5), seeds=2, confidence=95)
+
+
+def test_sweep_intervals_group_by_the_other_factors():
+    from simsched import sweep
+
+    res = sweep(SimConfig().replace(num_requests=20), executor="serial", rate=[5.0, 20.0],
+                seed=[0, 1, 2], progress=False)
+    iv = res.intervals()
+    rows = iv[iv["metric"] == "ttft_p99"].set_index("rate")
+    for rate in (5.0, 20.0):
+        values = res.runs[res.runs["rate"] == rate]["ttft_p99"]
+        assert rows.loc[rate, "mean"] == pytest.approx(values.mean())
+        assert rows.loc[rate, "num_seeds"] == 3
+        sem = values.std(ddof=1) / math.sqrt(3)
+        assert rows.loc[rate, "ci_high"] - rows.loc[rate, "mean"] == pytest.approx(
+            t_quantile(0.975, 2) * sem)
+    with pytest.raises(ValueError, match="did not vary it"):
+        res.intervals("policy")
+
+
+def test_latency_plot_draws_a_band_per_line_with_seeds():
+    from simsched import sweep
+    from simsched.analysis import plots
+
+    res = sweep(SimConfig().replace(num_requests=20), executor="serial", rate=[5.0, 20.0],
+                seed=[0, 1], progress=False)
+    fig = plots.latency_vs_load(res.runs, by=[])
+    assert all(len(ax.collections) == 1 for ax in fig.axes)      # one interval band each
+    one = plots.latency_vs_load(res.runs[res.runs["seed"] == 0], by=[])
+    assert all(len(ax.collections) == 0 for ax in one.axes)
+
+
+def test_cli_sweep_seeds_writes_intervals(tmp_path):
+    from simsched.cli import main
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "--num-requests", "15", "--vary", "rate=5,20", "--seeds", "2",
+                 "--executor", "serial", "--quiet", "--out", str(out)]) == 0
+    iv = pd.read_csv(out / "intervals.csv")
+    assert set(iv["rate"]) == {5.0, 20.0} and (iv["num_seeds"] == 2).all()
+    assert main(["sweep", "--num-requests", "5", "--vary", "seed=0,1", "--seeds", "2",
+                 "--executor", "serial", "--quiet", "--out", str(out)]) == 2

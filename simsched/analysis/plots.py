@@ -71,9 +71,13 @@ def latency_vs_load(runs: pd.DataFrame, path=None, x: str = "rate",
                     by: Sequence[str] = ("policy",), ax=None, dpi: int = 90):
     """TTFT p50, TTFT p99 and TPOT p99 against ``x``, one line per ``by`` group.
 
-    Runs with equal ``x`` and group (several seeds) are averaged. A hollow marker on each line
-    marks its saturation point (see :func:`saturation_rate`). ``ax``: three Axes.
+    Runs with equal ``x`` and group (several seeds) are averaged, and the band around each line
+    is the Student-t 95 % interval of that mean over them (drawn where a point has two or more
+    runs). A hollow marker on each line marks its saturation point (see
+    :func:`saturation_rate`). ``ax``: three Axes.
     """
+    from simsched.analysis.replicate import t_quantile
+
     metrics = (("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"),
                ("tpot_p99", "TPOT p99 (s)"))
     fig, axes = _figure(ax, 3, (12, 3.6))
@@ -81,8 +85,15 @@ def latency_vs_load(runs: pd.DataFrame, path=None, x: str = "rate",
     for label, group in runs.groupby(labels, sort=False):
         mean = group.groupby(x)[[m for m, _ in metrics]].mean().sort_index()
         sat = saturation_rate(group, x)
+        spread = group.groupby(x)[[m for m, _ in metrics]].agg(["std", "count"]).sort_index()
         for axis, (metric, _) in zip(axes, metrics):
             line, = axis.plot(mean.index, mean[metric], marker=".", label=label)
+            n = spread[(metric, "count")].to_numpy()
+            if (n >= 2).any():
+                half = np.array([t_quantile(0.975, k - 1) if k >= 2 else np.nan for k in n]) \
+                    * spread[(metric, "std")].to_numpy() / np.sqrt(np.maximum(n, 1))
+                axis.fill_between(mean.index, mean[metric] - half, mean[metric] + half,
+                                  color=line.get_color(), alpha=0.2, lw=0)
             if sat == sat and sat in mean.index:
                 axis.plot([sat], [mean.loc[sat, metric]], marker="o", markersize=10,
                           markerfacecolor="none", color=line.get_color())

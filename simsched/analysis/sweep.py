@@ -111,6 +111,30 @@ class SweepResult:
         """As :meth:`to_csv`, as ``NAME.parquet`` files (needs pyarrow)."""
         return self._write(directory, "parquet")
 
+    def intervals(self, over: str = "seed", confidence: float = 0.95) -> pd.DataFrame:
+        """Each summary metric's mean and Student-t interval over the values of factor ``over``
+        (seeds), per combination of the other factors: one row per (group, metric) with the
+        group's factor values, ``metric``, ``mean``, ``std``, ``ci_low``, ``ci_high``,
+        ``num_seeds`` and ``confidence``."""
+        from simsched.analysis.replicate import intervals_of
+
+        if over not in self.runs.columns:
+            raise ValueError(f"intervals over {over!r}: the sweep did not vary it "
+                             f"(factors: {list(self.factors)})")
+        others = [k for k in self.factors if k != over and k in self.runs.columns]
+        skip = set(others) | {over, "run_id"}
+        metrics = self.runs[[c for c in self.runs.columns if c not in skip]]
+        parts = []
+        groups = self.runs.groupby(others, sort=False) if others else [((), self.runs)]
+        for key, group in groups:
+            frame = intervals_of(metrics.loc[group.index], confidence)
+            key = key if isinstance(key, tuple) else (key,)
+            for name, value in zip(others, key):
+                frame[name] = value
+            parts.append(frame)
+        out = pd.concat(parts, ignore_index=True)
+        return out[others + [c for c in out.columns if c not in others]]
+
     def __len__(self) -> int:
         return len(self.runs)
 

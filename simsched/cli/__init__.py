@@ -152,6 +152,9 @@ def make_parser() -> argparse.ArgumentParser:
                           "(memory bounded by the requests in flight); print per-window sums")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
+    sw.add_argument("--seeds", type=_positive_int, metavar="N",
+                    help="run every point with N seeds and write intervals.csv (each metric's "
+                         "mean and 95%% t-interval per point; plots draw the bands)")
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
                     help="a field and its values, e.g. --vary rate=1,2,4 --vary policy=fcfs,spf "
                     "(tuple fields as JSON: --vary prompt_range=[10,100],[10,500])")

@@ -209,6 +209,12 @@ def cmd_sweep(args) -> int:
     config, slo = config_from_args(args)
     factors = {key: [parse_set_value(key, v) for v in split_values(values)]
                for key, values in parse_pairs(args.vary, "--vary")}
+    if args.seeds:
+        if "seed" in factors:
+            raise ValueError("give seeds either as --seeds N or as --vary seed=..., not both")
+        if args.seeds < 2:
+            raise ValueError(f"--seeds must be at least 2 for an interval, got {args.seeds}")
+        factors["seed"] = [config.seed + k for k in range(args.seeds)]
     if not factors:
         raise ValueError("sweep needs at least one --vary FIELD=V1,V2,...")
     result = sweep(config, executor=args.executor, max_workers=args.workers,
@@ -218,6 +224,10 @@ def cmd_sweep(args) -> int:
     result.to_csv(path)
     written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
                "config.json"]
+    if "seed" in factors and len(factors["seed"]) > 1:
+        intervals = result.intervals("seed")
+        intervals.to_csv(path / "intervals.csv", index=False)
+        written.append("intervals.csv")
     rate_key = next((k for k in factors if k.split(".")[-1] == "rate"), None)
     if rate_key is not None and len(factors[rate_key]) > 1:
         from simsched.analysis import plots
