@@ -5,12 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -103,55 +97,23 @@ def test_grafana_dashboard_reads_exported_series(run):
             assert name in exported or base in exported, f"{name} in the dashboard is not exported"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def prometheus(run, tmp_path_factory):
-    promtool, server = shutil.which("promtool"), shutil.which("prometheus")
-    if not (promtool and server):
+    from tools import prometheus_server
+
+    if not prometheus_server.available():
         pytest.skip("Prometheus is not installed (Debian: apt-get install prometheus; .ci/run "
                     "installs it)")
     root = tmp_path_factory.mktemp("prom")
     (root / "metrics.om").write_text(openmetrics_text(run, interval=0.5))
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics",
-                    str(root / "metrics.om"), str(root / "data")], check=True,
-                   capture_output=True, timeout=120)
-    (root / "prometheus.yml").write_text("global: {}\n")
-    port = _free_port()
-    proc = subprocess.Popen([server, f"--config.file={root / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={root / 'data'}",
-                             "--storage.tsdb.retention.time=100y",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("Prometheus did not start within 60 s")
-            time.sleep(0.3)
+    with prometheus_server.serving(root / "metrics.om", root) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _query(base: str, expr: str, at: float) -> list:
-    url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr, "time": repr(at)})
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body = json.loads(resp.read())
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+    from tools import prometheus_server
+
+    return prometheus_server.query(base, expr, at)
 
 
 def test_promql_answers_match_the_frames(run, prometheus):

@@ -44,13 +44,18 @@ class Measured:
     requests: pd.DataFrame | None = None
 
 
-def _load_json(path: Path) -> dict:
+def _parsed(path: Path, loads, error, kind: str):
+    """``loads`` of the file's text; a missing file or a parse ``error`` names the file."""
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
+        return loads(path.read_text())
+    except error as exc:
+        raise ValueError(f"{path}: not {kind} ({exc})") from None
+
+
+def _load_json(path: Path) -> dict:
+    data = _parsed(path, json.loads, json.JSONDecodeError, "JSON")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -220,12 +225,7 @@ def read_settings_toml(path) -> dict:
     except ModuleNotFoundError:     # Python 3.10
         import tomli as tomllib
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not TOML ({exc})") from None
+    data = _parsed(path, tomllib.loads, tomllib.TOMLDecodeError, "TOML")
     table = data.get("server", data)
     out = {}
     for key, value in table.items():

@@ -12,14 +12,7 @@ tools where they exist.
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import simsched
@@ -72,41 +65,18 @@ def trace_figure(trace: dict, path: Path, num_requests: int = 12) -> None:
     fig.savefig(path, dpi=90)
 
 
-def _query_range(base: str, expr: str, start: float, end: float, step: float) -> list:
-    q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-    with urllib.request.urlopen(f"{base}/api/v1/query_range?{q}", timeout=20) as resp:
-        return json.loads(resp.read())["data"]["result"]
-
-
 def prometheus_figure(res, path: Path) -> bool:
-    promtool, server = shutil.which("promtool"), shutil.which("prometheus")
-    if not (promtool and server):
-        print("prometheus not installed: skipped", path.name)
-        return False
     from matplotlib.figure import Figure
 
+    from tools import prometheus_server
+
+    if not prometheus_server.available():
+        print("prometheus not installed: skipped", path.name)
+        return False
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         res.to_openmetrics(tmp / "m.om", interval=0.5)
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "m.om"),
-                        str(tmp / "data")], check=True, capture_output=True)
-        (tmp / "p.yml").write_text("global: {}\n")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([server, f"--config.file={tmp / 'p.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'data'}",
-                                 "--storage.tsdb.retention.time=100y",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(200):
-                try:
-                    urllib.request.urlopen(base + "/-/ready", timeout=2)
-                    break
-                except OSError:
-                    time.sleep(0.3)
+        with prometheus_server.serving(tmp / "m.om", tmp) as base:
             start, end = DEFAULT_EPOCH + 1.0, DEFAULT_EPOCH + res.sim_time
             panels = [
                 ("requests running", "vllm:num_requests_running", "{instance}"),
@@ -117,7 +87,7 @@ def prometheus_figure(res, path: Path) -> bool:
             fig = Figure(figsize=(11, 5))
             for k, (title, expr, label) in enumerate(panels):
                 ax = fig.add_subplot(2, 2, k + 1)
-                for series in _query_range(base, expr, start, end, 0.5):
+                for series in prometheus_server.query_range(base, expr, start, end, 0.5):
                     t = [float(v[0]) - DEFAULT_EPOCH for v in series["values"]]
                     y = [float(v[1]) for v in series["values"]]
                     ax.plot(t, y, lw=1, label=label.format(**series["metric"]))
@@ -127,9 +97,6 @@ def prometheus_figure(res, path: Path) -> bool:
             fig.supxlabel("simulated time (s)", fontsize=8)
             fig.tight_layout()
             fig.savefig(path, dpi=90)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     return True
 
 
