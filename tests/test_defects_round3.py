@@ -157,3 +157,132 @@ def test_a_migration_of_an_hour_lands_and_the_run_ends():
     assert len(moved) > 0 and (moved["status"] == "finished").all()
     # They landed an hour after the removal at t=6 and then finished.
     assert (moved["finished_at"] > 6.0 + MAX_MIGRATION_TIME).all()
+
+
+# ------------------------------------------------------- 10, 11: ServeGen at config time
+from simsched.workloads import rate_schedule as rs  # noqa: E402
+from simsched.workloads.arrivals import MAX_ARRIVALS  # noqa: E402
+from simsched.workloads.workload import WorkloadConfig, generate  # noqa: E402
+
+
+def servegen(**changes):
+    return WorkloadConfig(name="custom", arrival="servegen", lengths="fixed", **changes)
+
+
+def test_a_missing_servegen_file_is_refused_at_config_time(tmp_path):
+    missing = tmp_path / "client_windows.csv.gz"
+    with pytest.raises(ValueError, match=r"workload\.trace_path: ServeGen window file .*"
+                                         r"client_windows\.csv\.gz not found"):
+        servegen(trace_path=str(missing))
+
+
+def test_an_unreadable_servegen_file_names_the_field_and_the_file(tmp_path):
+    bad = tmp_path / "w.csv"
+    bad.write_text("model,client\nm-large,0\n")
+    with pytest.raises(ValueError, match=r"workload\.trace_path: .*w\.csv: missing column"):
+        servegen(trace_path=str(bad))
+    with pytest.raises(ValueError, match=r"workload\.start/workload\.duration: .*no traffic"):
+        servegen(start=90_000.0)
+
+
+@pytest.mark.parametrize("duration", [1e-6, 1e-3])
+def test_a_servegen_period_with_no_expected_arrival_names_the_duration(duration):
+    with pytest.raises(ValueError, match=r"workload\.duration: arrival='servegen' expects "
+                                         r".* arrivals .*fewer than one"):
+        servegen(duration=duration)
+
+
+def test_a_short_servegen_period_with_arrivals_is_accepted_and_drawn():
+    frame = generate(servegen(duration=1.0), np.random.default_rng(0))
+    assert len(frame) > 0 and frame["arrival_at"].max() < 1.0
+
+
+def test_expected_arrivals_is_the_windows_rate_times_their_part_before_duration():
+    table = rs.windows_from_schedule(((10.0, 2.0), (10.0, 6.0)))
+    assert rs.expected_arrivals(table) == 80.0
+    assert rs.expected_arrivals(table, duration=15.0) == 20.0 + 30.0
+    assert rs.expected_arrivals(table, rate=8.0) == 160.0   # scaled to 8 req/s over 20 s
+    counts = [len(rs.windowed(np.random.default_rng(s), table, duration=15.0))
+              for s in range(40)]
+    assert abs(np.mean(counts) - 50.0) < 4 * np.sqrt(50.0 / 40)
+
+
+# --------------------------------------------------------- 12: a bound on arrivals drawn
+def test_a_schedule_of_1e12_requests_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"workload\.rate_schedule: arrival='windows' expects "
+                                         r"1e\+12 arrivals .* more than the 200,000,000"):
+        WorkloadConfig(name="custom", arrival="windows", rate_schedule=((1.0, 1e12),))
+    with pytest.raises(ValueError, match=r"workload\.duration: arrival='poisson'"):
+        WorkloadConfig(name="custom", arrival="poisson", rate=1e9, duration=10.0)
+    with pytest.raises(ValueError, match=r"workload\.num_requests must be at most 200,000,000"):
+        WorkloadConfig(num_requests=MAX_ARRIVALS + 1)
+
+
+def counting(monkeypatch):
+    """Record ``(window start, arrivals returned)`` of every window rate_schedule draws."""
+    calls = []
+    original = rs.window_arrivals
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append((float(args[1]), len(out)))
+        return out
+
+    monkeypatch.setattr(rs, "window_arrivals", counted)
+    return calls
+
+
+def test_1e12_requests_per_second_with_a_cap_draws_only_the_cap(monkeypatch):
+    calls = counting(monkeypatch)
+    cfg = WorkloadConfig(name="custom", arrival="windows", lengths="fixed",
+                         rate_schedule=((1.0, 1e12), (1.0, 5.0)), num_requests=1000)
+    frame = generate(cfg, np.random.default_rng(0))
+    assert len(frame) == 1000 and frame["arrival_at"].is_monotonic_increasing
+    assert frame["arrival_at"].max() < 1e-6      # a trillion a second: the first microsecond
+    # One window drawn, to its first 1,000 arrivals; the second never.
+    assert calls == [(0.0, 1000)]
+
+
+# ------------------------------------------------------ 13: only what the first n need
+def test_servegen_n_requests_draw_the_first_windows_not_the_day(monkeypatch):
+    calls = counting(monkeypatch)
+    frame = generate(servegen(rate=1000.0, num_requests=1000), np.random.default_rng(0))
+    assert len(frame) == 1000
+    table = rs.read_servegen()
+    first = table[table["start"] == 0.0]
+    # Only the first 10-minute window's clients, each to at most 1,000 arrivals (the whole
+    # day scaled to 1,000 req/s is 86.4 million).
+    assert {start for start, _ in calls} == {0.0} and len(calls) <= len(first)
+    assert sum(k for _, k in calls) <= 1000 * len(first)
+    # The arrivals come at the first window's (scaled) rate.
+    scale = 1000.0 / rs.mean_rate(table)
+    rate = scale * first["rate"].sum()
+    assert frame["arrival_at"].iloc[-1] == pytest.approx(1000 / rate, rel=0.5)
+
+
+def test_with_a_cap_above_the_schedule_every_window_is_drawn_as_before():
+    table = rs.windows_from_schedule(((300.0, 4.0, 2.0), (300.0, 0.0), (300.0, 9.0, 0.5)),
+                                     family="weibull")
+    whole = rs.windowed(np.random.default_rng(3), table)
+    np.testing.assert_array_equal(rs.windowed(np.random.default_rng(3), table, n=10**6), whole)
+    # A cap the first windows reach: the same process, drawn only that far.
+    lazy = [rs.windowed(np.random.default_rng(s), table, n=1500)[-1] for s in range(30)]
+    full = [rs.windowed(np.random.default_rng(s), table)[1499] for s in range(30)]
+    assert len(rs.windowed(np.random.default_rng(0), table, n=1500)) == 1500
+    assert abs(np.mean(lazy) - np.mean(full)) < 4 * np.std(full) / np.sqrt(15)
+
+
+def test_existing_servegen_configs_draw_as_before():
+    """A ServeGen hour (no cap) is every window drawn in turn, joined, sorted and cut: the
+    draws of the code before the lazy cap (bit for bit)."""
+    cfg = servegen(rate=20.0, duration=3600.0)
+    windows = cfg.window_table()
+    rng = np.random.default_rng(5)
+    scale = 20.0 / rs.mean_rate(windows)
+    parts = [rs.window_arrivals(rng, s, sec, r * scale, cv, fam) for s, sec, r, cv, fam in zip(
+        windows["start"], windows["seconds"], windows["rate"], windows["cv"], windows["family"])
+        if s < 3600.0]
+    times = np.sort(np.concatenate(parts))
+    expected = times[times < 3600.0]
+    np.testing.assert_array_equal(
+        generate(cfg, np.random.default_rng(5))["arrival_at"].to_numpy(), expected)

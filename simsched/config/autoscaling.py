@@ -22,7 +22,7 @@ POOL_KEYS = ("name", "price_per_hour", "min_replicas", "max_replicas")
 # What a removed replica does with the requests it holds (simsched.cluster.removal).
 ON_REMOVE = ("drain", "migrate", "abort")
 # The shortest sampling interval, in seconds. Each sample is one event and a pass over the
-# routable replicas (about 20 us for three), so a shorter one only slows the run: 1e-9 would be
+# routable replicas (tens of microseconds), so a shorter one only slows the run: 1e-9 would be
 # a billion samples per simulated second. Real autoscalers decide every 15-60 s (HPA's default
 # sync period is 15 s), so 1 ms leaves room for a day compressed 10,000 times.
 MIN_INTERVAL = 1e-3
