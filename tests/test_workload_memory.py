@@ -38,7 +38,7 @@ def test_windowed_draws_every_window_as_before(monkeypatch, duration):
     got = rs.windowed(np.random.default_rng(4), windows, duration=duration)
     np.testing.assert_array_equal(got, expected)
     # A buffer too small for the windows (a window that needs a second batch of gaps) grows.
-    monkeypatch.setattr(rs, "_capacity", lambda rows, scale: 1)
+    monkeypatch.setattr(rs, "_capacity", lambda rows, scale, limit=None: 1)
     np.testing.assert_array_equal(
         rs.windowed(np.random.default_rng(4), windows, duration=duration), expected)
 

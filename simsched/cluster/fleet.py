@@ -20,7 +20,6 @@ autoscaling) never builds a Fleet. The policies deciding the target count live i
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
 
 import numpy as np
@@ -44,17 +43,8 @@ def pool_specs(config, base_specs, spec_builder) -> list[dict]:
     included); one with fields gets ``spec_builder(replica config)``.
     """
     pools = config.cluster.autoscaling.pool_specs()
-    for pool in pools:
-        if not pool["overrides"]:
-            pool["spec"] = base_specs[0]
-            continue
-        cluster = dataclasses.replace(config.cluster, num_replicas=1,
-                                      replicas=(pool["overrides"],), autoscaling=None)
-        try:
-            rcfg = dataclasses.replace(config, cluster=cluster).replica_configs()[0]
-        except ValueError as exc:
-            raise ValueError(f"cluster.autoscaling pool {pool['name']!r}: {exc}") from None
-        pool["spec"] = spec_builder(rcfg)
+    for pool, rcfg in zip(pools, config.pool_configs()):
+        pool["spec"] = spec_builder(rcfg) if pool["overrides"] else base_specs[0]
     return pools
 
 

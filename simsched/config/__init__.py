@@ -66,11 +66,14 @@ class SimConfig:
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
         if self.cluster.replicas:
             self.replica_configs()      # every override is valid against these base settings
-        if self.cluster.roles and any(c.scheduler.lora is not None
-                                      for c in self.replica_configs()):
+        self.pool_configs()             # so is every autoscaling pool's (the same check)
+        # Roles given either way (cluster.roles, or num_prefill/num_decode_replicas).
+        if self.cluster.disaggregated and any(c.scheduler.lora is not None
+                                              for c in self.replica_configs()):
             # A handed-off request would join its decode replica without an adapter slot.
             raise ValueError("scheduler.lora is not supported with disaggregated prefill/decode "
-                             "(cluster.roles)")
+                             "(cluster.roles or cluster.num_prefill_replicas/"
+                             "num_decode_replicas)")
         if self.cluster.kv_remote_tier is not None and self.cache.kv_tiers is None:
             raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
                              "config; its tier list may be empty)")
@@ -85,7 +88,6 @@ class SimConfig:
         """
         if not self.cluster.replicas:
             return [self] * self.cluster.num_replicas
-        single = ClusterConfig()
         out, built = [], {}
         for i, changes in enumerate(self.cluster.overrides()):
             key = tuple(sorted(changes.items(), key=lambda kv: kv[0]))
@@ -94,25 +96,43 @@ class SimConfig:
             except TypeError:           # an unhashable value (a dict of policy options)
                 cfg, key = None, None
             if cfg is None:
-                parts: dict[str, dict[str, Any]] = {p: {} for p in REPLICA_SECTIONS}
-                for name, value in changes.items():
-                    if "." in name:
-                        section, name = name.split(".", 1)
-                    else:
-                        section = next(p for p in REPLICA_SECTIONS if name in
-                                       {f.name for f in dataclasses.fields(getattr(self, p))})
-                    parts[section][name] = value
-                try:
-                    cfg = dataclasses.replace(
-                        self, cluster=single,
-                        **{p: dataclasses.replace(getattr(self, p), **c)
-                           for p, c in parts.items() if c})
-                except ValueError as exc:
-                    raise ValueError(f"cluster.replicas[{self._entry_of(i)}]: {exc}") from None
+                cfg = self._overridden(changes, f"cluster.replicas[{self._entry_of(i)}]")
                 if key is not None:
                     built[key] = cfg
             out.append(cfg)
         return out
+
+    def pool_configs(self) -> list["SimConfig"]:
+        """One config per ``cluster.autoscaling`` pool: this one with the pool's replica fields
+        (its cluster part a single replica), checked as :meth:`replica_configs` checks a
+        fixed replica's override; a bad value raises ValueError naming
+        ``cluster.autoscaling.pools[i]``. Empty without autoscaling."""
+        auto = self.cluster.autoscaling
+        if auto is None:
+            return []
+        return [self._overridden(pool["overrides"],
+                                 f"cluster.autoscaling.pools[{i}] ({pool['name']!r})")
+                for i, pool in enumerate(auto.pool_specs())]
+
+    def _overridden(self, changes: Mapping[str, Any], where: str) -> "SimConfig":
+        """This config with per-replica ``changes`` (flat or dotted scheduler, cache and
+        hardware fields) and a single-replica cluster; each section is rebuilt, so every
+        field check runs; a ValueError names ``where``. The one check of a replica's fields:
+        fixed replicas' overrides and autoscaling pools both go through it."""
+        parts: dict[str, dict[str, Any]] = {p: {} for p in REPLICA_SECTIONS}
+        for name, value in changes.items():
+            if "." in name:
+                section, name = name.split(".", 1)
+            else:
+                section = next(p for p in REPLICA_SECTIONS if name in
+                               {f.name for f in dataclasses.fields(getattr(self, p))})
+            parts[section][name] = value
+        try:
+            return dataclasses.replace(
+                self, cluster=ClusterConfig(),
+                **{p: dataclasses.replace(getattr(self, p), **c) for p, c in parts.items() if c})
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
 
     def _entry_of(self, replica: int) -> int:
         """Which ``cluster.replicas`` entry replica number ``replica`` comes from."""

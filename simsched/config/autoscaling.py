@@ -21,6 +21,17 @@ METRICS = ("running", "waiting", "outstanding", "kv_use", "ttft")
 POOL_KEYS = ("name", "price_per_hour", "min_replicas", "max_replicas")
 # What a removed replica does with the requests it holds (simsched.cluster.removal).
 ON_REMOVE = ("drain", "migrate", "abort")
+# The shortest sampling interval, in seconds. Each sample is one event and a pass over the
+# routable replicas (tens of microseconds), so a shorter one only slows the run: 1e-9 would be
+# a billion samples per simulated second. Real autoscalers decide every 15-60 s (HPA's default
+# sync period is 15 s), so 1 ms leaves room for a day compressed 10,000 times.
+MIN_INTERVAL = 1e-3
+# The longest migration (a number, or a distribution's mean or upper end), in seconds. While a
+# request is in transit the run goes on and the autoscaler samples every interval, so a
+# migration that never lands (1e17 s) would sample for ever; a migration re-prefills a request
+# elsewhere, seconds of work, and one of an hour is no longer a migration: an hour bounds the
+# run's extra samples at 3,600 / interval.
+MAX_MIGRATION_TIME = 3600.0
 
 
 def _delay(name: str, value) -> tuple:
@@ -34,7 +45,8 @@ def _delay(name: str, value) -> tuple:
 class AutoscalingConfig:
     """How a fleet grows and shrinks during a run.
 
-    Every ``interval`` seconds the autoscaler samples the replicas (waiting and running requests,
+    Every ``interval`` seconds (at least :data:`MIN_INTERVAL`, 1 ms: each sample is an event
+    and a pass over the replicas) the autoscaler samples the replicas (waiting and running requests,
     KV use, recent TTFT) and decides a target replica count with ``policy``:
 
     - ``threshold`` (HPA-style): ``desired = ceil(routable * value / target)`` where ``value`` is
@@ -61,7 +73,8 @@ class AutoscalingConfig:
       and the time (the tokens they already received stay counted); the replica stops billing
       at once, an iteration in progress is lost.
     - ``migrate``: they leave at once and, ``migration_time`` seconds later (a number or a
-      distribution as above, drawn per request), are routed by the cluster's router to a routable
+      distribution as above, drawn per request; at most :data:`MAX_MIGRATION_TIME`, an hour, as a
+      value, upper end or mean), are routed by the cluster's router to a routable
       replica, where they continue as after a recompute preemption: the prompt and the tokens
       generated so far are prefilled again (vLLM's recompute; emitted tokens keep their times,
       and TTFT is unchanged once the first token was out). The replica stops billing at once;
@@ -100,6 +113,10 @@ class AutoscalingConfig:
         o = "cluster.autoscaling"
         check_choice(o, "policy", self.policy, POLICIES)
         check_float(o, "interval", self.interval, 0.0, low_open=True, finite=True)
+        if self.interval < MIN_INTERVAL:
+            raise ValueError(f"{o}.interval must be >= {MIN_INTERVAL:g} s, got {self.interval!r}: "
+                             "each sample is one event and a pass over the replicas, so a "
+                             "shorter interval only slows the run (without end, near 0)")
         check_choice(o, "metric", self.metric, METRICS)
         check_float(o, "target", self.target, 0.0, low_open=True, finite=True)
         check_float(o, "tolerance", self.tolerance, 0.0, 1.0)
@@ -111,6 +128,14 @@ class AutoscalingConfig:
         check_choice(o, "on_remove", self.on_remove, ON_REMOVE)
         for name in ("provisioning_time", "model_load_time", "migration_time"):
             object.__setattr__(self, name, _delay(name, _tuples(getattr(self, name))))
+        # fixed: the value; uniform: its upper end; exponential, lognormal: the mean.
+        kind, *params = self.migration_time
+        longest = params[1] if kind == "uniform" else params[0]
+        if longest > MAX_MIGRATION_TIME:
+            raise ValueError(f"{o}.migration_time {self.migration_time!r} must be at most "
+                             f"{MAX_MIGRATION_TIME:g} s (its value, upper end or mean): the run "
+                             "samples every interval while a request is in transit, so a "
+                             "migration that (almost) never lands would not let it end")
         check_int(o, "min_replicas", self.min_replicas, 0, 100_000)
         check_int(o, "max_replicas", self.max_replicas, 1, 100_000)
         if self.min_replicas > self.max_replicas:

@@ -62,9 +62,17 @@ def as_part(value: Any, cls: type, where: str) -> Any:
     if value is None or isinstance(value, cls):
         return value
     if isinstance(value, dict) or hasattr(value, "items"):
-        try:
-            return cls(**dict(value))
-        except TypeError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+        return from_fields(cls, value, where)
     raise ValueError(f"{where} must be None, a {cls.__name__} or a mapping of its fields, "
                      f"got {value!r}")
+
+
+def from_fields(cls: type, value: Any, where: str) -> Any:
+    """A ``cls`` (a config dataclass) built from the mapping ``value`` of its fields, as JSON
+    or ``--set`` gives it; a key that is not one of its fields raises ValueError naming
+    ``where``, the key(s) and the known fields (not Python's bare ``TypeError``)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in value if k not in known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    return cls(**dict(value))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from simsched.config.autoscaling import AutoscalingConfig
-from simsched.config.checks import check_float, check_int, plain
+from simsched.config.checks import check_float, check_int, from_fields, plain
 from simsched.config.kv_tiers import KVTierConfig, as_tier
 from simsched.config.parts import replica_fields
 
@@ -138,7 +138,7 @@ class ClusterConfig:
         if auto is None:
             return
         if isinstance(auto, Mapping):           # from JSON data
-            auto = AutoscalingConfig(**dict(auto))
+            auto = from_fields(AutoscalingConfig, auto, f"{o}.autoscaling")
             object.__setattr__(self, "autoscaling", auto)
         if not isinstance(auto, AutoscalingConfig):
             raise ValueError(f"{o}.autoscaling must be an AutoscalingConfig, a mapping of its "

@@ -9,7 +9,8 @@ Acceptance is given, in order of precedence, as a per-request ``acceptance_trace
 of ``request_id,num_accepted`` rows, one per verification of that request, replayed in order),
 a single i.i.d. ``acceptance_rate`` α (position ``i`` is accepted with probability α^i, so the
 expected accepted length is ``(1 - α^(K+1)) / (1 - α)`` including the bonus token), or the
-per-position vector ``acceptance`` (default: the method's, :data:`DEFAULT_ACCEPTANCE`).
+per-position vector ``acceptance`` (a tuple or list, or a 1-D numpy array; a mapping, a set
+or a string is refused; default: the method's, :data:`DEFAULT_ACCEPTANCE`).
 ``acceptance[i-1]`` is the probability that draft position ``i`` is accepted (which needs every
 earlier position accepted): vLLM's "per-position acceptance rate". ``concentration`` adds
 per-request heterogeneity: each request draws its conditional acceptance at each position from
@@ -20,13 +21,14 @@ unchanged; smaller is more spread).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from simsched.config.checks import check_choice, check_float, check_int, plain
+import numpy as np
+
+from simsched.config.checks import check_choice, check_float, check_int, from_fields, plain
 
 SPEC_METHODS = ("draft_model", "eagle", "mtp", "ngram")
 MAX_SPECULATIVE_TOKENS = 16
@@ -70,10 +72,16 @@ class SpeculativeConfig:
         check_int(o, "num_speculative_tokens", self.num_speculative_tokens, 0,
                   MAX_SPECULATIVE_TOKENS)
         if self.acceptance is not None:
-            if isinstance(self.acceptance, (str, bytes)) or not hasattr(self.acceptance, "__len__"):
-                raise ValueError(f"{o}.acceptance must be a sequence of probabilities, got "
+            vec = self.acceptance
+            if isinstance(vec, np.ndarray) and vec.ndim == 1:
+                vec = vec.tolist()
+            # A tuple or a list (JSON's form) only: a dict or a set iterates over its keys, a
+            # string over characters; taking those as positions would be a silent misreading.
+            if not isinstance(vec, (tuple, list)):
+                raise ValueError(f"{o}.acceptance must be a tuple or list of per-position "
+                                 f"probabilities, got {type(self.acceptance).__name__} "
                                  f"{self.acceptance!r}")
-            vec = tuple(self.acceptance)
+            vec = tuple(vec)
             for i, p in enumerate(vec):
                 check_float(o, f"acceptance[{i}]", p, 0.0, 1.0)
             if not vec or any(b > a for a, b in zip(vec, vec[1:])):
@@ -165,11 +173,7 @@ def check_speculative(sched) -> SpeculativeConfig:
     spec = sched.speculative
     o = "scheduler.speculative"
     if isinstance(spec, Mapping):
-        known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
-        unknown = sorted(set(spec) - known)
-        if unknown:
-            raise ValueError(f"{o}: unknown field(s) {unknown}; known: {sorted(known)}")
-        spec = SpeculativeConfig(**spec)
+        spec = from_fields(SpeculativeConfig, spec, o)
     if not isinstance(spec, SpeculativeConfig):
         raise ValueError(f"{o} must be a SpeculativeConfig, a mapping of its fields or None, "
                          f"got {spec!r}")

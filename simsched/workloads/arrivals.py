@@ -20,6 +20,12 @@ import numpy as np
 
 ARRIVALS = ("poisson", "gamma", "deterministic", "piecewise", "onoff", "trace", "windows",
             "servegen")
+# The most arrivals one workload may draw (its request cap, or the expected count of its
+# schedule and duration without one): 200 million. A request table holds 40 bytes per
+# request (arrival time, two lengths, priority, tenant: 8 bytes each), the run's requests
+# several times that, so this is already tens of GiB; benchmarks/fleet_day.py's 64-replica day
+# is 11.7 million. A schedule of 1e12 req/s would otherwise ask for terabytes before failing.
+MAX_ARRIVALS = 200_000_000
 
 
 def _expected_count(rate: float, duration: float, cv: float = 1.0) -> int:

@@ -64,8 +64,10 @@ def _gaps(rng: np.random.Generator, family: str, rate: float, cv: float):
 
 
 def window_arrivals(rng: np.random.Generator, start: float, seconds: float, rate: float,
-                    cv: float, family: str = "gamma") -> np.ndarray:
-    """Arrival times in ``[start, start + seconds)`` of a stationary renewal process."""
+                    cv: float, family: str = "gamma", limit: int | None = None) -> np.ndarray:
+    """Arrival times in ``[start, start + seconds)`` of a stationary renewal process; with
+    ``limit``, only the first ``limit`` of them (at most ``limit`` gaps are drawn at once, and
+    drawing stops once that many are known: a window of 1e12 req/s costs what ``limit`` does)."""
     if rate <= 0:
         return np.empty(0)
     draw, residual = _gaps(rng, family, rate, cv)
@@ -73,11 +75,16 @@ def window_arrivals(rng: np.random.Generator, start: float, seconds: float, rate
     if first >= seconds:
         return np.empty(0)
     chunk = _first_batch(rate, seconds, cv)
+    if limit is not None:
+        chunk = min(chunk, limit)
     chunks = [first + np.concatenate([[0.0], np.cumsum(draw(chunk))])]
-    while chunks[-1][-1] < seconds:
+    drawn = len(chunks[0])
+    while chunks[-1][-1] < seconds and (limit is None or drawn < limit):
         chunks.append(chunks[-1][-1] + np.cumsum(draw(chunk)))
+        drawn += chunk
     times = np.concatenate(chunks)
-    return start + times[times < seconds]
+    times = times[times < seconds]
+    return start + (times if limit is None else times[:limit])
 
 
 def _first_batch(rate: float, seconds: float, cv: float) -> int:
@@ -87,10 +94,11 @@ def _first_batch(rate: float, seconds: float, cv: float) -> int:
     return int(mean + 10 * cv * math.sqrt(mean) + 10)
 
 
-def _capacity(rows: list, scale: float) -> int:
-    """Arrivals the windows ``rows`` hold if none draws a second batch of gaps."""
-    return sum(_first_batch(r * scale, seconds, cv) + 1
-               for _, seconds, r, cv, _ in rows if r * scale > 0)
+def _capacity(rows: list, scale: float, limit: int | None = None) -> int:
+    """Arrivals the windows ``rows`` hold if none draws a second batch of gaps (at most
+    ``limit`` + 1 each, with a limit)."""
+    return sum(min(_first_batch(r * scale, seconds, cv), limit if limit is not None else math.inf)
+               + 1 for _, seconds, r, cv, _ in rows if r * scale > 0)
 
 
 def _grown(buffer: np.ndarray, used: int, need: int) -> np.ndarray:
@@ -107,30 +115,54 @@ def windowed(rng: np.random.Generator, windows: pd.DataFrame, rate: float | None
     ``rate``, if given, scales every window's rate so the mean over the schedule's span equals
     it (the shape, CVs and client mix are kept). ``duration`` keeps arrivals before it, ``n``
     the first ``n``.
+
+    With ``n``, only what the first ``n`` need is drawn: each window at most its first ``n``
+    arrivals (no later one of it can be among the first ``n`` overall), and the windows in
+    order of start only until ``n`` arrivals are known before the next window's start (no
+    later window can then add one). So ``n`` requests of a ServeGen day at any rate cost what
+    ``n`` do, not the day. The draws then differ from those of the whole table (the random
+    stream stops early), as any sample of the same process does; without ``n`` every window is
+    drawn, as before.
     """
     scale = 1.0 if rate is None else rate / mean_rate(windows)
     rows = [row for row in zip(
         windows["start"].to_numpy(float), windows["seconds"].to_numpy(float),
         windows["rate"].to_numpy(float), windows["cv"].to_numpy(float),
         windows["family"].tolist()) if duration is None or row[0] < duration]
+    # The earliest start among the windows after each one (the table need not be sorted).
+    later = np.minimum.accumulate(np.array([r[0] for r in rows] + [math.inf])[::-1])[::-1]
     # Each window is drawn as before and written into one buffer, sized for the first batch of
     # gaps every window draws (it holds all its arrivals unless a window needs a second batch):
     # a day of a big fleet is tens of millions of arrivals, held once, not as parts and their
     # concatenation. Pages of the buffer never written are never backed by memory.
-    times = np.empty(_capacity(rows, scale))
+    times = np.empty(_capacity(rows, scale, n))
     end = 0
-    for start, seconds, r, cv, family in rows:
-        part = window_arrivals(rng, start, seconds, r * scale, cv, family)
+    for i, (start, seconds, r, cv, family) in enumerate(rows):
+        part = window_arrivals(rng, start, seconds, r * scale, cv, family, n)
         if end + len(part) > len(times):
             times = _grown(times, end, end + len(part))
         times[end:end + len(part)] = part
         end += len(part)
+        if n is not None and end >= n and later[i + 1] > later[i] \
+                and np.count_nonzero(times[:end] < later[i + 1]) >= n:
+            break
     # Sorted in place and cut by slices (no second sorted copy, no masked copy).
     times = times[:end]
     times.sort()
     if duration is not None:
         times = times[:np.searchsorted(times, duration, side="left")]
     return times[:n] if n is not None else times
+
+
+def expected_arrivals(windows: pd.DataFrame, rate: float | None = None,
+                      duration: float | None = None) -> float:
+    """The expected number of arrivals :func:`windowed` draws from ``windows`` (scaled to
+    ``rate``, cut at ``duration``, without a request cap): each window's rate times the part
+    of it before ``duration``."""
+    scale = 1.0 if rate is None else rate / mean_rate(windows)
+    start, seconds = windows["start"].to_numpy(float), windows["seconds"].to_numpy(float)
+    end = start + seconds if duration is None else np.minimum(start + seconds, duration)
+    return float(scale * (windows["rate"].to_numpy(float) * np.clip(end - start, 0.0, None)).sum())
 
 
 def span(windows: pd.DataFrame) -> tuple[float, float]:

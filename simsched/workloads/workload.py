@@ -32,9 +32,9 @@ from simsched.workloads.generation import (draw_classes, draw_lengths, session_t
                                            synthetic_arrivals)
 from simsched.workloads.lengths import LENGTHS
 from simsched.workloads.traces import LONG_PROMPT_POLICIES, LoadReport
-from simsched.workloads.workload_checks import (check_integer, check_mix, check_number,
-                                                check_prefix, check_range, check_schedule,
-                                                check_sources)
+from simsched.workloads.workload_checks import (check_arrival_count, check_integer, check_mix,
+                                                check_number, check_prefix, check_range,
+                                                check_schedule, check_sources)
 
 # Arrival processes whose schedule is used as given with rate=None (a number rescales it).
 SCHEDULED = ("trace", "piecewise", "windows", "servegen")
@@ -87,7 +87,11 @@ class WorkloadConfig:
     ``servegen_model`` (the bundled day, or the ServeGen window file ``trace_path`` with
     ``name='custom'``) from ``start``; ``speedup`` compresses its time axis (windows
     ``speedup`` times shorter and busier) and ``duration`` is in the compressed clock; ``rate``
-    scales either to that mean rate (the scale factor), keeping the shape.
+    scales either to that mean rate (the scale factor), keeping the shape. With ``num_requests``
+    either is drawn only as far as the first ``num_requests`` need
+    (:func:`~simsched.workloads.rate_schedule.windowed`); a ServeGen file is read when the
+    config is built. No workload draws more than
+    :data:`~simsched.workloads.arrivals.MAX_ARRIVALS` arrivals (expected, without a cap).
 
     Prefix sharing: ``hash_block_size`` is the tokens per trace ``hash_ids`` entry (512 in
     Mooncake's traces). ``system_prompt_len`` tokens of a shared system prompt, one of
@@ -196,6 +200,7 @@ class WorkloadConfig:
         if self.num_adapters and self.name == "sessions":
             raise ValueError("workload.num_adapters is not supported for name='sessions' (give "
                              "a session table an adapter column instead)")
+        check_arrival_count(self, arrival)      # last: it reads a ServeGen file's windows
 
     @property
     def arrival_process(self) -> str:

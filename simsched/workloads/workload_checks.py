@@ -9,6 +9,8 @@ frozen config.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -135,3 +137,66 @@ def check_mix(cfg, count_name: str, weights_name: str) -> None:
         raise ValueError(f"workload.{weights_name} must hold {count_name}={count} weights "
                          f">= 0 with a positive sum, got {weights!r}")
     object.__setattr__(cfg, weights_name, w)
+
+
+@lru_cache(maxsize=16)
+def _servegen_table(path: str | None, stamp: tuple, model: str, start: float,
+                    period: float | None):
+    # Keyed by the file's size and modification time too: sweeps build many configs of one
+    # workload, and a file rewritten between them is read again.
+    return rate_schedule.read_servegen(path, model, start, period)
+
+
+def servegen_windows(cfg):
+    """The window table ``cfg`` (``arrival='servegen'``) replays, read at configuration time:
+    a missing or unreadable file, an unknown model or a period without traffic raises
+    ValueError naming ``workload.trace_path``, ``servegen_model`` or ``start``/``duration``."""
+    path = Path(cfg.trace_path) if cfg.trace_path is not None else rate_schedule.BUNDLED_SERVEGEN
+    if not path.is_file():
+        raise ValueError(f"workload.trace_path: ServeGen window file {path} not found")
+    stat = path.stat()
+    period = None if cfg.duration is None else cfg.duration * cfg.speedup
+    try:
+        table = _servegen_table(None if cfg.trace_path is None else str(path),
+                                (stat.st_size, stat.st_mtime_ns), cfg.servegen_model,
+                                cfg.start, period)
+    except ValueError as exc:
+        text = str(exc)
+        field = ("servegen_model" if "no model" in text
+                 else "start/workload.duration" if "no traffic" in text else "trace_path")
+        raise ValueError(f"workload.{field}: {text}") from None
+    return rate_schedule.compress(table, cfg.speedup)
+
+
+def check_arrival_count(cfg, arrival: str) -> None:
+    """Bound the arrivals a workload draws (:data:`~simsched.workloads.arrivals.MAX_ARRIVALS`)
+    and refuse a windowed schedule (``windows``, ``servegen``) whose period holds less than
+    one arrival in expectation; each ValueError names the field to change."""
+    limit = arrivals.MAX_ARRIVALS
+    if cfg.num_requests is not None and cfg.num_requests > limit:
+        raise ValueError(f"workload.num_requests must be at most {limit:,} (the arrivals one "
+                         f"workload may draw), got {cfg.num_requests:,}")
+    if arrival in ("windows", "servegen"):
+        table = servegen_windows(cfg) if arrival == "servegen" else \
+            rate_schedule.windows_from_schedule(cfg.rate_schedule, cfg.cv, cfg.gap_family)
+        expected = rate_schedule.expected_arrivals(table, cfg.rate, cfg.duration)
+        field = "duration" if cfg.duration is not None else "rate" if cfg.rate is not None \
+            or arrival == "servegen" else "rate_schedule"
+        if expected < 1.0:
+            raise ValueError(f"workload.{field}: arrival={arrival!r} expects {expected:.3g} "
+                             f"arrivals in the period drawn (duration={cfg.duration!r}, "
+                             f"rate={cfg.rate!r}): fewer than one, the workload would be empty")
+    elif arrival != "trace" and cfg.duration is not None:
+        # A synthetic process drawn for a duration (a piecewise schedule's own mean rate when
+        # it is used as given).
+        rate = cfg.resolved_rate if cfg.resolved_rate is not None \
+            else arrivals.schedule_mean_rate(cfg.rate_schedule)
+        expected, field = rate * cfg.duration, "duration"
+    else:
+        return
+    # With a request cap, no more than it is drawn (rate_schedule.windowed draws lazily).
+    if cfg.num_requests is None and expected > limit:
+        raise ValueError(f"workload.{field}: arrival={arrival!r} expects {expected:.3g} arrivals "
+                         f"(rate={cfg.rate!r}, duration={cfg.duration!r}), more than the "
+                         f"{limit:,} one workload may draw; lower it or set "
+                         "workload.num_requests")
