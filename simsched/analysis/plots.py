@@ -76,7 +76,7 @@ def latency_vs_load(runs: pd.DataFrame, path=None, x: str = "rate",
     runs). A hollow marker on each line marks its saturation point (see
     :func:`saturation_rate`). ``ax``: three Axes.
     """
-    from simsched.analysis.replicate import t_quantile
+    from simsched.analysis.stats import t_quantile
 
     metrics = (("ttft_p50", "TTFT p50 (s)"), ("ttft_p99", "TTFT p99 (s)"),
                ("tpot_p99", "TPOT p99 (s)"))
