@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 
 from simsched.cluster.removal import Remover
+from simsched.config.autoscaling import initial_pools
+from simsched.cost.power import power_spec
 from simsched.cluster.routers import RoundRobin, SessionAffinity, make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.engine.kv.tiers import join_remote_tier
@@ -58,17 +60,6 @@ def prepare(config, specs: list, build) -> tuple[list[dict], list[int]]:
     return pools, pool_of
 
 
-def initial_pools(pools, num_replicas: int) -> list[int]:
-    """The pool of each replica at the start: every pool's minimum, then in pool order."""
-    counts = [p["min_replicas"] for p in pools]
-    left = num_replicas - sum(counts)
-    for k, pool in enumerate(pools):
-        extra = min(left, pool["max_replicas"] - counts[k])
-        counts[k] += extra
-        left -= extra
-    return [k for k, c in enumerate(counts) for _ in range(c)]
-
-
 class Fleet:
     """The replicas of an autoscaled cluster, their routing set, load and bill.
 
@@ -89,6 +80,11 @@ class Fleet:
         self.units: list[list] = [[k, p, k, 0.0, 0.0, np.nan, np.nan, pools[p]["price_per_hour"]]
                                   for k, p in enumerate(pool_of)]
         self.provisioning: list[int] = []   # unit ids waiting out their delays
+        # A power budget counts each live unit's board power (its pool's GPUs' TDP x TP).
+        self.budget = self.auto.power_budget_watts
+        self.pool_watts = [power_spec(p["spec"].config.hardware.gpu).tdp_watts
+                           * p["spec"].config.hardware.tensor_parallel_size for p in pools] \
+            if self.budget is not None else None
         self.cancelled: set[int] = set()
         n = len(self.replicas)
         self.outstanding, self.tokens = [0] * n, [0] * n
@@ -260,6 +256,11 @@ class Fleet:
         count = min(max(count, low), high)
         while self.target() < count:
             room = [k for k, p in enumerate(self.pools) if self._pool_count(k) < p["max_replicas"]]
+            if self.budget is not None:
+                spare = self.budget - self.provisioned_watts()
+                room = [k for k in room if self.pool_watts[k] <= spare + 1e-9]
+                if not room:        # at the power budget: the fleet waits for power to free
+                    break
             self._request(min(room, key=lambda k: (self.pools[k]["price_per_hour"], k)))
         while self.target() > count:
             if not self._remove_one():
@@ -348,6 +349,11 @@ class Fleet:
             end = unit[6] if unit[6] == unit[6] else now
             total += max(0.0, min(end, now) - unit[3]) * unit[7] / 3600.0
         return total
+
+    def provisioned_watts(self) -> float:
+        """Board power of every unit not yet stopped (provisioning, routable or draining);
+        only with a power budget."""
+        return sum(self.pool_watts[u[1]] for u in self.units if u[6] != u[6])
 
     def cost_rate(self) -> float:
         """Money per hour now: the price of every unit not yet stopped."""

@@ -66,7 +66,9 @@ class SimConfig:
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
         if self.cluster.replicas:
             self.replica_configs()      # every override is valid against these base settings
-        self.pool_configs()             # so is every autoscaling pool's (the same check)
+        pools = self.pool_configs()     # so is every autoscaling pool's (the same check)
+        if pools and self.cluster.autoscaling.power_budget_watts is not None:
+            self._check_power_budget(pools)
         # Roles given either way (cluster.roles, or num_prefill/num_decode_replicas).
         if self.cluster.disaggregated and any(c.scheduler.lora is not None
                                               for c in self.replica_configs()):
@@ -113,6 +115,29 @@ class SimConfig:
         return [self._overridden(pool["overrides"],
                                  f"cluster.autoscaling.pools[{i}] ({pool['name']!r})")
                 for i, pool in enumerate(auto.pool_specs())]
+
+    def _check_power_budget(self, pools: list["SimConfig"]) -> None:
+        """The starting fleet and every pool's minimum fit ``power_budget_watts``."""
+        from simsched.config.autoscaling import initial_pools
+        from simsched.cost.power import power_spec
+
+        auto = self.cluster.autoscaling
+        where = "cluster.autoscaling.power_budget_watts"
+        watts = []
+        for i, cfg in enumerate(pools):
+            try:
+                tdp = power_spec(cfg.hardware.gpu).tdp_watts
+            except ValueError as exc:
+                raise ValueError(f"{where}: pool {i}: {exc}") from None
+            watts.append(tdp * cfg.hardware.tensor_parallel_size)
+        specs = auto.pool_specs()
+        minimum = sum(p["min_replicas"] * w for p, w in zip(specs, watts))
+        start = sum(watts[k] for k in initial_pools(specs, self.cluster.num_replicas))
+        need = max(minimum, start)
+        if need > auto.power_budget_watts:
+            raise ValueError(f"{where} = {auto.power_budget_watts:g} W is below the starting "
+                             f"fleet's {need:g} W (cluster.num_replicas and the pools' "
+                             "min_replicas at their GPUs' board power)")
 
     def _overridden(self, changes: Mapping[str, Any], where: str) -> "SimConfig":
         """This config with per-replica ``changes`` (flat or dotted scheduler, cache and

@@ -87,6 +87,13 @@ class AutoscalingConfig:
     with ``cluster.num_replicas`` routable replicas, each pool first getting its minimum, then in
     pool order. Scale-up adds to the cheapest pool with room (per replica-hour), scale-down
     removes the newest replica of the dearest pool.
+
+    ``power_budget_watts`` (None: no budget) caps the fleet's provisioned power, as a rack or
+    row's power budget does: every replica not yet stopped (provisioning, routable or draining)
+    counts its GPUs' board power (TDP x tensor-parallel size,
+    :data:`simsched.cost.power.POWER_SPECS`), and a scale-up adds no replica that would take the
+    total over the budget (it adds to the next cheapest pool that fits, or waits). The starting
+    fleet and every pool's minimum must fit.
     """
 
     policy: str = "threshold"
@@ -107,6 +114,7 @@ class AutoscalingConfig:
     pools: tuple = ()
     on_remove: str = "drain"
     migration_time: float | tuple = 0.0
+    power_budget_watts: float | None = None
 
     def __post_init__(self) -> None:
         plain(self)
@@ -126,6 +134,9 @@ class AutoscalingConfig:
         if self.max_step is not None:
             check_int(o, "max_step", self.max_step, 1)
         check_choice(o, "on_remove", self.on_remove, ON_REMOVE)
+        if self.power_budget_watts is not None:
+            check_float(o, "power_budget_watts", self.power_budget_watts, 0.0, low_open=True,
+                        finite=True)
         for name in ("provisioning_time", "model_load_time", "migration_time"):
             object.__setattr__(self, name, _delay(name, _tuples(getattr(self, name))))
         # fixed: the value; uniform: its upper end; exponential, lognormal: the mean.
@@ -205,3 +216,14 @@ class AutoscalingConfig:
                  "min_replicas": p.get("min_replicas", 0), "max_replicas": p.get("max_replicas", 64),
                  "overrides": {k: v for k, v in p.items() if k not in POOL_KEYS}}
                 for i, p in enumerate(self.pools)]
+
+
+def initial_pools(pools, num_replicas: int) -> list[int]:
+    """The pool of each replica at the start: every pool's minimum, then in pool order."""
+    counts = [p["min_replicas"] for p in pools]
+    left = num_replicas - sum(counts)
+    for k, pool in enumerate(pools):
+        extra = min(left, pool["max_replicas"] - counts[k])
+        counts[k] += extra
+        left -= extra
+    return [k for k, c in enumerate(counts) for _ in range(c)]
