@@ -145,7 +145,7 @@ def run_client(cluster, plan: ClientPlan):
             yield from slots.take()
             sent.append(env.process(_send(cluster, plan, slots, k, env.now, -1)))
         yield env.all_of(sent)
-    plan.benchmark_start_at = env.now
+    plan.benchmark_start_at = float(env.now)
     last = len(plan.stages) - 1
     for index, stage in enumerate(plan.stages):
         started = env.now
