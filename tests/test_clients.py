@@ -322,3 +322,30 @@ def test_cli_names_the_client(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "client.max_concurrency" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_staged_shared_prefix_pool_as_the_vllm_015_runs_sent_it():
+    # inference-perf's shared-prefix prompts: a pool sent in turn, restarting each stage
+    cfg = SimConfig.preset("vllm_v1", enable_prefix_caching=True).replace(
+        name="shared-prefix", system_prompt_len=160, num_prefix_groups=2, prompt_len=64,
+        output_len=8, client=ClientConfig(client_type="staged", stages=((4.0, 5.0), (4.0, 5.0)),
+                                          num_unique_prompts=6))
+    df = simulate(cfg).requests.sort_values("request_id")
+    for _, stage in df.groupby("stage"):
+        lengths = stage["num_prompt_tokens"].to_numpy()
+        assert len(lengths) == 20 and np.array_equal(lengths[6:], lengths[:-6])
+    # after the pool's first round, a repeated prompt is served from the cache
+    later = df.iloc[6:20]
+    assert (later["num_cached_tokens"] >= 160).all()
+
+
+def test_concurrency_sweep_experiment_runs_quick(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.concurrency_sweep", "--quick",
+                           "--quiet", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "concurrency.csv")
+    assert table["max_concurrency"].tolist() == [1, 4, 16]
+    assert (table["max_num_in_flight"] == table["max_concurrency"]).all()
+    # the stand-in counts the wait for a slot as TTFT: far above the client's at C = 1
+    assert (table["stand_in_ttft_p50"] > 10 * table["ttft_p50"]).iloc[0]
