@@ -340,9 +340,9 @@ def test_staged_shared_prefix_pool_as_the_vllm_015_runs_sent_it():
 
 
 def test_concurrency_sweep_experiment_runs_quick(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.concurrency_sweep", "--quick",
-                           "--quiet", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "experiments.load_sweep", "--concurrency",
+                           "--quick", "--quiet", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = pd.read_csv(tmp_path / "concurrency.csv")
     assert table["max_concurrency"].tolist() == [1, 4, 16]

@@ -1,4 +1,5 @@
-"""What a fixed-concurrency benchmark measures, and what the old stand-in for it got wrong.
+"""``load_sweep --concurrency``: what a fixed-concurrency benchmark measures, and what the old
+stand-in for it got wrong.
 
 ``vllm bench serve --max-concurrency C`` (as InferenceX runs it: the random dataset, here 1,024
 input and 128 output tokens at range ratio 0, infinite request rate, ``--ignore-eos``, 2C
@@ -8,7 +9,7 @@ TTFT from t = 0 instead of from the client's send. Prints, per C, the client's T
 TPOT p50, output throughput and the most requests in flight, and the stand-in's TTFT p50; writes
 the table and each run's requests::
 
-    python -m experiments.concurrency_sweep [--out out/concurrency_sweep] [--quick]
+    python -m experiments.load_sweep --concurrency [--out out/load_sweep] [--quick]
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments._common import parser, print_table, write_frames
+from experiments._common import print_table, write_frames
 from simsched import SimConfig
 from simsched.api import simulate
 from simsched.config import ClientConfig
 
-__all__ = ["client_config", "main", "stand_in_config"]
+__all__ = ["client_config", "concurrency_sweep", "stand_in_config"]
 
 
 def client_config(concurrency: int, num_prompts: int) -> SimConfig:
@@ -42,10 +43,9 @@ def stand_in_config(concurrency: int, num_prompts: int) -> SimConfig:
                                output_len=128, max_num_seqs=concurrency)
 
 
-def main(argv=None) -> pd.DataFrame:
-    """Run the sweep; return its table (one row per concurrency)."""
-    args = parser("concurrency_sweep", __doc__, "C = 1, 4, 16 with 48 prompts each") \
-        .parse_args(argv)
+def concurrency_sweep(args) -> pd.DataFrame:
+    """Run the sweep (``args``: load_sweep's parsed flags); return its table, one row per C
+    (``--quick``: C = 1, 4, 16 with 48 prompts each)."""
     out = Path(args.out)
     warnings.simplefilter("ignore")
     levels = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128]
@@ -69,7 +69,3 @@ def main(argv=None) -> pd.DataFrame:
     write_frames(out, concurrency=table, requests=pd.concat(frames, ignore_index=True))
     print(f"wrote {out}/")
     return table
-
-
-if __name__ == "__main__":
-    main()
