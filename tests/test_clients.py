@@ -349,3 +349,17 @@ def test_concurrency_sweep_experiment_runs_quick(tmp_path):
     assert (table["max_num_in_flight"] == table["max_concurrency"]).all()
     # the stand-in counts the wait for a slot as TTFT: far above the client's at C = 1
     assert (table["stand_in_ttft_p50"] > 10 * table["ttft_p50"]).iloc[0]
+
+
+def test_validate_vllm_replays_the_015_runs_through_the_staged_client():
+    from experiments import validate_vllm
+    from simsched.cost import vllm_v1
+
+    run = next(vllm_v1.load_runs().itertuples())
+    df = validate_vllm.simulate_client_run(run, "vllm_v1", seconds=5.0)
+    assert (df["status"] == "finished").all()
+    assert df.groupby("stage").size().tolist() == [int(rate * 5.0) for rate, _ in run.stages]
+    first, second = df[df["stage"] == 0], df[df["stage"] == 1]
+    assert second["scheduled_at"].min() > first["finished_at"].max() + 2.0    # poll + 1 s + lead
+    # the load generator's prompts: group system prompts shared through the prefix cache
+    assert (df.sort_values("request_id")["num_cached_tokens"].iloc[10:] > 0).mean() > 0.5
