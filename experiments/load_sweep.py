@@ -10,6 +10,9 @@ frames, ``config.json`` (every run's resolved config and the capacity search's s
 plots::
 
     python -m experiments.load_sweep [--out out/load_sweep] [--quick]
+
+``--concurrency`` sweeps ``vllm bench serve --max-concurrency C`` instead (C = 1..128 over the
+random dataset, next to the old all-at-t=0 stand-in; :mod:`experiments._concurrency`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments._common import parser, print_table, save_plot, write_frames
+from experiments._concurrency import concurrency_sweep
 from simsched import SimConfig
 from simsched.analysis import plots
 from simsched.analysis.capacity import SLOTarget, capacity_search
@@ -82,8 +86,13 @@ def main(argv=None) -> pd.DataFrame:
     ``table.attrs`` also holds ``runs`` (every sweep run, one row each) and ``by_rate`` (TTFT
     p99, goodput and mean KV use per variant and rate, averaged over seeds).
     """
-    args = parser("load_sweep", __doc__, "three rates, 100 requests per run, one seed") \
-        .parse_args(argv)
+    p = parser("load_sweep", __doc__, "three rates, 100 requests per run, one seed")
+    p.add_argument("--concurrency", action="store_true",
+                   help="sweep vllm bench serve's --max-concurrency instead (random dataset, "
+                        "1,024 -> 128 tokens; docs/clients.md)")
+    args = p.parse_args(argv)
+    if args.concurrency:
+        return concurrency_sweep(args)
     out = Path(args.out)
     warnings.simplefilter("ignore")          # the clipped-prompt notice, once per run
     t0 = time.time()

@@ -30,7 +30,11 @@ generator's re-count of output tokens (fewer than generated: see the data README
 the client sees them (``vllm_v1``: step end + output delay; the other profiles have none).
 
 ``--quick`` simulates the first 20 s of each stage of ``--runs`` runs (default 2) with
-``measured_2023`` and ``vllm_v1`` only: small enough for a test.
+``measured_2023`` and ``vllm_v1`` only: small enough for a test. ``--client`` replays each run
+through simsched's inference-perf client instead (``SimConfig.client`` with
+``client_type='staged'``, docs/clients.md: the load generator as a process, each stage started
+when the client has seen the previous one finish, its first request one gap after the 1 s lead,
+as inference-perf's ``ConstantLoadTimer`` yields it) rather than the arrival table above.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from simsched import SimConfig, simulate
+from simsched.config import ClientConfig
 from simsched.cost import vllm_v1
 from simsched.cost.calibrated import CalibratedCostModel
 from simsched.cost.hardware import GPUS, MODELS
@@ -132,6 +137,32 @@ def simulate_run(run, profile: str, seconds: float | None = None, seed: int = 0,
     return df
 
 
+def prompt_pool(run, seed: int = 0) -> pd.DataFrame:
+    """The load generator's 100 prompts in the order it sends them (shuffled once), as a
+    request table for a client to cycle (:func:`requests_of`'s prompts, without times)."""
+    df = requests_of(run, [0.0] * len(run.stages), None, seed)
+    pool = df[df.stage == 0].head(NUM_PROMPTS).drop(columns="stage")
+    pool.attrs["hash_block_size"] = df.attrs["hash_block_size"]
+    return pool.assign(arrival_at=0.0)
+
+
+def simulate_client_run(run, profile: str, seconds: float | None = None, seed: int = 0,
+                        terms: dict | None = None) -> pd.DataFrame:
+    """:func:`simulate_run` with the load generator as simsched's inference-perf client: the
+    run's stages (each capped at ``seconds``) over :func:`prompt_pool`, cycled per stage."""
+    cfg = config_of(run, profile, seed)
+    cost = None
+    if terms is not None:
+        spec = getattr(run, "model_spec", None) or MODELS[run.model]
+        cost = CalibratedCostModel(spec, GPUS[run.gpu], int(run.tp), run.model,
+                                   engine_overhead="vllm_v1", engine_terms=terms)
+    stages = tuple((rate, min(length, seconds) if seconds else length)
+                   for rate, length in run.stages)
+    client = ClientConfig(client_type="staged", stages=stages, num_unique_prompts=NUM_PROMPTS)
+    return simulate(cfg.replace(client=client), requests=prompt_pool(run, seed),
+                    cost_model=cost).requests
+
+
 def metrics(df: pd.DataFrame, output_tokens: int) -> dict:
     """TTFT/E2E mean, p90, p99 and the engine ITL (seconds) over finished requests."""
     done = df[df.status == "finished"]
@@ -154,15 +185,17 @@ def measured(run) -> dict:
 
 
 def validate(runs: pd.DataFrame, profiles=PROFILES, seconds: float | None = None,
-             seed: int = 0) -> pd.DataFrame:
-    """One row per (run, profile): measured and simulated metrics and signed errors (%)."""
+             seed: int = 0, client: bool = False) -> pd.DataFrame:
+    """One row per (run, profile): measured and simulated metrics and signed errors (%);
+    ``client``: each run replayed by :func:`simulate_client_run`."""
     rows = []
+    replay = simulate_client_run if client else simulate_run
     for run in runs.itertuples():
         meas = measured(run)
         for profile in profiles:
             terms = vllm_v1.fit_terms(exclude=run.experiment) if profile.endswith("_loo") \
                 else None
-            sim = metrics(simulate_run(run, profile, seconds, seed, terms), run.output_tokens)
+            sim = metrics(replay(run, profile, seconds, seed, terms), run.output_tokens)
             row = {"experiment": run.experiment, "model": run.model, "tp": int(run.tp),
                    "profile": profile, "num_unfinished": sim.pop("num_unfinished")}
             for m in METRICS:
@@ -236,6 +269,9 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--runs", type=int, default=None, help="only the first N runs")
     parser.add_argument("--profiles", default=None, help="comma-separated profiles")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
+    parser.add_argument("--client", action="store_true",
+                        help="replay the runs through simsched's inference-perf client "
+                             "(SimConfig.client, docs/clients.md)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,7 +288,8 @@ def main(argv=None) -> pd.DataFrame:
     print("vllm_v1 terms (shipped): " + ", ".join(
         f"{name} {terms[name] * scale:.3g} {unit}" for name, (unit, scale)
         in vllm_v1.TERM_UNITS.items()))
-    table = validate(runs, profiles, QUICK_SECONDS if args.quick else None)
+    table = validate(runs, profiles, QUICK_SECONDS if args.quick else None,
+                     client=args.client)
     short = table.assign(run=table.experiment.str.slice(0, 30))
     with pd.option_context("display.width", 250, "display.max_rows", 400,
                            "display.float_format", "{:.1f}".format):

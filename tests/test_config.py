@@ -142,6 +142,7 @@ SIM_BAD = [
     ("hardware", "a100", "HardwareConfig"),
     ("workload", 3, "WorkloadConfig"),
     ("cluster", {"num_replicas": 2}, "ClusterConfig"),
+    ("client", "vllm", "ClientConfig"),     # its fields: tests/test_clients.py
 ]
 
 

@@ -19,6 +19,8 @@ from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis import stream
+from simsched.analysis.client_runs import (add_client_columns, client_info, client_plan,
+                                           client_table)
 from simsched.analysis.fleet_metrics import FleetResults, migrations_column, removal_info
 from simsched.analysis.frames import build_requests_frame
 from simsched.analysis.metrics import Results, build_replicas_frame, rejection_note
@@ -70,9 +72,11 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
     With ``long_prompt_policy`` ``clip`` or ``drop`` the workload is also fitted to the model's
     context: a request whose prompt plus output exceeds the context length (``max_model_len``)
     is clipped or dropped, as an over-long prompt is. With ``error`` such requests are left to
-    the engine, which rejects them with a reason.
+    the engine, which rejects them with a reason. With a benchmark client (``config.client``)
+    the table is the client's prompts, in the order it sends them (their ``arrival_at`` unused).
     """
-    table = generate(config.workload, np.random.default_rng(config.seed))
+    table = generate(config.workload, np.random.default_rng(config.seed)) \
+        if config.client.is_open else client_table(config)
     policy = config.workload.long_prompt_policy
     if policy != "error" and len(table):
         load_report = table.attrs.get("load_report")
@@ -91,9 +95,10 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
     ``handed`` holds the request frame and is emptied (the caller keeps no reference)."""
     frame = handed.pop()
     if other or config.check_invariants or config.cluster.disaggregated \
-            or is_closed_loop(frame):
-        raise ValueError("stream_to supports plain runs: no closed-loop sessions, "
-                         "disaggregation, check_invariants, record_steps or keep_engine")
+            or is_closed_loop(frame) or not config.client.is_open:
+        raise ValueError("stream_to supports plain runs: no closed-loop sessions, benchmark "
+                         "client, disaggregation, check_invariants, record_steps or "
+                         "keep_engine")
     # The columns are read in place; the table goes before the store copies them compactly
     # (what the columns do not view, e.g. a tenant column without tenants, is freed first).
     columns = list(request_columns(frame, block, lazy=True, copy=False))
@@ -192,7 +197,11 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         del table, frame
         return _run_streaming(config, handed, block, prefix, cost_model, stream_to, progress,
                               keep_engine or record_steps), None
-    if is_closed_loop(frame):
+    plan = None
+    if not config.client.is_open:
+        # A benchmark client: requests are created as it sends them (appended to reqs).
+        plan, reqs = client_plan(config, frame, block), []
+    elif is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
     elif config.check_invariants or keep_engine:
@@ -210,13 +219,14 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
-    engine = Cluster(config, reqs, specs=specs, sessions=sessions)
+    engine = Cluster(config, reqs, specs=specs, sessions=sessions, client=plan)
     # Installed before the run starts (the GPU loops look the scheduler's methods up once).
     recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas] \
         if record_steps else None
     if progress:
         # Closed-loop sessions create their turns as they go: no total to show.
-        with RunWatcher(engine, None if sessions is not None else len(reqs)):
+        with RunWatcher(engine, None if sessions is not None or plan is not None
+                        else len(reqs)):
             engine.run()
     else:
         engine.run()
@@ -262,6 +272,11 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
         owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
+    if plan is not None:
+        # The ready check and the warm-ups (the first requests sent) are not measured.
+        skip = plan.num_warmup_requests
+        reqs, owner = reqs[skip:], owner[skip:]
+        info["client"] = client_info(plan, sim_time)
     step_offset = None
     if len(step_ends) > 1:
         # Each request's decode steps index its own replica's array: shift them into one.
@@ -288,6 +303,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         ids = req_df["request_id"].to_numpy()
         # TTFT = queue time + lora_load_time (adapter loads in its prefill's steps) + the rest.
         req_df["lora_load_time"] = [waited.get(i, 0.0) for i in ids.tolist()]
+    if plan is not None:
+        add_client_columns(req_df, plan)
     if moves is not None:       # removed replicas' requests migrated (autoscaling)
         req_df["num_migrations"] = migrations_column(req_df["request_id"].to_numpy(), moves)
     if disagg is not None:

@@ -14,19 +14,21 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
     import tomli as tomllib
 
 from simsched.analysis.slo import SLO
+from simsched.cli.client_flags import CLIENT_FLAG_FIELDS
 from simsched.config import (CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig,
                              SimConfig, field_names)
+from simsched.config.client import ClientConfig
 from simsched.config.presets import preset_changes
 from simsched.workloads.workload import WorkloadConfig
 
-SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster")
+SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster", "client")
 # flag destination -> config field
 FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "policy": "policy",
                "victim_policy": "victim_policy", "preemption": "preemption",
                "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                "num_blocks": "cache.num_blocks", "workload": "name", "rate": "rate",
                "num_requests": "num_requests", "duration": "duration", "seed": "seed",
-               "max_sim_time": "max_sim_time", "cost_model": "cost_model"}
+               "max_sim_time": "max_sim_time", "cost_model": "cost_model", **CLIENT_FLAG_FIELDS}
 
 def parse_value(text: str) -> Any:
     """A flag value as Python: int, float, true/false, none, or the string itself."""
@@ -57,6 +59,7 @@ STRUCTURED_EXAMPLES = {
     "kv_remote_tier": '{"name":"remote","capacity_gib":4096}',
     "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
     "speculative": '{"method":"eagle","num_speculative_tokens":3}',
+    "stages": "[[8,600],[20,600]]",
 }
 # --set takes these as JSON
 _MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")
@@ -65,7 +68,8 @@ _MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")
 def _structured_fields() -> dict[str, str]:
     """Field name -> its type, for the fields holding tuples or mappings."""
     out = {}
-    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig,
+                ClientConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
             if "tuple" in kind or "Mapping" in kind or f.name in _MAPPINGS:

@@ -42,6 +42,7 @@ from simsched.cost import factory, hardware
 from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
+from simsched.cluster.clients import run_client
 from simsched.cluster.sessions import run_sessions
 from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
 from simsched.engine.replica import Replica, SimulationError
@@ -123,13 +124,16 @@ class Cluster:
     ``replica_of[request id]`` is the replica a request was routed to (-1: shed), or None when
     a single replica served everything. ``sessions``
     (:class:`~simsched.cluster.sessions.SessionPlan` list) adds closed-loop sessions: their
-    turns are created as they arrive and appended to ``requests``.
+    turns are created as they arrive and appended to ``requests``. ``client``
+    (:class:`~simsched.cluster.clients.ClientPlan`) adds a benchmark client: it creates its
+    requests as it sends them and appends them to ``requests`` (which then starts empty).
     """
 
     def __init__(self, config, requests: list[Request], cost_model=None,
                  num_blocks: int | None = None, max_model_len: int | None = None,
                  rng: np.random.Generator | None = None,
-                 specs: list[ReplicaSpec] | None = None, sessions: list | None = None) -> None:
+                 specs: list[ReplicaSpec] | None = None, sessions: list | None = None,
+                 client=None) -> None:
         self.config = config
         self.env = simpy.Environment()
         if specs is None:
@@ -172,7 +176,10 @@ class Cluster:
             self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
             self.env.process(run_sessions(self, sessions))
-        if self.fleet is None and self.disagg is None and not sessions \
+        self.client = client
+        if client is not None:
+            self.env.process(run_client(self, client))
+        if self.fleet is None and self.disagg is None and not sessions and client is None \
                 and self.remote_tier is None and math.isinf(config.max_sim_time):
             # Nothing outside a replica reads its state or reaches it between arrivals: quiet
             # decode steps may share one clock event (simsched.engine.scheduler.quiet).
@@ -250,7 +257,9 @@ class Cluster:
     # ------------------------------------------------------------------ processes
     def _refresh(self, interval: float):
         """Scrape the replicas' load every ``interval`` seconds while requests still arrive."""
-        env, view, total = self.env, self.view, len(self.requests)
+        env, view = self.env, self.view
+        # A client creates its requests as it sends them: count what it will send.
+        total = len(self.requests) if self.client is None else self.client.num_requests
         while self.num_arrived < total:
             yield env.timeout(interval)
             view.refresh(env.now)

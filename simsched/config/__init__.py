@@ -1,8 +1,9 @@
 """Frozen, validated configuration for one simulation run.
 
-A run is described by a :class:`SimConfig` made of five parts: the scheduler, the KV cache, the
-hardware (model, GPU, tensor parallelism, cost model), the workload and the cluster (how many
-replicas, per-replica overrides, the router and admission control). Every field is checked in
+A run is described by a :class:`SimConfig` made of six parts: the scheduler, the KV cache, the
+hardware (model, GPU, tensor parallelism, cost model), the workload, the cluster (how many
+replicas, per-replica overrides, the router and admission control) and the benchmark client
+(:mod:`simsched.config.client`; by default none: the workload's own arrival times). Every field is checked in
 ``__post_init__`` and a bad value raises ``ValueError`` naming the field and the allowed range.
 
 Sweeps vary configs with :meth:`SimConfig.replace`, which accepts flat field names (``rate=4.0``,
@@ -21,13 +22,15 @@ from typing import Any, Mapping
 
 from simsched.config import serialize
 from simsched.config.checks import check_bool, check_float, check_int, plain
+from simsched.config.client import ClientConfig
 from simsched.config.cluster import LINK_PRESETS, REPLICA_SECTIONS, ROLES, ClusterConfig
 from simsched.config.parts import (COST_MODELS, PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig,
                                    HardwareConfig, SchedulerConfig)
 from simsched.workloads.workload import WorkloadConfig
 
 __all__ = ["COST_MODELS", "LINK_PRESETS", "PREEMPTION_MODES", "REPLICA_SECTIONS", "ROLES",
-           "SCHEDULER_STYLES", "CacheConfig", "ClusterConfig", "HardwareConfig", "SchedulerConfig",
+           "SCHEDULER_STYLES", "CacheConfig", "ClientConfig", "ClusterConfig", "HardwareConfig",
+           "SchedulerConfig",
            "SimConfig", "WorkloadConfig", "field_names"]
 
 
@@ -45,6 +48,8 @@ class SimConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Who sends the requests (simsched.config.client); the default: the workload's own times.
+    client: ClientConfig = field(default_factory=ClientConfig)
     seed: int = 0
     max_sim_time: float = math.inf
     check_invariants: bool = False
@@ -53,7 +58,7 @@ class SimConfig:
         plain(self)
         for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
                           ("hardware", HardwareConfig), ("workload", WorkloadConfig),
-                          ("cluster", ClusterConfig)):
+                          ("cluster", ClusterConfig), ("client", ClientConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         check_int("config", "seed", self.seed, 0, 2**63 - 1)
@@ -80,7 +85,7 @@ class SimConfig:
             raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
                              "config; its tier list may be empty)")
 
-    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster")
+    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster", "client")
 
     def replica_configs(self) -> list["SimConfig"]:
         """One config per replica: this one with the replica's scheduler, cache and hardware.
@@ -250,6 +255,7 @@ class SimConfig:
 def field_names() -> set[str]:
     """Every flat field name :meth:`SimConfig.replace` accepts."""
     names = {f.name for f in dataclasses.fields(SimConfig)} - set(SimConfig._PARTS)
-    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig):
+    for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig,
+                ClientConfig):
         names |= {f.name for f in dataclasses.fields(cls)}
     return names
