@@ -125,11 +125,23 @@ def result(path: Path = DATA) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update", action="store_true", help="write the shipped fit")
+    parser.add_argument("--quick", action="store_true",
+                        help="accepted for uniformity (the fit takes well under a second)")
+    parser.add_argument("--out", default="out/calibrate_power",
+                        help="directory for power_fit.json and loo.csv (default out/calibrate_power)")
+    parser.add_argument("--quiet", action="store_true", help="accepted for uniformity")
     args = parser.parse_args(argv)
     if not DATA.is_file():
         raise SystemExit(f"calibrate_power: {DATA} not found (the shared data folder)")
     res = result()
     print(json.dumps(res, indent=1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "power_fit.json").write_text(json.dumps(res, indent=1) + "\n")
+    frame = configurations()
+    leave_one_out(frame[~frame["recording_failure"]].reset_index(drop=True)).to_csv(
+        out / "loo.csv", index=False)
+    print(f"wrote {out}/: power_fit.json, loo.csv")
     if args.update:
         FIT_PATH.write_text(json.dumps(res, indent=1) + "\n")
         print(f"wrote {FIT_PATH}")
