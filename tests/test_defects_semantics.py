@@ -55,3 +55,69 @@ def test_routing_skew_changes_nothing_without_expert_parallelism():
         return [m.breakdown(Batch([], [], b, b * 300))["linear"] for b in (1, 32, 512)]
 
     assert linear(2.0) == linear(0.0)
+
+
+# ----------------------------------------------------------------------------- defect 8: run end
+
+def _autoscaled(workload, auto, num_replicas=2, **config):
+    import dataclasses
+
+    from simsched.config.cluster import ClusterConfig
+
+    cfg = dataclasses.replace(SimConfig(**config), workload=workload, cluster=ClusterConfig(
+        num_replicas=num_replicas, autoscaling=auto))
+    return simsched.simulate(cfg)
+
+
+def _short_burst():
+    from simsched.workloads.workload import WorkloadConfig
+
+    return WorkloadConfig(name="custom", lengths="fixed", prompt_len=256, output_len=64,
+                          num_requests=40, rate=20.0)
+
+
+def _slow_scale_up(**changes):
+    from simsched.config.autoscaling import AutoscalingConfig
+
+    return AutoscalingConfig(policy="scheduled", plan=((0.5, 4),), provisioning_time=30.0,
+                             model_load_time=30.0, interval=1.0, price_per_hour=3600.0,
+                             **changes)
+
+
+def test_an_autoscaled_run_and_its_bill_end_with_the_work():
+    # Before: the two replicas still provisioning (60 s from 0.5 s) carried the run to 60.5 s
+    # and the bill to 241 replica-seconds, though the last request ended at 3.0 s.
+    res = _autoscaled(_short_burst(), _slow_scale_up())
+    fixed = simsched.simulate(SimConfig(workload=_short_burst()).replace(num_replicas=2))
+    assert res.requests.equals(fixed.requests)      # the extra replicas never became routable
+    assert res.sim_time == fixed.sim_time < 4.0
+    units = res.fleet.units
+    assert units["billed_time"].tolist() == pytest.approx(
+        [res.sim_time, res.sim_time, res.sim_time - 0.5, res.sim_time - 0.5])
+    # Price 3600 per hour: the cost is the replica-seconds billed.
+    assert res.fleet.cost == pytest.approx(4 * res.sim_time - 1.0)
+    timeline = res.fleet.timeline
+    assert timeline["at"].iloc[-1] == res.sim_time
+    assert timeline["cost"].iloc[-1] == pytest.approx(res.fleet.cost)
+
+
+def test_an_autoscaled_run_stops_at_max_sim_time_if_the_work_goes_on():
+    res = _autoscaled(_short_burst(), _slow_scale_up(), max_sim_time=1.0)
+    assert res.sim_time == 1.0
+    assert res.fleet.cost == pytest.approx(4 * 1.0 - 1.0)
+
+
+def test_an_autoscaled_closed_loop_run_does_not_end_between_turns():
+    # Every turn is followed by a 3 s think time with nothing in flight: the run must wait for
+    # the sessions, not stop when the requests so far have ended.
+    from simsched.config.autoscaling import AutoscalingConfig
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="sessions", num_turns=3, rate=4.0, num_requests=4,
+                        think_time=("fixed", 3.0), lengths="uniform",
+                        prompt_range=(20, 60), output_range=(10, 40))
+    auto = AutoscalingConfig(policy="threshold", metric="running", target=4.0, interval=0.5,
+                             min_replicas=1, max_replicas=3)
+    res = _autoscaled(wl, auto, num_replicas=1)
+    assert len(res.requests) == 12 and (res.requests["status"] == "finished").all()
+    assert res.sim_time > 6.0
