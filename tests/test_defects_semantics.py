@@ -121,3 +121,39 @@ def test_an_autoscaled_closed_loop_run_does_not_end_between_turns():
     res = _autoscaled(wl, auto, num_replicas=1)
     assert len(res.requests) == 12 and (res.requests["status"] == "finished").all()
     assert res.sim_time > 6.0
+
+
+# ----------------------------------------------------------------------------- defect 9: aborts
+
+def _scale_down(mode):
+    from simsched.config.autoscaling import AutoscalingConfig
+    from simsched.config.cluster import ClusterConfig
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="custom", arrival="poisson", lengths="fixed", prompt_len=256,
+                        output_len=128, rate=20.0, duration=20.0)
+    auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 4), (10.0, 2)),
+                             provisioning_time=0.0, model_load_time=0.0, interval=5.0,
+                             on_remove=mode)
+    cfg = SimConfig(workload=wl, check_invariants=True, cluster=ClusterConfig(
+        num_replicas=4, router="least_tokens", autoscaling=auto)).replace(max_num_seqs=16)
+    return simsched.simulate(cfg)
+
+
+def test_an_aborted_request_recomputes_nothing():
+    # Before: the 16 requests aborted at a scale-down (none preempted) reported 4,949
+    # num_recomputed_tokens, the KV they had computed.
+    res = _scale_down("abort")
+    df = res.requests
+    aborted = df[df["status"] == "aborted"]
+    assert len(aborted) > 5 and (aborted["num_preemptions"] == 0).all()
+    assert (aborted["num_recomputed_tokens"] == 0).all()
+    assert res.summary()["num_aborted"] == len(aborted)
+    # The work they lost is counted apart, by replica (the invariant checks balance it: the
+    # run above has check_invariants on).
+    lost = res.info["num_aborted_kv_tokens"]
+    assert lost > 0 and lost == sum(n for _, n in res.info["aborted_kv_tokens_by_replica"])
+    # Migrating the same requests recomputes exactly what aborting them threw away.
+    migrated = _scale_down("migrate")
+    assert int(migrated.requests["num_recomputed_tokens"].sum()) == lost
+    assert migrated.info["num_aborted_kv_tokens"] == 0
