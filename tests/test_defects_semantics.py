@@ -157,3 +157,36 @@ def test_an_aborted_request_recomputes_nothing():
     migrated = _scale_down("migrate")
     assert int(migrated.requests["num_recomputed_tokens"].sum()) == lost
     assert migrated.info["num_aborted_kv_tokens"] == 0
+
+
+# ----------------------------------------------------------------------------- defect 14: stream_to
+
+@pytest.mark.parametrize("target,match", [
+    ("file", r"stream_to '.*file' is a file, not a directory"),
+    ("file/sub", r"stream_to '.*file/sub' is under '.*file', which is a file"),
+    ("/proc/simsched-stream", r"stream_to '/proc/simsched-stream': cannot make the directory"),
+    (5, r"stream_to must be a directory path \(str or os.PathLike\), got int 5"),
+    ("", r"stream_to must be a directory path, got an empty string"),
+])
+def test_a_bad_stream_to_is_refused_in_one_line_before_the_run(tmp_path, monkeypatch, target,
+                                                               match):
+    pytest.importorskip("pyarrow")
+    from simsched.analysis import runner
+
+    (tmp_path / "file").write_text("not a directory")
+    if isinstance(target, str) and target and not target.startswith("/"):
+        target = str(tmp_path / target)
+    drawn = []
+    monkeypatch.setattr(runner, "workload_requests", lambda config: drawn.append(config))
+    # Before: NotADirectoryError, FileNotFoundError or TypeError from pathlib, raised once the
+    # workload was drawn and the run set up.
+    with pytest.raises(ValueError, match=match) as err:
+        simsched.simulate(SimConfig().replace(num_requests=5), stream_to=target)
+    assert "\n" not in str(err.value) and err.value.__cause__ is None
+    assert not drawn
+
+
+def test_a_good_stream_to_is_made_before_the_run(tmp_path):
+    pytest.importorskip("pyarrow")
+    run = simsched.simulate(SimConfig().replace(num_requests=5), stream_to=tmp_path / "a" / "b")
+    assert len(run.frames()["requests"]) == 5

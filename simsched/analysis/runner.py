@@ -172,6 +172,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
+    if stream_to is not None:
+        stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload
     # A table the caller drew from the workload (a sweep) is used as given, not drawn again.
     table = workload_requests(config) if requests is None else requests
