@@ -190,3 +190,40 @@ def test_a_good_stream_to_is_made_before_the_run(tmp_path):
     pytest.importorskip("pyarrow")
     run = simsched.simulate(SimConfig().replace(num_requests=5), stream_to=tmp_path / "a" / "b")
     assert len(run.frames()["requests"]) == 5
+
+
+# ----------------------------------------------------------------------------- defect 15: steps
+
+@pytest.mark.parametrize("mode", ["drain", "abort", "migrate"])
+def test_record_steps_covers_replicas_added_and_removed_during_the_run(mode):
+    from simsched.config.autoscaling import AutoscalingConfig
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = WorkloadConfig(name="custom", lengths="fixed", prompt_len=256, output_len=64,
+                        num_requests=300, rate=20.0)
+    auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 1), (3.0, 4), (9.0, 2)),
+                             provisioning_time=0.5, model_load_time=0.5, interval=1.0,
+                             on_remove=mode)
+    import dataclasses
+
+    from simsched.config.cluster import ClusterConfig
+
+    cfg = dataclasses.replace(SimConfig(), workload=wl,
+                              cluster=ClusterConfig(num_replicas=1, autoscaling=auto))
+    res = simsched.simulate(cfg, record_steps=True)
+    steps, df, it = res.steps, res.requests, res.iterations
+    # Before: only replica 0 (there at the start) was recorded; 134 of the 300 requests, all
+    # served by the three replicas added at 3 s, had no step at all.
+    assert sorted(steps["replica"].unique()) == [0, 1, 2, 3]
+    assert set(steps["request_id"]) == set(df.loc[df["num_generated_tokens"] > 0, "request_id"])
+    # One recorded step per logged iteration, replica by replica.
+    per_replica = steps.groupby("replica")["step"].nunique()
+    assert per_replica.to_dict() == it.groupby("replica").size().to_dict()
+    # A finished request's decode tokens are all there (the first token ends its prefill; a
+    # migrated one's recompute prefill also yields one, so those are left out here).
+    done = df[df["status"] == "finished"].set_index("request_id")
+    if "num_migrations" in done:
+        assert done["num_migrations"].sum() >= 5
+        done = done[done["num_migrations"] == 0]
+    decoded = steps.groupby("request_id")["num_decode_tokens"].sum()
+    assert (decoded[done.index] == done["num_output_tokens"] - 1).all()

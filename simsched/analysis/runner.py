@@ -213,9 +213,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
     engine = Cluster(config, reqs, specs=specs, sessions=sessions)
-    # Installed before the run starts (the GPU loops look the scheduler's methods up once).
-    recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas] \
-        if record_steps else None
+    # Installed before the run starts (the GPU loops look the scheduler's methods up once),
+    # and on each replica an autoscaled fleet adds, as it is made.
+    recorders = None
+    if record_steps:
+        recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas]
+        engine.on_replica_added = lambda r: recorders.append(StepRecorder(r.scheduler, r.index))
     if progress:
         # Closed-loop sessions create their turns as they go: no total to show.
         with RunWatcher(engine, None if sessions is not None else len(reqs)):

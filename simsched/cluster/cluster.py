@@ -158,6 +158,9 @@ class Cluster:
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
         cl = config.cluster
         self.disagg = self.fleet = self.autoscaler = self.work_end = None
+        # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
+        # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
+        self.on_replica_added = None
         if cl.autoscaling is not None:
             self.fleet = fleet.Fleet(self, pools, pool_of, router_rng(config.seed),
                                      np.random.default_rng(
