@@ -227,3 +227,37 @@ def test_record_steps_covers_replicas_added_and_removed_during_the_run(mode):
         done = done[done["num_migrations"] == 0]
     decoded = steps.groupby("request_id")["num_decode_tokens"].sum()
     assert (decoded[done.index] == done["num_output_tokens"] - 1).all()
+
+
+# ----------------------------------------------------------------------------- defect 16: tiers
+
+def test_a_small_lru_tier_loses_a_prefix_to_the_next_requests_own_blocks():
+    from simsched.config.kv_tiers import KVTierConfig
+    from simsched.engine.kv.tier import Tier
+
+    mib = 2 ** 20
+    tier = Tier(KVTierConfig(name="cpu", capacity_gib=12 * 8 / 1024), 8 * mib)
+    assert tier.capacity_blocks == 12
+    tier.store(1, 0, 10, 0.0)           # a system prompt's 10 blocks, evicted by the GPU
+    tier.store(2, 0, 3, 0.0)            # then a question's: the prompt loses its tail
+    assert tier.blocks[1] == [0, 9] and tier.num_used == 12
+    tier.touch(1)                       # a hit makes it the most recent
+    tier.store(3, 0, 2, 0.0)
+    assert tier.blocks[2] == [0, 1] and tier.blocks[1] == [0, 9]     # the question pays
+    tier.store(4, 0, 16, 0.0)           # one request's own 16 blocks: nothing else is left
+    assert list(tier.blocks) == [4] and tier.blocks[4] == [0, 12]
+    assert tier.inconsistency() is None
+
+
+def test_a_cpu_tier_below_the_prefix_working_set_adds_almost_nothing():
+    # 40 groups of 160-token prefixes, a 40-block GPU: the tier pays with its size, and a
+    # 0.1 GiB one (12 blocks, fewer than one request stores) adds under a point (documented:
+    # docs/kv_tiers.md, "A tier smaller than the prefix working set").
+    from tools.docs.doc_kv_tiers import SMALL_CAPACITIES, small_tier_sweep
+
+    t = small_tier_sweep().set_index("gib")
+    assert SMALL_CAPACITIES[:2] == (0.0, 0.1)
+    gain = t["hit_rate"] - t.loc[0.0, "hit_rate"]
+    assert gain.loc[0.1] < 0.01 < 0.4 < gain.loc[float("inf")]
+    assert gain.drop(0.0).is_monotonic_increasing
+    assert t.loc[0.1, "blocks"] == 12 < t.loc[0.1, "stored_per_request"]
