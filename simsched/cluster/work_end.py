@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+from simsched.engine.simpy_fast import run_until
+
 
 class WorkEnd:
     """Fires :attr:`event` when every request of ``cluster`` has ended and no session is open.
@@ -56,10 +58,6 @@ class WorkEnd:
         stop = self.event
         if not math.isinf(until):
             stop = env.any_of([stop, env.timeout(max(until - env.now, 0.0))])
-        try:
-            env.run(until=stop)
-        except RuntimeError:
-            # Nothing left to happen while some request never ended (it waits for a replica
-            # that can never serve it): the run is over, as a run to exhaustion would be.
-            if stop.triggered:
-                raise
+        # (If nothing is left to happen while some request never ended, the run is over, as
+        # a run to exhaustion would be.)
+        run_until(env, stop)
