@@ -260,7 +260,10 @@ def test_replicas_an_autoscaler_adds_share_the_remote_tier():
         "cache.kv_tiers": {"tiers": []},
         "cluster.kv_remote_tier": {"name": "remote", "capacity_gib": 64},
         "cluster.num_replicas": 1,
-        "cluster.autoscaling": {"policy": "scheduled", "plan": [[0.0, 1], [1.0, 3]]}})
+        # No delays: the new replicas join at 1 s, while the work goes on (a run ends with its
+        # work, so replicas still provisioning then are never made).
+        "cluster.autoscaling": {"policy": "scheduled", "plan": [[0.0, 1], [1.0, 3]],
+                                "provisioning_time": 0.0, "model_load_time": 0.0}})
     res, engine = runner.run(cfg, keep_engine=True)
     kvs = [r.kv for r in engine.replicas]
     assert len(kvs) == 3

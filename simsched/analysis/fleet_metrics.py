@@ -94,13 +94,18 @@ def window_table(requests: pd.DataFrame, window: float, ttft_slo: float, tpot_sl
 
 
 def removal_info(fleet) -> tuple[dict, dict | None]:
-    """An autoscaled run's removal figures for its info (``num_aborted``, and with migration
+    """An autoscaled run's removal figures for its info (``num_aborted``, the KV tokens aborts
+    threw away (``num_aborted_kv_tokens``, and by replica), and with migration
     ``num_migrations``; nothing when removed replicas drain) and the migrations per request id
     (None unless requests migrate). ``fleet`` is the run's :class:`~simsched.cluster.fleet.Fleet`."""
     remover = fleet.remover
     if remover is None:
         return {}, None
-    info = {"num_aborted": remover.num_aborted}
+    info = {"num_aborted": remover.num_aborted,
+            # The KV aborted requests had computed, thrown away (work lost, not recomputed),
+            # and by replica as [replica, tokens] pairs (the result checks balance the work).
+            "num_aborted_kv_tokens": sum(remover.lost.values()),
+            "aborted_kv_tokens_by_replica": sorted([g, n] for g, n in remover.lost.items())}
     if remover.mode != "migrate":
         return info, None
     info["num_migrations"] = sum(remover.moves.values())

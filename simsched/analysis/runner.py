@@ -177,6 +177,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
+    if stream_to is not None:
+        stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload
     # A table the caller drew from the workload (a sweep) is used as given, not drawn again.
     table = workload_requests(config) if requests is None else requests
@@ -220,9 +222,12 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
     engine = Cluster(config, reqs, specs=specs, sessions=sessions, client=plan)
-    # Installed before the run starts (the GPU loops look the scheduler's methods up once).
-    recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas] \
-        if record_steps else None
+    # Installed before the run starts (the GPU loops look the scheduler's methods up once),
+    # and on each replica an autoscaled fleet adds, as it is made.
+    recorders = None
+    if record_steps:
+        recorders = [StepRecorder(r.scheduler, r.index) for r in engine.replicas]
+        engine.on_replica_added = lambda r: recorders.append(StepRecorder(r.scheduler, r.index))
     if progress:
         # Closed-loop sessions create their turns as they go: no total to show.
         with RunWatcher(engine, None if sessions is not None or plan is not None

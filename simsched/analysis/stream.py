@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,43 @@ WINDOW = 600.0
 # Iteration logs are also drained when they hold this many bytes (checked every 1,024 ended
 # requests): a busy fleet logs ~20 iterations per request, and one drain holds a few copies.
 ITERATION_BYTES = 16 << 20
+
+
+SUBDIRS = ("requests", "iterations", "preemptions")
+
+
+def prepare_target(path) -> Path:
+    """Check ``stream_to`` before anything runs and make its directories; the path.
+
+    A non-path, an existing file, a path under a file, or a place where no directory can be
+    made or written raises one ValueError naming the path and the problem (pathlib's own
+    errors came from deep inside the run once it had started: issue 40, defect 14).
+    """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"stream_to must be a directory path (str or os.PathLike), got "
+                         f"{type(path).__name__} {path!r}")
+    require_pyarrow("stream_to (it writes Parquet)")
+    target = Path(path)
+    if str(path) == "":
+        raise ValueError("stream_to must be a directory path, got an empty string")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"stream_to {str(target)!r} is a file, not a directory")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"stream_to {str(target)!r} is under {str(above)!r}, which is a file")
+    try:
+        for sub in SUBDIRS:
+            (target / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"stream_to {str(target)!r}: cannot make the directory there "
+                         f"({exc.strerror or exc})") from None
+    try:
+        with tempfile.TemporaryFile(dir=target / SUBDIRS[0]):
+            pass                                    # the run can write its parts there
+    except OSError as exc:
+        raise ValueError(f"stream_to {str(target)!r}: cannot write in the directory "
+                         f"({exc.strerror or exc})") from None
+    return target
 
 
 class StreamingRequests:
@@ -82,7 +121,7 @@ class StreamingRequests:
         self.iteration_parts = 0
         self.since_check = 0
         self.windows: dict[int, np.ndarray] = {}
-        for sub in ("requests", "iterations", "preemptions"):
+        for sub in SUBDIRS:
             (self.path / sub).mkdir(parents=True, exist_ok=True)
 
     @classmethod

@@ -4,8 +4,8 @@ Policies (see :class:`~simsched.config.autoscaling.AutoscalingConfig`): ``thresh
 target per replica with stabilisation windows and a step cap), ``saturation`` (KV demand against
 capacity, as llm-d's analyser) and ``scheduled`` (a plan applied at its own times). Each sample
 is one row of the run's fleet timeline (:data:`TIMELINE_COLUMNS`): replicas by state, target,
-cost so far and per hour, and the load figures the policies read. The process ends when every
-request has arrived and none is in flight.
+cost so far and per hour, and the load figures the policies read. The timeline's last row is
+at the end of the work, where the run stops (:mod:`simsched.cluster.work_end`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Autoscaler:
         self.auto = fleet.auto
         self.env = fleet.env
         self.rows: list[tuple] = []
+        self.closed = False                 # the work has ended (simsched.cluster.work_end)
         # (at, desired) within the longer window; the starting size counts as a desire, so
         # a scale-down waits out its window from the start as it would in a running fleet.
         self.history: deque = deque([(self.env.now, fleet.target())])
@@ -37,11 +38,11 @@ class Autoscaler:
         if self.auto.policy == "scheduled":
             self.env.process(self._plan())
 
-    def _busy(self) -> bool:
-        cluster = self.fleet.cluster
-        remover = self.fleet.remover
-        return cluster.num_arrived < len(cluster.requests) or any(self.fleet.outstanding) \
-            or bool(remover is not None and remover.in_transit)
+    def close(self) -> None:
+        """The work has ended: a last timeline row at its end (the run stops there)."""
+        self.closed = True
+        if not self.rows or self.rows[-1][0] < self.env.now:
+            self._record(self.sample())
 
     def sample(self) -> dict:
         """The fleet's load now: means over routable replicas, totals, recent TTFT."""
@@ -65,7 +66,7 @@ class Autoscaler:
     def _sample_loop(self):
         env, fleet, interval = self.env, self.fleet, self.auto.interval
         self._record(self.sample())
-        while self._busy():
+        while not self.closed:
             yield env.timeout(interval)
             figures = self.sample()
             if self.decide is not None:

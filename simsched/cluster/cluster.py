@@ -44,6 +44,7 @@ from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.clients import run_client
 from simsched.cluster.sessions import run_sessions
+from simsched.cluster.work_end import WorkEnd
 from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
 from simsched.engine.replica import Replica, SimulationError
 from simsched.engine.simpy_fast import Arrivals, done_event, request_starter
@@ -160,12 +161,18 @@ class Cluster:
         self.replica_of: array | None = None
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
         cl = config.cluster
-        self.disagg = self.fleet = self.autoscaler = None
+        self.disagg = self.fleet = self.autoscaler = self.work_end = None
+        # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
+        # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
+        self.on_replica_added = None
         if cl.autoscaling is not None:
             self.fleet = fleet.Fleet(self, pools, pool_of, router_rng(config.seed),
                                      np.random.default_rng(
                                          np.random.SeedSequence(config.seed, spawn_key=(4,))))
             self.autoscaler = Autoscaler(self.fleet)
+            # The run, its bill and its timeline end with the work, not with a provisioning
+            # timer or the autoscaler's next sample (simsched.cluster.work_end).
+            self.work_end = WorkEnd(self, self.autoscaler.close)
         elif cl.disaggregated:
             self._setup_disagg(cl)
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
@@ -175,6 +182,8 @@ class Cluster:
         Arrivals(self.env, self.requests, request_starter(
             self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
+            if self.work_end is not None:
+                self.work_end.sessions_left = len(sessions)
             self.env.process(run_sessions(self, sessions))
         self.client = client
         if client is not None:
@@ -244,7 +253,9 @@ class Cluster:
         """Run until every request has finished or ``config.max_sim_time`` is reached."""
         until = self.config.max_sim_time
         with _long_lived_requests():
-            if math.isinf(until):
+            if self.work_end is not None:
+                self.work_end.run(until)
+            elif math.isinf(until):
                 run_events(self.env)
             else:
                 self.env.run(until=until)

@@ -293,6 +293,8 @@ class Fleet:
         self.replicas.append(replica)
         cluster.specs.append(spec)
         self._hook(replica)
+        if cluster.on_replica_added is not None:
+            cluster.on_replica_added(replica)
         for figures in (self.outstanding, self.tokens, self.pending_prompt):
             figures.append(0)
         self.kv_use.append(0.0)

@@ -9,11 +9,14 @@ stops billing at that instant.
 
 * ``abort``: each request ends there, status ``aborted``, its ``reject_reason`` naming the
   replica and the time; its process wakes and is recorded as any ending request is. The tokens
-  it received keep their times; the KV it had computed counts in ``num_recomputed_tokens``.
+  it received keep their times. It recomputes nothing, so its ``num_recomputed_tokens`` counts
+  only what earlier preemptions dropped; the KV it had computed is work lost, counted by
+  replica in :attr:`Remover.lost` (the run's info: ``num_aborted_kv_tokens``).
 * ``migrate``: each request leaves the replica (its load is taken off the replica's figures) and,
   ``migration_time`` seconds later, is routed by the cluster's router to a routable replica and
   queued there, as a recomputed request: the prompt and the tokens generated so far are prefilled
-  again (vLLM's recompute), after which it goes on generating. Its process keeps waiting on the
+  again (vLLM's recompute; the dropped tokens count in ``num_recomputed_tokens`` when it lands),
+  after which it goes on generating. Its process keeps waiting on the
   same done event throughout; ``cluster.replica_of`` follows it, so its load and its row name the
   replica that finished it. ``moves`` counts each request's migrations (the request frame's
   ``num_migrations``). A request the chosen replica can never serve (a pool with a shorter
@@ -51,6 +54,8 @@ class Remover:
         self.num_aborted = 0
         self.moves: dict[int, int] = {}         # request id -> migrations
         self.in_transit: dict[int, object] = {}     # request id -> request, between replicas
+        self.dropped: dict[int, tuple] = {}         # request id -> (replica, KV tokens dropped)
+        self.lost: dict[int, int] = {}              # replica -> KV tokens aborts threw away
 
     def remove(self, g: int) -> None:
         """Empty replica ``g`` (already out of the routing set) now."""
@@ -59,10 +64,16 @@ class Remover:
         kept = getattr(self.fleet.cluster.requests, "step_ends", None)
         taken = replica.remove_requests(kept(g, replica.iteration_rows) if kept else None)
         if self.mode == "abort":
-            for req, handles, _ in taken:
+            for req, handles, dropped in taken:
+                self._lose(g, dropped)
                 self.abort(req, handles[2], f"aborted: replica {g} removed at t={self.env.now:g} s")
         else:
             self.migrate(g, taken)
+
+    def _lose(self, g: int, tokens: int) -> None:
+        """``tokens`` of KV computed on replica ``g`` were thrown away with an aborted request."""
+        if tokens:
+            self.lost[g] = self.lost.get(g, 0) + tokens
 
     def abort(self, req, done, reason: str) -> None:
         """End ``req`` unfinished for ``reason`` and wake its process."""
@@ -74,10 +85,11 @@ class Remover:
     def migrate(self, g: int, taken: list) -> None:
         """Take ``taken``'s requests off replica ``g``'s load and send each on after its delay."""
         fleet, moves, transit = self.fleet, self.moves, self.in_transit
-        for req, _, _ in taken:
+        for req, _, dropped in taken:
             fleet.left(g, req)
             moves[req.id] = moves.get(req.id, 0) + 1
             transit[req.id] = req
+            self.dropped[req.id] = (g, dropped)
         if self.delay == ("fixed", 0.0):
             # No delay: routed once every removal of this decision is done (none lands on a
             # replica the same decision removes next).
@@ -99,12 +111,15 @@ class Remover:
     def arrive(self, req, handles) -> None:
         """``req`` arrives from a removed replica: the router places it on a routable one."""
         del self.in_transit[req.id]
+        g, dropped = self.dropped.pop(req.id)
         cluster, now = self.fleet.cluster, self.env.now
         h = cluster._choose(cluster.view, req)
         if cluster.replicas[h].add(req, handles, now):
             cluster.replica_of[req.id] = h
+            req.num_recomputed_tokens += dropped        # prefilled again where it landed
             self.fleet.arrived(h, req)
             return
         cluster.replica_of[req.id] = -1
+        self._lose(g, dropped)
         self.abort(req, handles[2], f"aborted: migrated to replica {h}, which cannot serve it "
                                     f"({req.reject_reason})")

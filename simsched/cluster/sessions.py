@@ -151,7 +151,15 @@ def run_sessions(cluster, plans: list[SessionPlan]):
 
 
 def _session(cluster, plan: SessionPlan):
-    """One session: send a turn, wait for it to finish, think, send the next."""
+    """One session: its turns, then (in an autoscaled run) word that it is closed."""
+    yield from _turns(cluster, plan)
+    work_end = getattr(cluster, "work_end", None)
+    if work_end is not None:
+        work_end.session_ended()
+
+
+def _turns(cluster, plan: SessionPlan):
+    """Send a turn, wait for it to finish, think, send the next."""
     env = cluster.env
     prev = None
     for k, turn in enumerate(plan.turns):

@@ -11,8 +11,9 @@ one layer on one GPU, with ``x`` the GPU's tokens:
   MLP), and the routed experts as one grouped GEMM per projection over the ``D`` experts that
   receive tokens this step: ``D`` GEMMs of ``m = assignments / D`` tokens each, each timed by the
   dense model at ``m`` tokens (the efficiency of an ``m``-row GEMM). ``D`` is the expected
-  number of distinct experts hit, ``sum_i 1 - (1 - p_i)^n`` (uniform routing: ``N (1 - (1 -
-  k/N)^n)``; ``expert_routing_skew`` makes the routing Zipf-skewed);
+  number of distinct experts hit, ``N (1 - (1 - k/N)^n)`` under uniform routing;
+  ``expert_routing_skew`` (Zipf) sets how unevenly the assignments fall on those experts, not
+  how many are hit (so it only matters under expert parallelism, and never makes it faster);
 * expert parallelism (``enable_expert_parallel``): the experts are spread over the MoE ranks
   (tp x data-parallel; expert i on rank i mod ranks), each rank computes its own experts'
   GEMMs and the layer waits for the slowest rank (expected assignments plus sqrt(2 ln ranks)
@@ -157,33 +158,41 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
     if shared:
         t = t + gemm(x, h, g * shared // tp) + gemm(x, shared // tp, h)
         elt = elt + 3 * shared // tp + quant * (h + shared // tp)
+    # Skew sets how a step's assignments divide over the experts (the load each rank gets),
+    # not how many experts the step reads: the distinct experts hit are uniform routing's.
+    # (A Zipf that also thinned the experts hit would let skew *save* weight reads, so a
+    # memory-bound decode ran faster the more skewed its routing: issue 40, defect 3.)
     p = shapes.expert_hit_probabilities(num, k, skew)
+    uniform = shapes.expert_hit_probabilities(num, k, 0.0)
     total = x * dp
     if ep and ranks > 1:
         owner = np.arange(num) % ranks
 
         def per_rank(grid):
-            share = np.array([p[owner == r].sum() for r in range(ranks)])
-            hit = np.stack([(1.0 - (1.0 - p[owner == r][None, :]) ** grid[:, None]).sum(axis=1)
-                            for r in range(ranks)])
-            sd = np.sqrt(np.maximum(grid[None, :] * share[:, None]
-                                    * (1.0 - share[:, None] / k), 0.0))
-            assign = grid[None, :] * share[:, None] + math.sqrt(2 * math.log(ranks)) * sd
-            return np.concatenate([hit, assign])
+            hit = np.stack([(1.0 - (1.0 - uniform[owner == r][None, :])
+                             ** grid[:, None]).sum(axis=1) for r in range(ranks)])
+            return np.concatenate([hit, _assignments(p, owner, ranks, k, grid),
+                                   _assignments(uniform, owner, ranks, k, grid)])
 
         stats = _on_grid(total, per_rank)
-        hit, assign = np.maximum(stats[:ranks], 1e-9), stats[ranks:]
-        m = assign / hit
-        rank_t = hit * (gemm.bare(m, h, g * width) + gemm.bare(m, width, h)) + 2 * gemm.const
+        hit, assign = np.maximum(stats[:ranks], 1e-9), stats[ranks:2 * ranks]
+        even = stats[2 * ranks:]
+        # The busiest rank takes no less than under uniform routing: skew only adds rows to
+        # it, and a GEMM of more rows is never faster (the fitted efficiency curve can rise
+        # faster than the roofline between two of its points).
+        rank_t = hit * np.maximum(_expert_pair(gemm, assign / hit, h, g * width, width),
+                                  _expert_pair(gemm, even / hit, h, g * width, width)) \
+            + 2 * gemm.const
         t = t + rank_t.max(axis=0)
-        slow = assign.max(axis=0)
+        slow = np.maximum(assign.max(axis=0), even.max(axis=0))
         elt = elt + (3 * width + quant * (h + width)) * slow / np.maximum(x, 1.0)
         link = gpu.interconnect_bandwidth / 2 if ranks <= parallel.gpus_per_node \
             else parallel.inter_node_bandwidth
         a2a = all_to_all_time(x, ranks, spec, link)
     else:
+        # Every rank holds a slice of every expert: an uneven load still splits evenly.
         hit = np.maximum(_on_grid(total, lambda grid: shapes.expected_distinct_experts(
-            grid, num, k, skew)), 1e-9)
+            grid, num, k)), 1e-9)
         m = total * k / hit
         w = width // ranks
         t = t + hit * (gemm.bare(m, h, g * w) + gemm.bare(m, w, h)) + 2 * gemm.const
@@ -192,6 +201,20 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
     unit = gemm.lin["elt_per_byte"] * GPUS[gemm.lin["gpu"]].mem_bandwidth \
         / gpu.mem_bandwidth * spec.bytes_per_param
     return t + gemm.lin["elt_const"] + x * elt * unit, a2a
+
+
+def _assignments(p: np.ndarray, owner: np.ndarray, ranks: int, k: int,
+                 grid: np.ndarray) -> np.ndarray:
+    """Assignments each rank receives for ``grid`` tokens routed by ``p``: its expected share
+    plus sqrt(2 ln ranks) standard deviations (the slowest of ``ranks`` draws)."""
+    share = np.array([p[owner == r].sum() for r in range(ranks)])
+    sd = np.sqrt(np.maximum(grid[None, :] * share[:, None] * (1.0 - share[:, None] / k), 0.0))
+    return grid[None, :] * share[:, None] + math.sqrt(2 * math.log(ranks)) * sd
+
+
+def _expert_pair(gemm: _Gemm, m: np.ndarray, h: int, up: int, width: int) -> np.ndarray:
+    """Seconds of one expert's up and down GEMMs at ``m`` rows, without launch times."""
+    return gemm.bare(m, h, up) + gemm.bare(m, width, h)
 
 
 def kv_read_scale(spec: ModelSpec, tp: int) -> float:

@@ -8,8 +8,8 @@ preemption leaves it (:meth:`~simsched.engine.scheduler.preemption.PreemptionMix
 freed, its decode run closed (the tokens it emitted keep their times), ``num_generated`` exact,
 ``num_computed_tokens`` 0 and ``prefill_target`` the prompt plus the tokens generated so far, so
 another replica can take it as it would take a recomputed request. The tokens whose KV is dropped
-count in ``num_recomputed_tokens`` (work done and lost). The caller decides what becomes of the
-requests (:mod:`simsched.cluster.removal`).
+are returned, not counted: the caller decides what becomes of the requests
+(:mod:`simsched.cluster.removal`), and only one that goes on elsewhere recomputes them.
 
 :func:`runs_as_gaps` turns a request's decode runs, which index the decode steps of the replica
 it leaves, into explicit token gaps, so its token times survive its move to another replica.
@@ -62,12 +62,12 @@ def take_all(sched) -> list[tuple[Request, int]]:
 
 
 def _reset(req: Request, generated: int, cached: int) -> int:
-    """Leave stopped ``req`` as a recompute preemption does (without counting a preemption)."""
+    """Leave stopped ``req`` as a recompute preemption does (without counting a preemption, and
+    without counting ``cached`` as recomputed: an aborted request recomputes nothing)."""
     req.num_generated = generated
     req.num_computed_tokens = 0
     req.prefill_target = req.num_prompt_tokens + generated
     req.status = WAITING
-    req.num_recomputed_tokens += cached
     return cached
 
 

@@ -55,8 +55,10 @@ def check_results(results) -> None:
     done = df[df["status"] == Status.FINISHED.value]
     need = int((done["num_prompt_tokens"] + done["num_output_tokens"] - 1
                 + done["num_recomputed_tokens"]).sum())
-    # An aborted request's computed KV was all dropped: it counts as recomputed work.
-    need += int(df.loc[df["status"] == Status.ABORTED.value, "num_recomputed_tokens"].sum())
+    # An aborted request's computed KV was all dropped: what its preemptions dropped (in its
+    # num_recomputed_tokens) and what the abort threw away (the run's info).
+    need += int(df.loc[df["status"] == Status.ABORTED.value, "num_recomputed_tokens"].sum()) \
+        + results.info.get("num_aborted_kv_tokens", 0)
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need -= int(it["num_cached_tokens"].sum())
     spec = results.info.get("speculative")
@@ -84,12 +86,14 @@ def check_results(results) -> None:
     # A migrated request's work, too, was done on two replicas (autoscaling's migrate).
     if "replica" in df and "replica" in it and len(it) and "prefill_replica" not in df \
             and not ("num_migrations" in df and df["num_migrations"].any()):
-        _check_replica_work(df, it, now, spec)
+        _check_replica_work(df, it, now, spec,
+                            dict(results.info.get("aborted_kv_tokens_by_replica", ())))
 
 
-def _check_replica_work(df, it, now: float, spec: dict | None = None) -> None:
+def _check_replica_work(df, it, now: float, spec: dict | None = None,
+                        aborted_kv: dict | None = None) -> None:
     """Each replica computed exactly what the finished requests routed to it needed (and the
-    work aborted ones lost there)."""
+    work aborted ones lost there: ``aborted_kv``, replica -> KV tokens the aborts threw away)."""
     done = df[df["status"] == Status.FINISHED.value]
     need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
             + done["num_recomputed_tokens"]).groupby(done["replica"]).sum()
@@ -97,6 +101,8 @@ def _check_replica_work(df, it, now: float, spec: dict | None = None) -> None:
     if len(aborted):
         need = need.add(aborted["num_recomputed_tokens"].groupby(aborted["replica"]).sum(),
                         fill_value=0)
+    for replica, tokens in (aborted_kv or {}).items():
+        need[replica] = need.get(replica, 0) + tokens
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need = need.sub(it["num_cached_tokens"].groupby(it["replica"]).sum(), fill_value=0)
     work = (it["num_prefill_tokens"] + it["num_decode_tokens"]).groupby(it["replica"]).sum()

@@ -231,6 +231,14 @@ def move_earlier(queue: list, old: tuple, new: tuple) -> None:
     heapq._siftdown(queue, 0, i)
 
 
+def run_until(env: simpy.Environment, event: simpy.Event):
+    """``env.run(until=event)`` on this loop: stop once ``event`` is processed, or when no
+    event is left before it is (where ``env.run`` would raise)."""
+    if event.callbacks is not None:
+        event.callbacks.append(StopSimulation.callback)
+    return run(env)
+
+
 def run(env: simpy.Environment):
     """``env.run()``: process events until none is left (see the module docstring)."""
     queue, pop = env._queue, heapq.heappop

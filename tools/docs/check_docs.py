@@ -139,6 +139,7 @@ def _blocks() -> dict[str, Block]:
         "kv-tiers-cluster": Block("docs/kv_tiers.md", t.kv_tiers_cluster, False),
         "kv-tiers-sessions": Block("docs/kv_tiers.md", t.kv_tiers_sessions, False),
         "kv-tiers-reload": Block("docs/kv_tiers.md", t.kv_tiers_reload, False),
+        "kv-tiers-small": Block("docs/kv_tiers.md", t.kv_tiers_small, True),
         "autoscaling-results": Block("docs/autoscaling.md", a.autoscaling_results, False),
         "autoscaling-removal": Block("docs/autoscaling.md", a.autoscaling_removal, True),
         "speculative-runs": Block("docs/speculative.md", sp.speculative_runs, False),

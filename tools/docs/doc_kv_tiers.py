@@ -155,3 +155,82 @@ def kv_tiers_reload(runs) -> str:
         f"({num(hf['ratio'])} for the GPU hit, {num(vf['ratio'])} for the CPU reload): under "
         f"this model both reused part of their prompts, which the sources do not state.",
     ])
+
+
+# A tier smaller than the prefix working set (issue 40, defect 16): 40 system prompts of 160
+# tokens (10 blocks each), 400 requests, a 40-block GPU cache.
+SMALL_GROUPS, SMALL_PREFIX, SMALL_GPU_BLOCKS = 40, 160, 40
+SMALL_CAPACITIES = (0.0, 0.1, 0.4, 1.6, 6.4, math.inf)
+
+
+def small_tier_sweep() -> pd.DataFrame:
+    """The shared-prefix workload above with no CPU tier (capacity 0) and CPU tiers of
+    :data:`SMALL_CAPACITIES` GiB: per capacity the tier's blocks, the prefix hit rate at first
+    admission, and the blocks written to the tier per request."""
+    import dataclasses
+
+    import simsched
+    from simsched import SimConfig
+    from simsched.cost import hardware
+    from simsched.workloads.workload import WorkloadConfig
+
+    wl = dataclasses.replace(WorkloadConfig.preset("shared-prefix"),
+                             system_prompt_len=SMALL_PREFIX, num_prefix_groups=SMALL_GROUPS,
+                             num_requests=400)
+    base = SimConfig(workload=wl).replace(**{"cache.enable_prefix_caching": True,
+                                             "cache.num_blocks": SMALL_GPU_BLOCKS})
+    block_bytes = hardware.kv_bytes_per_token(base.hardware) * base.cache.block_size
+    rows = []
+    for gib in SMALL_CAPACITIES:
+        tier = {"name": "cpu"} if math.isinf(gib) else {"name": "cpu", "capacity_gib": gib}
+        cfg = base if not gib else base.replace(**{"cache.kv_tiers": {"tiers": [tier]}})
+        res = simsched.simulate(cfg)
+        s = res.summary()
+        rows.append({"gib": gib, "blocks": math.inf if math.isinf(gib)
+                     else int(gib * 2 ** 30 // block_bytes),
+                     "hit_rate": s["prefix_hit_rate"],
+                     "stored_per_request": s.get("kv_cpu_store_bytes", 0.0) / block_bytes
+                     / len(res.requests)})
+    return pd.DataFrame(rows)
+
+
+def kv_tiers_small(runs) -> str:
+    """docs/kv_tiers.md: why a CPU tier smaller than the prefix working set adds (almost)
+    nothing under LRU, against its size."""
+    t = small_tier_sweep().set_index("gib")
+    gpu = t.loc[0.0, "hit_rate"]
+    gain = (t["hit_rate"] - gpu).drop(0.0)
+    claim(gain.is_monotonic_increasing, "the hit rate grows with the CPU tier")
+    claim(gain.loc[0.1] < 0.01, "a 0.1 GiB tier adds under a point")
+    small = t.loc[0.1]
+    claim(small["blocks"] < small["stored_per_request"],
+          "a request writes more blocks than the 0.1 GiB tier holds")
+    working = SMALL_GROUPS * SMALL_PREFIX // 16
+    prompt = SMALL_PREFIX + 128
+    pinned = (small["blocks"] // (SMALL_PREFIX // 16)) / SMALL_GROUPS * SMALL_PREFIX / prompt
+    table = pd.DataFrame({
+        "CPU tier (GiB)": ["none" if not g else "unbounded" if math.isinf(g) else f"{g:g}"
+                           for g in t.index],
+        "tier blocks": ["–" if not g else ("unbounded" if math.isinf(b) else f"{int(b):,}")
+                        for g, b in zip(t.index, t["blocks"])],
+        "prefix hit rate": t["hit_rate"].map(_pc).tolist(),
+        "added by the tier": ["–"] + [f"{v * 100:+.1f} pt" for v in gain],
+        "blocks stored per request": ["–"] + [f"{v:.1f}" for v in t["stored_per_request"][1:]]})
+    unb = t.loc[math.inf]
+    return "\n".join([
+        md_table(table),
+        "",
+        f"{SMALL_GROUPS} system prompts of {SMALL_PREFIX} tokens ({working} blocks of 16 "
+        f"between them) before 128-token questions, 400 requests, a {SMALL_GPU_BLOCKS}-block GPU "
+        f"cache. Every block the GPU evicts goes to the tier, the questions' and outputs' too: "
+        f"{num(small['stored_per_request'])} blocks a request with a 0.1 GiB tier "
+        f"({small['blocks']:,.0f} blocks), {num(unb['stored_per_request'])} unbounded. A group "
+        f"comes back after {SMALL_GROUPS} requests on average, so its prefix has "
+        f"{SMALL_GROUPS} x {num(unb['stored_per_request'])} ≈ "
+        f"{SMALL_GROUPS * unb['stored_per_request']:,.0f} blocks written after it, and LRU keeps "
+        f"it only if its group returns within capacity / blocks-per-request requests: under one "
+        f"request at 0.1 GiB, so almost never ({gain.loc[0.1] * 100:+.1f} pt). A policy that "
+        f"kept one whole prefix there instead (its {small['blocks']:,.0f} blocks hold one of "
+        f"{SMALL_GROUPS}) would add about {pinned * 100:.1f} pt: under uniform popularity a tier "
+        f"pays in proportion to the share of the working set it holds.",
+    ])
