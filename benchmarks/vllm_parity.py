@@ -180,6 +180,9 @@ def main(argv=None) -> int:
                    help="change simsched's config (flat field names)")
     p.add_argument("--show", type=int, default=20, help="differing cases to print (default 20)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--record", action="store_true",
+                   help="write the figures to benchmarks/results/vllm_parity.json (variant "
+                        "seedS) and re-render benchmarks/README.md")
     p.add_argument("--fixtures", action="store_true",
                    help=f"record {FIXTURE_CASES} small cases per mode into {FIXTURES}")
     p.add_argument("--ablate", action="store_true",
@@ -211,6 +214,10 @@ def main(argv=None) -> int:
             print()
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    if args.record:
+        from benchmarks.common import record
+
+        record("vllm_parity", f"seed{args.seed}", figures)
     return 0 if all(figures[m]["identical"] == figures[m]["cases"]
                     for m in ("sync", "async") if m in figures) else 1
 
