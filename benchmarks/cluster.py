@@ -187,6 +187,10 @@ def main(argv=None) -> None:
             "single_us_per_request": us["single"]["req"],
             "ratio_iteration": per_it, "ratio_request": per_req,
             "floor_ratio_iteration": floor_it, "floor_ratio_request": floor_req,
+            **{f"floor_{name}_{k}": v for name, r in floors.items() for k, v in (
+                ("iterations", r["iterations"]), ("us_per_iteration",
+                                                  r["loop"] / r["iterations"] * 1e6),
+                ("us_per_request", r["cpu"] / r["requests"] * 1e6))},
             "peak_rss_mib": peak})
 
 

@@ -299,7 +299,52 @@ def summary() -> str:
     return "\n".join(lines) + "\n"
 
 
-BLOCK_NAMES = ("benchmarks-table", "performance-figures")
+def cluster_table() -> str:
+    """docs/cluster.md's speed table: the cluster benchmark's latest run."""
+    r = load("cluster")
+    f, i = r["full"], r["instructions"]
+    peak = f["peak_rss_mib"]
+    rows = [("64 replicas", f["cluster_iterations"], f["cluster_us_per_iteration"],
+             f["cluster_us_per_request"], f"{peak:.0f} MiB ({peak * 2**20 / 1e9:.2f} GB)"),
+            ("1 replica", f["single_iterations"], f["single_us_per_iteration"],
+             f["single_us_per_request"], ""),
+            ("ratio", None, f["ratio_iteration"], f["ratio_request"],
+             _met(peak < 1e9 / 2**20, "target < 1 GB:")),
+            ("bare loop, 64 replicas", f["floor_cluster_iterations"],
+             f["floor_cluster_us_per_iteration"], f["floor_cluster_us_per_request"], ""),
+            ("bare loop, 1 replica", f["floor_single_iterations"],
+             f["floor_single_us_per_iteration"], f["floor_single_us_per_request"], ""),
+            ("bare loop's ratio", None, f["floor_ratio_iteration"], f["floor_ratio_request"], "")]
+    lines = ["| | iterations | µs per iteration | µs per request | peak RSS |",
+             "|---|---|---|---|---|"]
+    for name, n, it, req, extra in rows:
+        if n is None:
+            lines.append(f"| {name} | | **{it:.2f}×** | **{req:.2f}×** | {extra} |")
+        else:
+            lines.append(f"| {name} | {n:,} | {it:.1f} | {req:.1f} | {extra} |")
+    return ("\n".join(lines) + "\n\n"
+            f"simsched's ratios are {f['ratio_iteration'] / f['floor_ratio_iteration']:.2f}× and "
+            f"{f['ratio_request'] / f['floor_ratio_request']:.2f}× the bare loop's. Counted under cachegrind (`--instructions`, "
+            f"{i['num_requests']:,} requests), a request costs "
+            f"{i['cluster_instructions_per_request'] / 1e3:.1f} k instructions on 64 replicas and "
+            f"{i['single_instructions_per_request'] / 1e3:.1f} k on one, "
+            f"{i['ratio_request']:.2f}×.\n")
+
+
+def parity_summary() -> str:
+    """docs/validation.md's sentence: the parity harness's latest runs against vLLM."""
+    r = load("vllm_parity")
+    parts = []
+    for variant, v in sorted(r.items()):
+        parts.append(f"seed {v['seed']}: {v['sync']['identical']:,} of {v['sync']['cases']:,} "
+                     f"cases identical against `Scheduler` ({v['sync']['steps']:,} steps) and "
+                     f"{v['async']['identical']:,} of {v['async']['cases']:,} against "
+                     f"`AsyncScheduler` ({v['async']['steps']:,} steps)")
+    versions = sorted({v["vllm_version"] for v in r.values()})
+    return f"Against vLLM {', '.join(versions)}: " + "; ".join(parts) + ".\n"
+
+
+BLOCK_NAMES = ("benchmarks-table", "performance-figures", "cluster-speed", "validation-parity")
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ KV-bound with preemption storms, shared prefixes with heavy eviction, budgets do
 of 1 to 64 tokens, the priority policy; prefix caching on and off, both admission rules, some
 watermarks), one step being one unit of time, and compares every step: which requests are
 scheduled with how many tokens, who is preempted, how many prompt tokens hit the prefix cache,
-who finishes. Needs vLLM on CPU (README, "Checking parity with vLLM"), no GPU, no weights::
+who finishes. Needs vLLM on CPU (docs/validation.md), no GPU, no weights::
 
     VLLM_TARGET_DEVICE=cpu python -m benchmarks.vllm_parity --cases 1000 --mode both
     python -m benchmarks.vllm_parity --fixtures     # re-record tests/fixtures/vllm_parity/
@@ -191,6 +191,9 @@ def main(argv=None) -> int:
     p.add_argument("--any-version", action="store_true",
                    help=f"run with a vLLM other than {VERIFIED_VLLM}")
     args = p.parse_args(argv)
+    if args.record and (args.only or args.family or args.set or args.start
+                        or args.mode != "both"):
+        p.error("--record keeps a whole run's figures (both modes, every family)")
     _quiet_vllm()
     version = _check_version(args.any_version)
     if args.fixtures:
