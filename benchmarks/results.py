@@ -324,7 +324,8 @@ def cluster_table() -> str:
             lines.append(f"| {name} | {n:,} | {it:.1f} | {req:.1f} | {extra} |")
     return ("\n".join(lines) + "\n\n"
             f"simsched's ratios are {f['ratio_iteration'] / f['floor_ratio_iteration']:.2f}× and "
-            f"{f['ratio_request'] / f['floor_ratio_request']:.2f}× the bare loop's. Counted under cachegrind (`--instructions`, "
+            f"{f['ratio_request'] / f['floor_ratio_request']:.2f}× the bare loop's. Counted "
+            f"under cachegrind (`--instructions`, "
             f"{i['num_requests']:,} requests), a request costs "
             f"{i['cluster_instructions_per_request'] / 1e3:.1f} k instructions on 64 replicas and "
             f"{i['single_instructions_per_request'] / 1e3:.1f} k on one, "
@@ -344,7 +345,19 @@ def parity_summary() -> str:
     return f"Against vLLM {', '.join(versions)}: " + "; ".join(parts) + ".\n"
 
 
-BLOCK_NAMES = ("benchmarks-table", "performance-figures", "cluster-speed", "validation-parity")
+def prefix_cache_speed() -> str:
+    """docs/prefix_caching.md's sentence: the prefix-cache benchmark's latest run."""
+    f = load("prefix_cache")["full"]
+    return (f"Caching on costs {f['mooncake']:.2f}× caching off on the Mooncake synthetic trace "
+            f"at its recorded rate (3,993 requests, Llama-3.1-8B, A100; target ≤ 2×) and "
+            f"{f['mooncake_0.5']:.2f}× at 0.5 req/s; {f['azure_conv']:.2f}× on the Azure "
+            f"conversation trace, whose requests carry no hashes (target ≤ 1.1×). A lookup costs "
+            f"{f['lookup_us_min']:.1f}–{f['lookup_us_max']:.1f} µs against caches of 10^3 to "
+            f"10^6 blocks. Targets: {status_of('prefix_cache', load('prefix_cache'))}.\n")
+
+
+BLOCK_NAMES = ("benchmarks-table", "performance-figures", "cluster-speed", "validation-parity",
+               "prefix-cache-speed")
 
 
 def main(argv=None) -> int:

@@ -47,7 +47,8 @@ def test_a_changed_number_is_reported_and_update_restores_it(tmp_path):
     page = root / "docs" / "cost_model.md"
     text = page.read_text()
     assert "7,422 blocks of 16 tokens for" in text
-    page.write_text(text.replace("7,422 blocks of 16 tokens for", "7,500 blocks of 16 tokens for", 1))
+    page.write_text(text.replace("7,422 blocks of 16 tokens for", "7,500 blocks of 16 tokens for",
+                                 1))
     problems = check_docs.check(["cost-summary"], root=root, out=io.StringIO())
     assert len(problems) == 1 and "drifted" in problems[0] and "-7,500 blocks" in problems[0]
     assert not check_docs.check(["cost-summary"], update=True, root=root, out=io.StringIO())
@@ -131,7 +132,8 @@ def test_runnable_doc_blocks_run_as_pasted(file, line, code, tmp_path, monkeypat
 
 
 # ----------------------------------------------------------------------------- docs as a reference
-# (issue 40, item 4): a short README, reference pages, every link resolving, history in CHANGELOG.md.
+# (issue 40, item 4): a short README, reference pages, every link resolving, history in
+# CHANGELOG.md.
 LINK_RE = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 

@@ -97,7 +97,8 @@ def _blocks() -> dict[str, Block]:
     from tools.docs import doc_vllm as v
 
     return {
-        "findings-policy-comparison": Block("docs/experiments.md", d.readme_policy_comparison, True),
+        "findings-policy-comparison": Block("docs/experiments.md", d.readme_policy_comparison,
+                                            True),
         "findings-saturation": Block("docs/experiments.md", d.readme_experiments, False),
         "cost-summary": Block("docs/cost_model.md", d.readme_cost, True),
         "policies-summary": Block("docs/policies.md", d.readme_policy_zoo, False),
@@ -154,6 +155,8 @@ def _blocks() -> dict[str, Block]:
         "cluster-speed": Block("docs/cluster.md", lambda runs: bench.cluster_table(), True),
         "validation-parity": Block("docs/validation.md", lambda runs: bench.parity_summary(),
                                    True),
+        "prefix-cache-speed": Block("docs/prefix_caching.md",
+                                    lambda runs: bench.prefix_cache_speed(), True),
         "configuration-fields": Block("docs/configuration.md", conf.configuration_fields, True),
     }
 

@@ -242,7 +242,7 @@ def cost_overhead_effect(runs) -> str:
 
 
 def readme_cost_gpus(runs) -> str:
-    """README: which GPUs are measured, and the A100 and H200 fit errors."""
+    """docs/cost_model.md (overview): which GPUs are measured, and the A100 and H200 fit errors."""
     from tools.docs.doc_blocks import _fit_facts
 
     fit, s = _fit_facts(runs), _h200(runs)["h200_summary"]
@@ -260,7 +260,7 @@ def readme_cost_gpus(runs) -> str:
 
 
 def readme_cost_overhead(runs) -> str:
-    """README: the engine-overhead choices and the real-serving claim."""
+    """docs/cost_model.md (overview): the engine-overhead choices and the real-serving claim."""
     from simsched.cost import calibration, overhead
 
     g = runs.get("validate_real")
