@@ -192,3 +192,18 @@ def test_the_changelog_is_dated_newest_first():
     text = (ROOT / "CHANGELOG.md").read_text()
     dates = re.findall(r"^## (20\d\d-\d\d-\d\d)$", text, re.M)
     assert len(dates) >= 4 and dates == sorted(dates, reverse=True)
+
+
+def test_the_documented_command_lines_parse():
+    from simsched.cli import make_parser
+
+    parser = make_parser()
+    lines = []
+    for page in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.S | re.M):
+            lines += [line.split("  #")[0].split() for line in block.splitlines()
+                      if line.startswith("simsched ")]
+    assert len(lines) >= 8
+    for words in lines:
+        args = parser.parse_args(words[1:])        # exits 2 on an unknown flag or value
+        assert args.command == words[1], words
