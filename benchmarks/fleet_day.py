@@ -32,7 +32,6 @@ import numpy as np
 
 from benchmarks.cluster import floor_run
 from benchmarks.common import peak_rss_mb
-from benchmarks.common import add_record_option, record
 from simsched import SimConfig, simulate
 from simsched.config.autoscaling import AutoscalingConfig
 from simsched.config.cluster import ClusterConfig
@@ -59,7 +58,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
     p.add_argument("--autoscale", action="store_true")
-    add_record_option(p)
+    # Added here, not through benchmarks.common: benchmarks.instructions runs this file in an
+    # older checkout, whose common module may not have it.
+    p.add_argument("--record", action="store_true",
+                   help="write the figures to benchmarks/results/ and re-render "
+                        "benchmarks/README.md (the default day only)")
     return p
 
 
@@ -113,6 +116,8 @@ def run_simsched(args, cfg, capacity: float, rate: float) -> float:
     if args.out is None:
         shutil.rmtree(out, ignore_errors=True)
     if getattr(args, "record", False):
+        from benchmarks.common import record
+
         record("fleet_day", "full", {"requests": n, "iterations": iterations, "wall_s": wall,
                                      "cpu_s": cpu, "us_per_request": wall / n * 1e6,
                                      "us_per_iteration": wall / iterations * 1e6,
@@ -132,6 +137,8 @@ def run_floor(cfg, wall: float | None, record_it: bool = False) -> None:
           f"{floor_wall / bare['iterations'] * 1e6:.2f} us per iteration; {bare['requests']} "
           f"requests, {bare['iterations']} iterations){ratio}; peak RSS {peak_rss_mb():.0f} MiB")
     if record_it:
+        from benchmarks.common import record
+
         record("fleet_day", "floor", {
             "requests": bare["requests"], "iterations": bare["iterations"], "wall_s": floor_wall,
             "us_per_request": floor_wall / bare["requests"] * 1e6,
