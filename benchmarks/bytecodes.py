@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.fleet_day import fleet_config, parser
+from benchmarks.common import record
 from simsched import simulate
 
 ROOT = Path(__file__).resolve().parents[1].as_posix() + "/"
@@ -93,7 +94,11 @@ def main(argv=None) -> None:
     p = parser()
     p.set_defaults(hours=0.02, start_hour=14.0)
     p.add_argument("--top", type=int, default=25)
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)       # fleet_day's parser has --record: the default slice only
+    if args.record and any(getattr(args, k) != p.get_default(k) for k in
+                           ("replicas", "hours", "start_hour", "utilisation", "prompt_range",
+                            "output_range", "autoscale")):
+        p.error("--record keeps the default slice's figures: drop the options but --top")
     cfg = fleet_config(args)[0]
     ops, calls, n, iterations = count(cfg)
     by_name: collections.Counter = collections.Counter()
@@ -115,6 +120,11 @@ def main(argv=None) -> None:
         half = half or (i if running >= total / 2 else 0)
         most = most or (i if running >= 0.9 * total else 0)
     print(f"half of them in {half} functions, nine tenths in {most}")
+    if args.record:
+        record("bytecodes", "full", {"requests": n, "iterations": iterations, "bytecodes": total,
+                                     "bytecodes_per_request": total / n,
+                                     "bytecodes_per_iteration": total / iterations,
+                                     "half_functions": half, "ninety_percent_functions": most})
     packages: collections.Counter = collections.Counter()
     for name, k in by_name.items():
         packages[_package(name)] += k

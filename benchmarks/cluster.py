@@ -33,6 +33,7 @@ import numpy as np
 from benchmarks.common import (TimedCostModel, cachegrind_per_call, peak_rss_mb,
                                print_count_ratios)
 from benchmarks.floor import floor_inputs, floor_loop
+from benchmarks.common import add_record_option, record, refuse_quick_record
 from simsched import SimConfig, simulate
 from simsched.cost.factory import make_cost_model
 from simsched.workloads.workload import generate
@@ -82,7 +83,7 @@ def _configs(base: SimConfig, n_replicas: int, rate: float, router: str, num_req
             "single": base.replace(rate=rate, num_requests=num_requests)}
 
 
-def count_instructions(configs: dict, args: list[str], n_replicas: int) -> None:
+def count_instructions(configs: dict, args: list[str], n_replicas: int) -> dict:
     """Print each run's counts per simulated iteration (cachegrind) and their ratios."""
     counts, iters = {}, {}
     for name, cfg in configs.items():
@@ -95,6 +96,12 @@ def count_instructions(configs: dict, args: list[str], n_replicas: int) -> None:
                        per=(iters["single"], iters["cluster"]))
     print("counts per request")
     print_count_ratios(counts["single"], counts["cluster"], "single", "cluster", per=(n, n))
+    return {"num_requests": n,
+            "cluster_instructions_per_request": counts["cluster"]["instructions"] / n,
+            "single_instructions_per_request": counts["single"]["instructions"] / n,
+            "ratio_request": counts["cluster"]["instructions"] / counts["single"]["instructions"],
+            "ratio_iteration": (counts["cluster"]["instructions"] / iters["cluster"])
+            / (counts["single"]["instructions"] / iters["single"])}
 
 
 def main(argv=None) -> None:
@@ -112,7 +119,12 @@ def main(argv=None) -> None:
     parser.add_argument("--only", choices=("cluster", "single"), help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)   # per replica
+    add_record_option(parser)     # variants: full, instructions
     args = parser.parse_args(argv)
+    refuse_quick_record(parser, args)
+    if args.record and (args.router, args.load, args.no_floor) != ("jsq", 0.8, False):
+        parser.error("--record keeps the default run's figures: drop --router/--load/"
+                     "--no-floor")
     n_replicas = 8 if args.quick else 64
     default_n = 20_000 if args.instructions or args.only else 50_000 if args.quick else 1_000_000
     num_requests = args.num_requests or default_n
@@ -131,7 +143,9 @@ def main(argv=None) -> None:
         passed = (["--quick"] if args.quick else []) + ["--router", args.router, "--rate",
                                                         repr(rate), "--num-requests",
                                                         str(num_requests)]
-        count_instructions(configs, passed, n_replicas)
+        counts = count_instructions(configs, passed, n_replicas)
+        if args.record:
+            record("cluster", "instructions", counts)
         return
     print(f"one replica's capacity {cap:.2f} req/s; each replica offered {rate:.2f} req/s "
           f"({args.load:.0%}); router {args.router}")
@@ -162,6 +176,22 @@ def main(argv=None) -> None:
     print(f"bare loop cluster / single: {floor_it:.2f}x per iteration, {floor_req:.2f}x per "
           f"request; simsched's ratios over the bare loop's: {per_it / floor_it:.2f}x per "
           f"iteration, {per_req / floor_req:.2f}x per request")
+    if args.record:
+        us = {name: {"it": r["loop"] / r["iterations"] * 1e6, "req": r["cpu"] / r["requests"] * 1e6}
+              for name, r in (("cluster", cluster), ("single", single))}
+        record("cluster", "full", {
+            "cluster_iterations": cluster["iterations"], "single_iterations": single["iterations"],
+            "cluster_us_per_iteration": us["cluster"]["it"],
+            "single_us_per_iteration": us["single"]["it"],
+            "cluster_us_per_request": us["cluster"]["req"],
+            "single_us_per_request": us["single"]["req"],
+            "ratio_iteration": per_it, "ratio_request": per_req,
+            "floor_ratio_iteration": floor_it, "floor_ratio_request": floor_req,
+            **{f"floor_{name}_{k}": v for name, r in floors.items() for k, v in (
+                ("iterations", r["iterations"]), ("us_per_iteration",
+                                                  r["loop"] / r["iterations"] * 1e6),
+                ("us_per_request", r["cpu"] / r["requests"] * 1e6))},
+            "peak_rss_mib": peak})
 
 
 def _ratios(cluster: dict, single: dict) -> tuple[float, float]:

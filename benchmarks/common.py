@@ -85,3 +85,23 @@ def print_count_ratios(base: dict, other: dict, base_name: str, other_name: str,
         scale, suffix = (1e6, " M") if b >= 1e6 else (1e3, " k")
         print(f"  {name:<22} {base_name} {b / scale:9.1f}{suffix}{unit}  {other_name} "
               f"{o / scale:9.1f}{suffix}{unit}  ratio {o / b:.2f}")
+
+
+def add_record_option(parser) -> None:
+    """``--record``: write the run's figures to benchmarks/results/ (see benchmarks.results)."""
+    parser.add_argument("--record", action="store_true",
+                        help="write the figures to benchmarks/results/NAME.json and re-render "
+                             "benchmarks/README.md (full runs only)")
+
+
+def refuse_quick_record(parser, args) -> None:
+    """A ``--quick`` run's figures are not the table's: refuse to record them."""
+    if getattr(args, "record", False) and getattr(args, "quick", False):
+        parser.error("--record keeps a full run's figures: run without --quick")
+
+
+def record(name: str, variant: str, figures: dict) -> None:
+    """Record ``figures`` as variant ``variant`` of script ``name`` (benchmarks.results)."""
+    from benchmarks import results
+
+    results.record(name, variant, figures)

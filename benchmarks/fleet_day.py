@@ -58,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
     p.add_argument("--autoscale", action="store_true")
+    # Added here, not through benchmarks.common: benchmarks.instructions runs this file in an
+    # older checkout, whose common module may not have it.
+    p.add_argument("--record", action="store_true",
+                   help="write the figures to benchmarks/results/ and re-render "
+                        "benchmarks/README.md (the default day only)")
     return p
 
 
@@ -110,10 +115,17 @@ def run_simsched(args, cfg, capacity: float, rate: float) -> float:
               f"replica-hours)")
     if args.out is None:
         shutil.rmtree(out, ignore_errors=True)
+    if getattr(args, "record", False):
+        from benchmarks.common import record
+
+        record("fleet_day", "full", {"requests": n, "iterations": iterations, "wall_s": wall,
+                                     "cpu_s": cpu, "us_per_request": wall / n * 1e6,
+                                     "us_per_iteration": wall / iterations * 1e6,
+                                     "peak_rss_mib": peak_rss_mb()})
     return wall
 
 
-def run_floor(cfg, wall: float | None) -> None:
+def run_floor(cfg, wall: float | None, record_it: bool = False) -> None:
     """Run :mod:`benchmarks.floor`'s bare SimPy loop on ``cfg``'s requests and print its time
     (and its ratio to simsched's ``wall``, if given)."""
     started = time.perf_counter()
@@ -124,6 +136,14 @@ def run_floor(cfg, wall: float | None) -> None:
           f"({floor_wall / bare['requests'] * 1e6:.1f} us per request, "
           f"{floor_wall / bare['iterations'] * 1e6:.2f} us per iteration; {bare['requests']} "
           f"requests, {bare['iterations']} iterations){ratio}; peak RSS {peak_rss_mb():.0f} MiB")
+    if record_it:
+        from benchmarks.common import record
+
+        record("fleet_day", "floor", {
+            "requests": bare["requests"], "iterations": bare["iterations"], "wall_s": floor_wall,
+            "us_per_request": floor_wall / bare["requests"] * 1e6,
+            "us_per_iteration": floor_wall / bare["iterations"] * 1e6,
+            "peak_rss_mib": peak_rss_mb()})
 
 
 def main(argv=None) -> None:
@@ -135,12 +155,16 @@ def main(argv=None) -> None:
     p.add_argument("--loop", choices=("simsched", "floor", "both"), default="simsched",
                    help="floor: benchmarks.floor's bare SimPy loop on the same requests")
     args = p.parse_args(argv)
+    if args.record and any(getattr(args, k) != p.get_default(k) for k in
+                           ("replicas", "hours", "start_hour", "utilisation", "prompt_range",
+                            "output_range", "autoscale")):
+        p.error("--record keeps the default day's figures: drop the other options but --loop")
     cfg, capacity, rate = fleet_config(args)
     wall = None
     if args.loop != "floor":
         wall = run_simsched(args, cfg, capacity, rate)
     if args.loop != "simsched":
-        run_floor(cfg, wall)
+        run_floor(cfg, wall, args.record)
     # The interpreter's build matters as much as a code change: say which one ran.
     print(f"Python {platform.python_version()} ({sys.executable}; "
           f"{' '.join(platform.python_build())})")

@@ -29,6 +29,7 @@ import numpy as np
 import simpy
 
 from benchmarks.common import TimedCostModel, cachegrind_per_call, print_count_ratios
+from benchmarks.common import add_record_option, record
 from simsched import SimConfig, simulate
 from simsched.cost.base import Batch
 from simsched.cost.factory import make_cost_model
@@ -174,7 +175,7 @@ def floor_inputs(cfg: SimConfig, table) -> tuple[tuple, tuple]:
     return args, opts
 
 
-def count_instructions(quick: bool) -> None:
+def count_instructions(quick: bool) -> dict:
     """Print one call's counts of each loop (three calls minus one, halved) and their ratios."""
     extra = ["--quick"] if quick else []
     per_call = {loop: cachegrind_per_call("benchmarks.floor", ["--only", loop] + extra)
@@ -182,6 +183,7 @@ def count_instructions(quick: bool) -> None:
     print(f"Azure conversation trace{' (first 600 s)' if quick else ''}: one call of each loop "
           f"under cachegrind (simulated caches and branch predictor)")
     print_count_ratios(per_call["floor"], per_call["simsched"], "floor", "simsched")
+    return per_call
 
 
 def main(argv=None) -> None:
@@ -193,9 +195,24 @@ def main(argv=None) -> None:
                         help="count instructions, cache misses and mispredicts (valgrind)")
     parser.add_argument("--only", choices=("floor", "simsched"), help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
+    add_record_option(parser)     # variants: full, quick (first 600 s), instructions (--quick)
     args = parser.parse_args(argv)
+    if args.record and args.instructions and not args.quick:
+        parser.error("--record keeps --instructions' figures with --quick only")
     if args.instructions:
-        count_instructions(args.quick)
+        counts = count_instructions(args.quick)
+        if args.record:
+            f, s = counts["floor"], counts["simsched"]
+            record("floor", "instructions", {
+                "floor_instructions_m": f["instructions"] / 1e6,
+                "simsched_instructions_m": s["instructions"] / 1e6,
+                "instructions_ratio": s["instructions"] / f["instructions"],
+                "floor_d1_misses_m": f["D1 misses"] / 1e6,
+                "simsched_d1_misses_m": s["D1 misses"] / 1e6,
+                "d1_ratio": s["D1 misses"] / f["D1 misses"],
+                "floor_mispredicts_m": f["mispredicted branches"] / 1e6,
+                "simsched_mispredicts_m": s["mispredicted branches"] / 1e6,
+                "mispredicts_ratio": s["mispredicted branches"] / f["mispredicted branches"]})
         return
     cfg, table, floor_args, floor_opts = _setup(args.quick)
     hw = cfg.hardware
@@ -226,6 +243,12 @@ def main(argv=None) -> None:
     print(f"  simsched / floor: {best['simsched'] / best['floor']:.2f}x wall "
           f"({best['simsched'] / iters['simsched'] / (best['floor'] / iters['floor']):.2f}x "
           f"per iteration)")
+    if args.record:
+        us = {name: best[name] / iters[name] * 1e6 for name in best}
+        record("floor", "quick" if args.quick else "full", {
+            "ratio": best["simsched"] / best["floor"], "repeat": args.repeat,
+            "ratio_per_iteration": us["simsched"] / us["floor"],
+            "simsched_us_per_iteration": us["simsched"], "floor_us_per_iteration": us["floor"]})
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from simsched.engine.result_checks import check_results
 from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 
+from benchmarks.common import add_record_option, record
+
 MODEL_CONTEXT = 4096  # llama-2-7b, the default model
 
 
@@ -335,7 +337,10 @@ def main(argv=None) -> int:
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
     parser.add_argument("--cluster", type=float, default=0.0,
                         help="share of cases also run as clusters with shared prefixes (0)")
+    add_record_option(parser)     # variants: full (no clusters), cluster (--cluster > 0)
     args = parser.parse_args(argv)
+    if args.record and args.only is not None:
+        parser.error("--record keeps a campaign's figures: drop --only")
     indices = [args.only] if args.only is not None else range(args.n)
     tasks = [(args.seed, i, args.cluster) for i in indices]
     started = time.perf_counter()
@@ -361,6 +366,10 @@ def main(argv=None) -> int:
     print(f"configurations run: {len(tasks)}; failures: {len(failures)}"
           + (f" (cases {[i for i, _ in failures[:50]]})" if failures else "")
           + f"; time: {elapsed:.1f} s")
+    if args.record:
+        record("fuzz", "cluster" if args.cluster > 0 else "full",
+               {"cases": len(tasks), "failures": len(failures), "wall_s": elapsed,
+                "seed": args.seed, "workers": args.workers, "cluster_share": args.cluster})
     return 1 if failures else 0
 
 

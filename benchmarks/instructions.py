@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import add_record_option, record
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,7 +53,10 @@ def main(argv=None) -> None:
     p.add_argument("--base", default="HEAD", help="the commit to compare with")
     p.add_argument("--hours", type=float, default=0.05)
     p.add_argument("--start-hour", type=float, default=14.0)
+    add_record_option(p)
     args = p.parse_args(argv)
+    if args.record and (args.hours, args.start_hour) != (0.05, 14.0):
+        p.error("--record keeps the default slice's figures: drop --hours/--start-hour")
     if shutil.which("valgrind") is None:
         raise SystemExit("benchmarks.instructions needs valgrind")
     here = count(ROOT, args.hours, args.start_hour)
@@ -68,6 +73,9 @@ def main(argv=None) -> None:
     print(f"fleet_day --hours {args.hours:g} --start-hour {args.start_hour:g}: "
           f"{args.base} {base / 1e9:.3f} G instructions, working tree {here / 1e9:.3f} G "
           f"({here / base - 1:+.1%})")
+    if args.record:
+        record("instructions", "full", {"base": args.base, "base_g": base / 1e9,
+                                        "here_g": here / 1e9, "change": here / base - 1})
 
 
 if __name__ == "__main__":

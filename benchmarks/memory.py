@@ -16,6 +16,7 @@ import argparse
 import time
 
 from benchmarks.common import peak_rss_mb
+from benchmarks.common import add_record_option, record
 from simsched import SimConfig, simulate
 
 
@@ -24,7 +25,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=1_000_000)
     parser.add_argument("--rate", type=float, default=40.0)
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    if args.record and (args.num_requests, args.rate) != (1_000_000, 40.0):
+        parser.error("--record keeps the default run's figures: drop --num-requests/--rate")
     before = peak_rss_mb()
     cfg = SimConfig().replace(num_requests=args.num_requests, rate=args.rate)
     started = time.perf_counter()
@@ -41,6 +45,12 @@ def main(argv=None) -> None:
           f"wall {wall:.1f} s; finished {s['num_finished']}; "
           f"peak RSS {peak_rss_mb():.0f} MiB (interpreter and imports: {before:.0f} MiB; "
           f"pyarrow pool {pool})")
+    if args.record:     # one variant per install: with pyarrow (its memory pool) or without
+        record("memory", "plain" if pool == "none" else "pyarrow", {
+            "peak_rss_mib": peak_rss_mb(), "import_rss_mib": before, "wall_s": wall,
+            "requests": args.num_requests, "iterations_m": len(res.iterations) / 1e6,
+            "output_tokens_m": int(res.requests["num_generated_tokens"].sum()) / 1e6,
+            "itl_samples_m": res.num_itl_samples / 1e6})
 
 
 if __name__ == "__main__":

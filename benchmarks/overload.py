@@ -32,6 +32,7 @@ from simsched.cost.factory import make_cost_model
 from simsched.policies import QUEUE_POLICIES
 from simsched.request import Status
 from simsched.workloads.workload import WorkloadConfig, generate
+from benchmarks.common import add_record_option, record, refuse_quick_record
 
 TARGET = 1.5
 NUM_BLOCKS = 7422
@@ -119,7 +120,12 @@ def main(argv=None) -> pd.DataFrame:
     p.add_argument("--iterations", type=int, help="window length (default 2000, quick 1000)")
     p.add_argument("--repeats", type=int, help="runs per cell, the cheapest kept (default 2, "
                    "quick 1)")
+    add_record_option(p)
     args = p.parse_args(argv)
+    refuse_quick_record(p, args)
+    if args.record and (args.policies or args.iterations or args.repeats):
+        p.error("--record keeps the default run's figures: drop --policies/--iterations/"
+                "--repeats")
     small, large = (1_000, 10_000) if args.quick else (1_000, 100_000)
     iterations = args.iterations or (1000 if args.quick else 2000)
     repeats = args.repeats or (1 if args.quick else 2)
@@ -152,6 +158,11 @@ def main(argv=None) -> pd.DataFrame:
           f"{worst['preemption']}); target <= {TARGET}: "
           f"{'met' if (frame['ratio'] <= TARGET).all() else 'NOT met'}; "
           f"{time.perf_counter() - began:.0f} s")
+    if args.record:
+        record("overload", "full", {"worst_ratio": float(worst["ratio"]),
+                                    "worst_policy": worst["policy"],
+                                    "worst_preemption": worst["preemption"], "rows": len(frame),
+                                    "wall_s": time.perf_counter() - began})
     return frame
 
 

@@ -28,6 +28,7 @@ from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.request import Content, Request
 from simsched.workloads.hash_ids import merged_hash_segments
 from simsched.workloads.workload import WorkloadConfig, generate
+from benchmarks.common import add_record_option, record, refuse_quick_record
 
 
 def best_time(cfg: SimConfig, repeat: int) -> tuple[float, int]:
@@ -80,7 +81,10 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="first 1,000 Mooncake requests, 10 "
                                                         "minutes of Azure, smaller caches")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per case (default 3)")
+    add_record_option(p)
     args = p.parse_args(argv)
+    refuse_quick_record(p, args)
+    lookups = []
     warnings.simplefilter("ignore")     # ten Mooncake prompts exceed the context: rejected
     n = 1000 if args.quick else None
     print(f"{'replay (CPU s, caching off vs on)':<34}{'off s':>9}{'on s':>9}{'ratio':>8}"
@@ -95,7 +99,8 @@ def main(argv=None) -> dict:
     ratios["azure_conv"] = replay("azure-conv (no hashes), FCFS", azure, args.repeat)
     print(f"\n{'cache blocks':>12}{'us per lookup (1,000-block prompt)':>38}")
     for size in ((10**3, 10**4, 10**5) if args.quick else (10**3, 10**4, 10**5, 10**6)):
-        print(f"{size:>12}{lookup_us(max(size, 1000)):>38.2f}")
+        lookups.append(lookup_us(max(size, 1000)))
+        print(f"{size:>12}{lookups[-1]:>38.2f}")
     table = generate(WorkloadConfig.preset("mooncake"), np.random.default_rng(0))
     merged = merged_hash_segments(table["hash_ids"].tolist(), table["num_prompt_tokens"], 512)
     print(f"\nMooncake prompt: {table['hash_ids'].map(len).mean():.1f} trace blocks, "
@@ -103,6 +108,9 @@ def main(argv=None) -> dict:
     print(f"\nMooncake on/off {ratios['mooncake']:.2f}x (target <= 2), "
           f"at 0.5 req/s {ratios['mooncake_0.5']:.2f}x; "
           f"Azure conv on/off {ratios['azure_conv']:.2f}x (target <= 1.1)")
+    if args.record:
+        record("prefix_cache", "full", {**ratios, "lookup_us_min": min(lookups),
+                                        "lookup_us_max": max(lookups)})
     return ratios
 
 

@@ -17,6 +17,7 @@ import time
 from simsched import SimConfig, simulate
 from simsched.cluster import state
 from simsched.workloads.workload import WorkloadConfig
+from benchmarks.common import add_record_option, record
 
 
 def main(argv=None) -> None:
@@ -24,7 +25,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--num-requests", type=int, default=40_000)
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    if args.record and (args.replicas, args.num_requests) != (64, 40_000):
+        parser.error("--record keeps the default run's figures: drop --replicas/--num-requests")
     wl = WorkloadConfig(name="shared-prefix", system_prompt_len=1024, num_prefix_groups=256,
                         prompt_len=128, output_len=64, rate=20.0 * args.replicas,
                         num_requests=args.num_requests)
@@ -46,6 +50,11 @@ def main(argv=None) -> None:
           f"prefix_affinity: CPU {with_index:.2f} s with the prefix index, {without:.2f} s "
           f"scoring every replica ({without / with_index:.2f}x); prefix hit rate "
           f"{indexed.summary()['prefix_hit_rate']:.3f}; same routing: {same}")
+    if args.record:
+        record("prefix_routing", "full", {
+            "with_index_s": with_index, "without_index_s": without,
+            "ratio": without / with_index, "same_routing": bool(same),
+            "prefix_hit_rate": indexed.summary()["prefix_hit_rate"]})
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import argparse
 import numpy as np
 
 from benchmarks.common import TimedCostModel
+from benchmarks.common import add_record_option, record, refuse_quick_record
 from simsched import SimConfig, simulate
 from simsched.cost.factory import make_cost_model
 
@@ -33,15 +34,22 @@ def main(argv=None) -> None:
     """Print per-iteration costs and their ratio for each policy."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 vs 10,000 waiting, short")
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    refuse_quick_record(parser, args)
+    figures = {}
     small, large = (100, 10_000) if args.quick else (1_000, 100_000)
     sim_seconds = 20.0 if args.quick else 200.0
     for name, changes in (("fcfs", {"policy": "fcfs"}),
                           ("spf+preemption", {"policy": "spf", "preemption": True})):
         a, na = per_iteration_us(small, changes, sim_seconds)
         b, nb = per_iteration_us(large, changes, sim_seconds)
+        key = name.replace("+", "_")
+        figures.update({f"{key}_small_us": a, f"{key}_large_us": b, f"{key}_ratio": b / a})
         print(f"{name:<16} {small:>7} waiting: {a:6.1f} us/iter ({na} iters)   "
               f"{large:>7} waiting: {b:6.1f} us/iter ({nb} iters)   ratio {b / a:.2f}")
+    if args.record:
+        record("scaling", "full", figures)
 
 
 if __name__ == "__main__":

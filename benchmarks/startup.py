@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import add_record_option, record, refuse_quick_record
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {
     "llama-2-7b a100 (default)": {},
@@ -76,7 +78,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one repetition")
     parser.add_argument("--repeat", type=int, default=5, help="processes per case")
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    refuse_quick_record(parser, args)
     repeat = 1 if args.quick else args.repeat
     print(f"fresh-process startup, median of {repeat} (ms)")
     print(f"{'case':<34}{'import':>9}{'first iteration':>17}{'200-request run':>17}"
@@ -86,6 +90,12 @@ def main(argv=None) -> dict:
         r = results[name] = measure(hw, repeat)
         print(f"{name:<34}{r['import_ms']:>9.0f}{r['first_iteration_ms']:>17.0f}"
               f"{r['simulate_200_ms']:>17.0f}{r['refit_ms']:>26.0f}")
+    if args.record:
+        first = [r["first_iteration_ms"] for r in results.values()]
+        refit = [r["refit_ms"] for r in results.values()]
+        record("startup", "full", {"first_iteration_ms_min": min(first),
+                                   "first_iteration_ms_max": max(first),
+                                   "refit_ms_min": min(refit), "refit_ms_max": max(refit)})
     return results
 
 

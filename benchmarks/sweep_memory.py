@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.common import peak_rss_mb
+from benchmarks.common import add_record_option, record
 from simsched import SimConfig
 from simsched.analysis.sweep import sweep
 
@@ -30,7 +31,11 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--num-requests", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    if args.record and (args.runs, args.num_requests, args.workers) != (8, 100_000, 2):
+        parser.error("--record keeps the default run's figures: drop --runs/--num-requests/"
+                     "--workers")
     base = SimConfig().replace(num_requests=args.num_requests, rate=40.0)
     res = sweep(base, seed=list(range(args.runs)), max_workers=args.workers, progress=False)
     after_sweep = _current_mb()
@@ -38,6 +43,10 @@ def main(argv=None) -> None:
     print(f"{args.runs} runs x {args.num_requests} requests ({rows} frame rows combined): parent "
           f"{after_sweep:.0f} MiB after the sweep, {_current_mb():.0f} MiB with the combined "
           f"frames, peak {peak_rss_mb():.0f} MiB")
+    if args.record:
+        record("sweep_memory", "full", {"after_sweep_mib": after_sweep,
+                                        "with_frames_mib": _current_mb(),
+                                        "peak_mib": peak_rss_mb(), "rows_m": rows / 1e6})
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import argparse
 import time
 
 from simsched import SimConfig, simulate
+from benchmarks.common import add_record_option, record, refuse_quick_record
 from simsched.workloads.workload import WorkloadConfig
 
 CASES = {
@@ -42,15 +43,22 @@ def main(argv=None) -> None:
     """Run every case and print one line each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first 60 s of the trace only")
+    add_record_option(parser)
     args = parser.parse_args(argv)
+    refuse_quick_record(parser, args)
+    figures = {}
     duration = 60.0 if args.quick else None
     print(f"{'case':<20}{'requests':>9}{'out tokens':>12}{'iterations':>11}{'sim s':>9}"
           f"{'wall s':>8}{'x real':>8}{'us/iter':>9}{'wakeups/req':>12}")
     for name, (changes, speedup) in CASES.items():
         r = run(changes, speedup, duration)
+        key = name.replace(" 1x", "").replace("+", "_").replace(" ", "_")
+        figures.update({f"{key}_{k}": v for k, v in r.items()})
         print(f"{name:<20}{r['requests']:>9}{r['output_tokens']:>12}{r['iterations']:>11}"
               f"{r['simulated_s']:>9.0f}{r['wall_s']:>8.2f}{r['x_real_time']:>8.0f}"
               f"{r['us_per_iteration']:>9.1f}{r['wakeups_per_request']:>12.2f}")
+    if args.record:
+        record("trace_replay", "full", figures)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ KV-bound with preemption storms, shared prefixes with heavy eviction, budgets do
 of 1 to 64 tokens, the priority policy; prefix caching on and off, both admission rules, some
 watermarks), one step being one unit of time, and compares every step: which requests are
 scheduled with how many tokens, who is preempted, how many prompt tokens hit the prefix cache,
-who finishes. Needs vLLM on CPU (README, "Checking parity with vLLM"), no GPU, no weights::
+who finishes. Needs vLLM on CPU (docs/validation.md), no GPU, no weights::
 
     VLLM_TARGET_DEVICE=cpu python -m benchmarks.vllm_parity --cases 1000 --mode both
     python -m benchmarks.vllm_parity --fixtures     # re-record tests/fixtures/vllm_parity/
@@ -180,6 +180,9 @@ def main(argv=None) -> int:
                    help="change simsched's config (flat field names)")
     p.add_argument("--show", type=int, default=20, help="differing cases to print (default 20)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--record", action="store_true",
+                   help="write the figures to benchmarks/results/vllm_parity.json (variant "
+                        "seedS) and re-render benchmarks/README.md")
     p.add_argument("--fixtures", action="store_true",
                    help=f"record {FIXTURE_CASES} small cases per mode into {FIXTURES}")
     p.add_argument("--ablate", action="store_true",
@@ -188,6 +191,9 @@ def main(argv=None) -> int:
     p.add_argument("--any-version", action="store_true",
                    help=f"run with a vLLM other than {VERIFIED_VLLM}")
     args = p.parse_args(argv)
+    if args.record and (args.only or args.family or args.set or args.start
+                        or args.mode != "both"):
+        p.error("--record keeps a whole run's figures (both modes, every family)")
     _quiet_vllm()
     version = _check_version(args.any_version)
     if args.fixtures:
@@ -211,6 +217,10 @@ def main(argv=None) -> int:
             print()
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    if args.record:
+        from benchmarks.common import record
+
+        record("vllm_parity", f"seed{args.seed}", figures)
     return 0 if all(figures[m]["identical"] == figures[m]["cases"]
                     for m in ("sync", "async") if m in figures) else 1
 

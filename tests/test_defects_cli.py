@@ -46,7 +46,7 @@ def test_capacity_with_a_loose_target_stops_at_the_overload_bound(tmp_path, caps
     assert runs["holds"].all() and runs["rate"].max() == row["capacity"]
     assert "never_violated" in err and "does not bind" in err and err.count("\n") == 1
     assert f"stops at {MAX_OVERLOAD:g}× the highest" in " ".join(
-        (ROOT / "README.md").read_text().split())
+        (ROOT / "docs" / "api.md").read_text().split())
 
 
 def test_capacity_with_high_keeps_at_high():
@@ -130,7 +130,7 @@ def test_plan_table_has_metric_columns_even_when_nothing_is_feasible():
 
 
 def _readme_plan_example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "api.md").read_text()
     block = text[text.index("plan = simsched.plan("):]
     return block[:block.index("plan.table")]
 
@@ -147,7 +147,7 @@ def test_readme_plan_example_serves_every_request():
     # what the README says of the default model
     assert longest > hardware.max_model_len(SimConfig().hardware) == 4096
     assert "Llama-2-7B's 4,096-token context" in " ".join(
-        (ROOT / "README.md").read_text().split())
+        (ROOT / "docs" / "api.md").read_text().split())
 
 
 @pytest.mark.slow

@@ -44,14 +44,15 @@ def _copy_docs(tmp_path: Path) -> Path:
 
 def test_a_changed_number_is_reported_and_update_restores_it(tmp_path):
     root = _copy_docs(tmp_path)
-    readme = root / "README.md"
-    text = readme.read_text()
-    assert "7,422 blocks" in text
-    readme.write_text(text.replace("7,422 blocks", "7,500 blocks", 1))
-    problems = check_docs.check(["readme-cost"], root=root, out=io.StringIO())
+    page = root / "docs" / "cost_model.md"
+    text = page.read_text()
+    assert "7,422 blocks of 16 tokens for" in text
+    page.write_text(text.replace("7,422 blocks of 16 tokens for", "7,500 blocks of 16 tokens for",
+                                 1))
+    problems = check_docs.check(["cost-summary"], root=root, out=io.StringIO())
     assert len(problems) == 1 and "drifted" in problems[0] and "-7,500 blocks" in problems[0]
-    assert not check_docs.check(["readme-cost"], update=True, root=root, out=io.StringIO())
-    assert readme.read_text() == text
+    assert not check_docs.check(["cost-summary"], update=True, root=root, out=io.StringIO())
+    assert page.read_text() == text
 
 
 def test_a_claim_that_stops_holding_is_reported(tmp_path, monkeypatch):
@@ -60,9 +61,9 @@ def test_a_claim_that_stops_holding_is_reported(tmp_path, monkeypatch):
     def broken(runs):
         raise Drift("claim no longer holds: SPF lowers the mean TTFT")
 
-    monkeypatch.setitem(check_docs.BLOCKS, "readme-cost",
-                        check_docs.Block("README.md", broken, True))
-    problems = check_docs.check(["readme-cost"], root=root, out=io.StringIO())
+    monkeypatch.setitem(check_docs.BLOCKS, "cost-summary",
+                        check_docs.Block("docs/cost_model.md", broken, True))
+    problems = check_docs.check(["cost-summary"], root=root, out=io.StringIO())
     assert problems and "SPF lowers the mean TTFT" in problems[0]
 
 
@@ -117,7 +118,7 @@ def runnable_blocks() -> list[tuple[str, int, str]]:
 
 def test_the_documented_examples_are_marked_runnable():
     marked = {file for file, _, _ in runnable_blocks()}
-    assert {"README.md", "docs/workloads.md", "docs/cluster.md"} <= marked
+    assert {"README.md", "docs/api.md", "docs/workloads.md", "docs/cluster.md"} <= marked
 
 
 @pytest.mark.parametrize("file, line, code", runnable_blocks(),
@@ -128,3 +129,81 @@ def test_runnable_doc_blocks_run_as_pasted(file, line, code, tmp_path, monkeypat
             contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         exec(compile(code, f"{file}:{line}", "exec"), {"__name__": "__main__"})
+
+
+# ----------------------------------------------------------------------------- docs as a reference
+# (issue 40, item 4): a short README, reference pages, every link resolving, history in
+# CHANGELOG.md.
+LINK_RE = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def doc_pages() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_in_the_docs_resolves_to_a_file():
+    broken = []
+    for page in doc_pages():
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)   # not code
+        for target in LINK_RE.findall(text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue                                    # a URL or an anchor on the page
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[ok](page.md) [gone](missing.md#x) [web](https://example.com)")
+    targets = [t for t in LINK_RE.findall(page.read_text()) if not re.match(r"[a-z]+:", t)]
+    assert [t for t in targets if not (tmp_path / t.split("#")[0]).exists()] == ["missing.md#x"]
+
+
+def test_the_readme_is_short_and_links_every_reference_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    # The two commands CI runs, as they are.
+    assert (".venv/bin/pip install -q . && .venv/bin/python -m experiments.policy_comparison"
+            in text)
+    assert '.venv/bin/pip install -q ".[test]" && .venv/bin/python -m pytest -q' in text
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"](docs/{page.name})" in text, page.name
+    assert "](CHANGELOG.md)" in text and "](benchmarks/README.md)" in text
+    # Nothing dated, no session's notes.
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert not re.search(r"session|round \d|\bbefore (this|these)\b", text, re.I)
+    for licence in ("MIT licence", "CC-BY-4.0", "Apache-2.0", "Vidur", "Splitwise", "Mooncake",
+                    "Each folder keeps its licence file."):
+        assert licence in text, licence
+
+
+def test_the_docs_pages_carry_no_session_history():
+    pattern = re.compile(r"this session|this round|\bround \d|(first|second|third|fourth|"
+                         r"earlier|later|previous) session", re.I)
+    found = [f"{page.relative_to(ROOT)}: {m.group(0)}" for page in doc_pages()[2:]
+             for m in pattern.finditer(page.read_text())]
+    assert not found, found
+
+
+def test_the_changelog_is_dated_newest_first():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    dates = re.findall(r"^## (20\d\d-\d\d-\d\d)$", text, re.M)
+    assert len(dates) >= 4 and dates == sorted(dates, reverse=True)
+
+
+def test_the_documented_command_lines_parse():
+    from simsched.cli import make_parser
+
+    parser = make_parser()
+    lines = []
+    for page in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.S | re.M):
+            lines += [line.split("  #")[0].split() for line in block.splitlines()
+                      if line.startswith("simsched ")]
+    assert len(lines) >= 8
+    for words in lines:
+        args = parser.parse_args(words[1:])        # exits 2 on an unknown flag or value
+        assert args.command == words[1], words

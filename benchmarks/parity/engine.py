@@ -1,6 +1,6 @@
 """Drive vLLM's real V1 ``Scheduler`` (or ``AsyncScheduler``) on a parity case, on CPU, no model.
 
-Needs vLLM (see the README's "Checking parity with vLLM"): a ``VllmConfig`` whose model is a
+Needs vLLM (see docs/validation.md): a ``VllmConfig`` whose model is a
 tiny local ``config.json`` (no weights, no tokenizer, nothing downloaded) and a KV-cache config
 that carries only the block count, as vLLM's own CPU tests build it. Each step calls
 ``schedule()`` and then ``update_from_output()`` with a synthetic sampled token for every

@@ -25,7 +25,7 @@ def _ms(seconds: float) -> str:
 
 
 def readme_policy_comparison(runs) -> str:
-    """README: the main job's three policies."""
+    """docs/experiments.md (findings at a glance): the main job's three policies."""
     t = runs.get("policy_comparison")
     fcfs, spf, pre = (t.loc[p] for p in ("FCFS", "SPF", "SPF + preemption"))
     claim(spf["ttft_mean"] < fcfs["ttft_mean"], "SPF lowers the mean TTFT")
@@ -53,7 +53,8 @@ def _load_sweep_facts(runs) -> dict:
 
 
 def readme_experiments(runs) -> str:
-    """README: one bullet each for saturation, token budget and starvation."""
+    """docs/experiments.md (findings at a glance): one bullet each for saturation, token budget
+    and starvation."""
     f = _load_sweep_facts(runs)
     sat, cap, by = f["sat"], f["cap"], f["by"]
     lo, hi = sat.min(), sat.max()
@@ -108,7 +109,7 @@ def _fit_facts(runs) -> dict:
 
 
 def readme_cost(runs) -> str:
-    """README: KV capacity, two iteration times and the fit errors."""
+    """docs/cost_model.md (overview): KV capacity, two iteration times and the fit errors."""
     c, fit = _cost_facts(), _fit_facts(runs)
     return (f"KV capacity follows vLLM (GPU memory × `gpu_memory_utilization` − weights − "
             f"activation reserve):\n{c['blocks']:,} blocks of 16 tokens for Llama-2-7B on an "
@@ -129,19 +130,12 @@ def _describe_traces() -> dict:
                 for name in ("azure-code", "azure-conv")}
 
 
-def readme_traces(runs) -> str:
-    """README: the two bundled traces in one line each."""
-    d = _describe_traces()
-    lines = [f"{name}: {str(desc).splitlines()[0]}" for name, desc in d.items()]
-    return "```\n" + "\n".join(lines) + "\n```"
-
-
 def _zoo(runs) -> dict:
     return runs.get("policy_zoo")
 
 
 def readme_policy_zoo(runs) -> str:
-    """README: three results of the policy zoo."""
+    """docs/policies.md (overview): three results of the policy zoo."""
     z = _zoo(runs)
     pol = z["policies"].set_index(["policy", "mode"])
     ten = z["tenants"].set_index("policy")

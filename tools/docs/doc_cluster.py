@@ -279,7 +279,8 @@ def cluster_deployment(runs) -> str:
 
 
 def readme_cluster(runs) -> str:
-    """README: one bullet each for routing and deployment search."""
+    """docs/experiments.md (findings at a glance): one bullet each for routing and deployment
+    search."""
     f = _routing(runs)
     at = f["at"]
     st = f["t"]["staleness"].pivot(index="router", columns="refresh_interval",

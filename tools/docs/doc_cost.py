@@ -242,7 +242,7 @@ def cost_overhead_effect(runs) -> str:
 
 
 def readme_cost_gpus(runs) -> str:
-    """README: which GPUs are measured, and the A100 and H200 fit errors."""
+    """docs/cost_model.md (overview): which GPUs are measured, and the A100 and H200 fit errors."""
     from tools.docs.doc_blocks import _fit_facts
 
     fit, s = _fit_facts(runs), _h200(runs)["h200_summary"]
@@ -260,7 +260,7 @@ def readme_cost_gpus(runs) -> str:
 
 
 def readme_cost_overhead(runs) -> str:
-    """README: the engine-overhead choices and the real-serving claim."""
+    """docs/cost_model.md (overview): the engine-overhead choices and the real-serving claim."""
     from simsched.cost import calibration, overhead
 
     g = runs.get("validate_real")
@@ -279,7 +279,7 @@ def readme_cost_overhead(runs) -> str:
         "scheduling, client-side token times; on 13 real vLLM 0.15 H100 runs, each left out of "
         f"the fit in turn, median errors {loo['e2e_mean']:.1f} % on E2E, "
         f"{loo['ttft_mean']:.1f} % on TTFT and {loo['itl']:.1f} % on ITL: "
-        "[docs/vllm_v1.md](docs/vllm_v1.md)), `measured_2023` (the default before it: vLLM "
+        "[vllm_v1.md](vllm_v1.md)), `measured_2023` (the default before it: vLLM "
         f"2023's CPU steps, {num(cpu['a'] * 1e3, 2)} ms + {num(cpu['b'] * 1e3, 2)} ms per "
         "sequence, synchronous scheduling), `eager_2023` (a 2023 eager engine end to end, fitted "
         "on real DGX-A100/DGX-H100 runs of Llama-2-70B: every (GPU, TP) group within "
@@ -287,5 +287,5 @@ def readme_cost_overhead(runs) -> str:
         f"{num(overhead.overlapped_gap() * 1e3, 1)} ms gap) or `none`.\n"
         "`python -m experiments.calibrate` refits and prints every GPU's error tables, "
         "`python -m experiments.validate_real` and `validate_vllm` are the sim-to-real reports; "
-        "details, the effect of each overhead choice on TTFT/TPOT, and what is not explained in "
-        "[docs/cost_model.md](docs/cost_model.md).")
+        "the details, the effect of each overhead choice on TTFT/TPOT and what is not explained "
+        "follow.")

@@ -185,7 +185,7 @@ def _prefix_summary(runs) -> dict:
 
 
 def readme_prefix_caching(runs) -> str:
-    """README: the prefix-caching bullet of "What the experiments show"."""
+    """docs/experiments.md (findings at a glance): the prefix-caching bullet."""
     s = _prefix_summary(runs)
     return (
         f"- **Prefix caching**: on Mooncake's synthetic trace (Llama-3.1-8B, one A100, 0.5 req/s) "
