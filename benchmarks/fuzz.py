@@ -148,6 +148,8 @@ def cluster_variant(rng: np.random.Generator, cfg: SimConfig,
     prefix = rng.random() < 0.7
     if prefix:
         changes["cache.enable_prefix_caching"] = True
+        if cfg.scheduler.style == "static":     # the block pool is refused there (config)
+            changes["cache.prefix_cache_model"] = "segments"
     table = pd.DataFrame(requests, columns=["arrival_at", "num_prompt_tokens",
                                             "num_output_tokens", "priority"])
     if prefix:

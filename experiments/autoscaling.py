@@ -173,7 +173,7 @@ def removal_comparison() -> pd.DataFrame:
         auto = AutoscalingConfig(policy="scheduled", plan=((0.0, 4), (20.0, 2)),
                                  provisioning_time=0.0, model_load_time=0.0, interval=5.0,
                                  price_per_hour=PRICE, on_remove=mode, migration_time=delay)
-        cfg = SimConfig(workload=workload, cluster=ClusterConfig(
+        cfg = SimConfig.preset("classic", workload=workload, cluster=ClusterConfig(
             num_replicas=4, router="least_tokens", autoscaling=auto)).replace(max_num_seqs=16)
         res = simsched.simulate(cfg)
         s, units, df = res.summary(), res.fleet.units, res.requests
@@ -232,7 +232,7 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     out = Path(args.out)
     warnings.simplefilter("ignore")
     compress = settings(args.quick)["compress"]
-    base = SimConfig(workload=lengths())
+    base = SimConfig.preset("classic", workload=lengths())
     cal = calibrate(base)
     table = rate_schedule.read_servegen(model="m-large")
     totals = rate_schedule.total_rates(table)

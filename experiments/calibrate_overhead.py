@@ -34,8 +34,8 @@ BATCHES = {"decode 1 x 1,000": Batch([], [], 1, 1000),
 def jobs(quick: bool) -> dict:
     """Job name -> SimConfig (default GPU; the caller sets GPU and overhead)."""
     main_job = base_config(rate=30.0, num_blocks=96, num_requests=1000, seed=0)
-    azure = SimConfig(workload=WorkloadConfig.preset("azure-conv",
-                                                     duration=600.0 if quick else None))
+    azure = SimConfig.preset("classic", workload=WorkloadConfig.preset(
+        "azure-conv", duration=600.0 if quick else None))
     return {"main job (policy_comparison, FCFS)": main_job, "azure-conv replay": azure}
 
 

@@ -65,8 +65,9 @@ def main(argv=None) -> pd.DataFrame:
     rates = cfg["rates"]
     workload = WorkloadConfig.preset("azure-conv", num_requests=cfg["num_requests"],
                                      max_prompt_tokens=3072, long_prompt_policy="clip")
-    result = plan(workload, TARGET, cfg["candidates"], rates=rates, base_config=SimConfig(),
-                  executor=args.executor, max_workers=args.workers, progress=not args.quiet)
+    result = plan(workload, TARGET, cfg["candidates"], rates=rates,
+                  base_config=SimConfig.preset("classic"), executor=args.executor,
+                  max_workers=args.workers, progress=not args.quiet)
     table = result.table
     best = pd.DataFrame([result.best(rate) for rate in rates])[COLUMNS]
     print(f"{len(result.runs)} simulations in {time.time() - t0:.0f} s; target p99 TTFT <= 1 s, "

@@ -39,7 +39,7 @@ TOL = 0.08
 def base_config(workload: str, num_requests: int) -> SimConfig:
     """Llama-3-8B on A100-80GB replicas; Poisson arrivals with the workload's lengths."""
     lengths = "empirical" if workload == "sharegpt" else "trace"
-    return SimConfig().replace(
+    return SimConfig.preset("classic").replace(
         model="llama-3-8b", gpu="a100-80gb", name=workload, arrival="poisson",
         lengths=lengths, num_requests=num_requests, num_replicas=NUM_GPUS,
         router="least_tokens", long_prompt_policy="clip", max_sim_time=3600.0)

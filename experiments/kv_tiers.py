@@ -108,7 +108,7 @@ def mooncake(quick: bool) -> pd.DataFrame:
     """GPU only, then a CPU tier, an SSD alone and an SSD under a 128 GiB CPU tier, each swept
     over its capacity (``gib``), on one replica."""
     wl = WorkloadConfig.preset("mooncake", rate=0.5, num_requests=1200 if quick else None)
-    base = SimConfig(workload=wl).replace(model="llama-3.1-8b",
+    base = SimConfig.preset("classic", workload=wl).replace(model="llama-3.1-8b",
                                           **{"cache.enable_prefix_caching": True})
     rows = [run(base, setup="gpu only", gib=0.0)]
     sizes = (64, 256, 1024, None) if quick else (64, 128, 256, 512, 1024, 2048, None)
@@ -127,7 +127,7 @@ def cluster(quick: bool) -> pd.DataFrame:
     """4 replicas, round robin: GPU only, 256 GiB CPU tiers, a shared remote store (swept over
     its capacity, ``gib``), both."""
     wl = WorkloadConfig.preset("mooncake", rate=2.0, num_requests=1200 if quick else None)
-    base = SimConfig(workload=wl).replace(model="llama-3.1-8b", **{
+    base = SimConfig.preset("classic", workload=wl).replace(model="llama-3.1-8b", **{
         "cache.enable_prefix_caching": True, "cluster.num_replicas": 4,
         "cluster.router": "round_robin"})
 
@@ -151,7 +151,7 @@ def sessions(quick: bool) -> pd.DataFrame:
     wl = WorkloadConfig(name="sessions", num_turns=6, rate=n / 600, num_requests=n,
                         think_time=("exponential", 60.0), lengths="uniform",
                         prompt_range=(2000, 6000), output_range=(200, 600))
-    base = SimConfig(workload=wl).replace(model="llama-3.1-8b",
+    base = SimConfig.preset("classic", workload=wl).replace(model="llama-3.1-8b",
                                           **{"cache.enable_prefix_caching": True})
     rows = [run(base, setup="gpu only", gib=0.0)]
     for gib in ((32, 128, None) if quick else (16, 32, 64, 128, 256, None)):
@@ -187,7 +187,7 @@ def reload_ttft(setup: dict, num_clients: int, reused: int) -> tuple[float, floa
     prompt = setup["prompt"]
     rounds = 1 if setup["hit"] == "cpu" else 2
     blocks = num_clients * rounds * (-(-prompt // 16) + 1)
-    cfg = SimConfig().replace(model=setup["model"], gpu=setup["gpu"], **{
+    cfg = SimConfig.preset("classic").replace(model=setup["model"], gpu=setup["gpu"], **{
         "hardware.tensor_parallel_size": setup["tp"], "cache.num_blocks": blocks,
         "max_num_batched_tokens": 8192, "max_num_seqs": 256}).replace(**tiers(cpu()))
     res, engine = run_engine(cfg, burst(num_clients, prompt, reused, setup["hit"] == "cpu"),

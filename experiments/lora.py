@@ -64,7 +64,7 @@ def run(cfg: SimConfig) -> tuple[dict, pd.DataFrame]:
 
 def base_config(num_requests: int, **lora) -> SimConfig:
     """One default replica at :data:`RATE` with ``lora`` (LoRAConfig fields; none: base model)."""
-    cfg = SimConfig().replace(num_requests=num_requests, rate=RATE)
+    cfg = SimConfig.preset("classic").replace(num_requests=num_requests, rate=RATE)
     return cfg.replace(lora=LoRAConfig(**lora)) if lora else cfg
 
 

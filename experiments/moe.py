@@ -60,7 +60,7 @@ def variants() -> dict[str, list[dict]]:
 
 
 def _config(v: dict, rate: float, num_requests: int) -> SimConfig:
-    return SimConfig().replace(
+    return SimConfig.preset("classic").replace(
         model=v["model"], model_spec=v["spec"], gpu="h100-sxm", tensor_parallel_size=v["tp"],
         parallel=v["parallel"], rate=rate, num_requests=num_requests, lengths="fixed",
         prompt_len=PROMPT, output_len=OUTPUT, max_num_seqs=256, seed=0)

@@ -33,8 +33,13 @@ COLUMNS = ("ttft_mean", "ttft_p95", "itl_mean", "itl_p99", "num_preemptions",
 
 
 def base_config(rate: float, num_blocks: int, num_requests: int, seed: int) -> SimConfig:
-    """The lesson's engine settings with a KV cache small enough to create memory pressure."""
-    return SimConfig(seed=seed).replace(
+    """The lesson's engine settings with a KV cache small enough to create memory pressure.
+
+    Pinned to the ``classic`` preset (simsched's rules before issue 40 made vLLM V1's the
+    defaults: a 1 % watermark, at most 8 preemptions per iteration, admission on the first
+    chunk's blocks, the arrival rule for async scheduling), so the study and its findings stay
+    the seed's."""
+    return SimConfig.preset("classic", seed=seed).replace(
         max_num_batched_tokens=2048, max_num_seqs=16, victim_policy="fewest_generated",
         num_blocks=num_blocks, rate=rate, num_requests=num_requests)
 

@@ -96,7 +96,8 @@ def _row(results) -> dict:
 
 def _config(args, workload: WorkloadConfig, label: str, **changes) -> simsched.SimConfig:
     policy, options, victim = POLICIES[label]
-    return simsched.SimConfig(workload=workload, seed=args.seed).replace(
+    # The classic preset (the defaults before issue 40): the zoo's findings are under its rules.
+    return simsched.SimConfig.preset("classic", workload=workload, seed=args.seed).replace(
         policy=policy, policy_options=options, victim_policy=victim,
         max_num_seqs=args.max_num_seqs, **changes)
 

@@ -61,7 +61,7 @@ def mooncake(quick: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Caching off/on across cache sizes, then FCFS vs LPM."""
     n = 1200 if quick else None
     wl = WorkloadConfig.preset("mooncake", rate=0.5, num_requests=n)
-    base = SimConfig(workload=wl).replace(model="llama-3.1-8b")
+    base = SimConfig.preset("classic", workload=wl).replace(model="llama-3.1-8b")
     sizes = (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32)
     rows = [run(base.replace(**caching(on), **{"cache.num_blocks": k * GPU_BLOCKS}),
                 cache_x_gpu=k, num_blocks=k * GPU_BLOCKS, caching="on" if on else "off")
@@ -83,7 +83,7 @@ def shared_prefix(quick: bool) -> pd.DataFrame:
     n = 600 if quick else 1500
     wl = WorkloadConfig(name="shared-prefix", system_prompt_len=2048, num_prefix_groups=64,
                         prompt_len=128, output_len=128, rate=6.0, num_requests=n)
-    base = SimConfig(workload=wl).replace(max_sim_time=2 * n / 6.0 + 60)
+    base = SimConfig.preset("classic", workload=wl).replace(max_sim_time=2 * n / 6.0 + 60)
     sizes = (2048, 7422) if quick else (1024, 2048, 4096, 7422)
     variants = {"off": (False, "fcfs"), "on fcfs": (True, "fcfs"), "on lpm": (True, "lpm")}
     return pd.DataFrame([run(base.replace(policy=pol, **caching(on), **{"cache.num_blocks": b}),
@@ -99,7 +99,7 @@ def sessions(quick: bool) -> pd.DataFrame:
         wl = WorkloadConfig(name="sessions", num_turns=turns, rate=rate / turns,
                             num_requests=total // turns, think_time=("exponential", 5.0),
                             lengths="uniform", prompt_range=(50, 300), output_range=(50, 400))
-        base = SimConfig(workload=wl).replace(model="llama-3.1-8b")
+        base = SimConfig.preset("classic", workload=wl).replace(model="llama-3.1-8b")
         rows += [run(base.replace(**caching(on)), turns=turns, caching="on" if on else "off")
                  for on in (False, True)]
     return pd.DataFrame(rows)

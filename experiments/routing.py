@@ -64,10 +64,11 @@ def settings(quick: bool) -> dict:
 def base_config(num_requests: int | None) -> SimConfig:
     """Eight default replicas (Llama-2-7B, A100-80GB) on the Azure conversation trace (None:
     all 19,366 requests), prompts clipped to ``MAX_PROMPT`` tokens so every request fits the
-    4,096-token context."""
+    4,096-token context. The study runs under the classic preset (the defaults before issue 40,
+    which its findings were made with)."""
     workload = WorkloadConfig.preset("azure-conv", num_requests=num_requests,
                                      max_prompt_tokens=MAX_PROMPT, long_prompt_policy="clip")
-    return SimConfig(workload=workload).replace(num_replicas=NUM_REPLICAS)
+    return SimConfig.preset("classic", workload=workload).replace(num_replicas=NUM_REPLICAS)
 
 
 def saturated_throughput(cfg: SimConfig, rate: float) -> float:
@@ -92,7 +93,7 @@ def affinity_study(cfg: dict, progress: bool) -> pd.DataFrame:
     """Hit rate and TTFT per router with prefix caching on, and with it off (JSQ)."""
     rows = []
     for name, workload in affinity_workloads(cfg).items():
-        base = SimConfig(workload=workload).replace(num_replicas=NUM_REPLICAS)
+        base = SimConfig.preset("classic", workload=workload).replace(num_replicas=NUM_REPLICAS)
         # For sessions, rate counts sessions per second; each brings 8 turns.
         per_request = 1.0 / TURNS if name == "sessions" else 1.0
         cap1 = saturated_throughput(base, 40.0 * per_request)

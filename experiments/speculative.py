@@ -45,9 +45,9 @@ def variants(quick: bool) -> dict:
 
 def base(num_requests: int) -> SimConfig:
     """The served workload and model (speculation set per variant)."""
-    return SimConfig().replace(name="sharegpt", num_requests=num_requests, model=MODEL, gpu=GPU,
-                               max_prompt_tokens=1024, long_prompt_policy="clip",
-                               max_num_seqs=512, max_num_batched_tokens=8192)
+    return SimConfig.preset("classic").replace(
+        name="sharegpt", num_requests=num_requests, model=MODEL, gpu=GPU, max_prompt_tokens=1024,
+        long_prompt_policy="clip", max_num_seqs=512, max_num_batched_tokens=8192)
 
 
 def run_all(quick: bool, progress: bool = False) -> pd.DataFrame:

@@ -86,7 +86,7 @@ def run(args) -> pd.DataFrame:
     print(f"{args.trace}, window [{args.start:g}, {args.start + args.duration:g}) s as recorded:")
     print(describe(window))
     print(window.attrs["load_report"])
-    base = simsched.SimConfig(workload=workload, seed=args.seed)
+    base = simsched.SimConfig.preset("classic", workload=workload, seed=args.seed)
     rows = []
     for speedup in args.speedups:
         for label, changes in VARIANTS.items():

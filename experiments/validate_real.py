@@ -60,7 +60,7 @@ def simulate_run(run) -> tuple[float, float, int]:
     """(prompt time, mean decode iteration, preemptions) of one run simulated end to end."""
     length = int(run.prompt_size + run.token_size)
     with long_context(run.model, length):
-        cfg = SimConfig().replace(
+        cfg = SimConfig.preset("classic").replace(
             model=run.model, gpu=run.gpu, tensor_parallel_size=int(run.tp),
             engine_overhead="eager_2023", max_model_len=length, style="prefill_first",
             enable_chunked_prefill=False, max_num_batched_tokens=serving.PROMPT_TOKEN_BUDGET,

@@ -98,7 +98,7 @@ def requests_of(run, starts: list[float], seconds: float | None = None,
 def config_of(run, profile: str, seed: int = 0) -> SimConfig:
     """The run's server settings as a simsched config under engine profile ``profile``."""
     blocks = run.kv_blocks_from_log
-    return SimConfig().replace(
+    return SimConfig.preset("classic").replace(
         model=run.model, gpu=run.gpu, tensor_parallel_size=int(run.tp), max_model_len=4096,
         gpu_memory_utilization=float(run.gpu_memory_utilization),
         model_spec=getattr(run, "model_spec", None),

@@ -1,5 +1,10 @@
 """Async scheduling (vLLM V1's one-step pipeline, ``scheduler.async_scheduling``) and the
-client-side output delay of the ``vllm_v1`` engine profile."""
+client-side output delay of the ``vllm_v1`` engine profile.
+
+The pipeline's arrival rule is what an asynchronous replica applies with ``plan_ahead=False``,
+the ``classic`` preset (the default before issue 40, when the default plans ahead instead): the
+tests of that rule pin the preset (``CLASSIC``).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,12 @@ import simsched
 from simsched import SimConfig, UnitCostModel
 from simsched.analysis.runner import RejectionWarning
 from simsched.api import simulate_checked
+from simsched.config import pipeline
 from simsched.cost import overhead
 from simsched.cost.factory import make_cost_model
+
+
+CLASSIC = SimConfig.preset("classic")
 
 
 class DelayedUnit(UnitCostModel):
@@ -23,7 +32,7 @@ class DelayedUnit(UnitCostModel):
 
 
 def first_tokens(requests, asynchronous: bool, cost=None) -> list[float]:
-    cfg = SimConfig().replace(async_scheduling=asynchronous, num_blocks=200)
+    cfg = CLASSIC.replace(async_scheduling=asynchronous, num_blocks=200)
     res = simsched.simulate(cfg, requests=requests, cost_model=cost or UnitCostModel())
     return res.requests.sort_values("request_id").first_token_at.tolist()
 
@@ -50,8 +59,21 @@ def async_on(cfg, cost=None) -> bool:
     return overhead.async_scheduling(cfg, cost or make_cost_model(cfg.hardware))
 
 
-def test_on_with_the_vllm_v1_profile_the_default_unless_asked_otherwise():
-    cfg = SimConfig()                               # vllm_v1 is the default engine profile
+def test_the_default_plans_ahead_where_classic_applies_the_arrival_rule():
+    # vllm_v1, the default engine profile, schedules asynchronously: by default the replica
+    # plans ahead (vLLM's AsyncScheduler decisions), so the arrival rule is off (one model).
+    cfg = SimConfig()
+    model = make_cost_model(cfg.hardware)
+    assert async_on(cfg) and pipeline.plan_ahead(cfg, model)
+    assert not pipeline.arrival_rule(cfg, model)
+    assert pipeline.arrival_rule(CLASSIC, model) and not pipeline.plan_ahead(CLASSIC, model)
+    measured = cfg.replace(engine_overhead="measured_2023")
+    model = make_cost_model(measured.hardware)
+    assert not pipeline.plan_ahead(measured, model) and not pipeline.arrival_rule(measured, model)
+
+
+def test_on_with_the_vllm_v1_profile_unless_asked_otherwise():
+    cfg = CLASSIC                                   # vllm_v1 is the default engine profile
     assert async_on(cfg)
     assert not async_on(cfg.replace(async_scheduling=False))
     assert not async_on(cfg.replace(engine_overhead="measured_2023"))
@@ -63,7 +85,7 @@ def test_it_follows_the_cost_model_that_runs():
     # A cost model given to simulate replaces the config's, engine profile included: a unit
     # model schedules synchronously under a vllm_v1 config (as its zero output delay says), a
     # vllm_v1 model asynchronously under a measured_2023 config.
-    v1 = SimConfig().replace(engine_overhead="vllm_v1", num_blocks=200)
+    v1 = CLASSIC.replace(engine_overhead="vllm_v1", num_blocks=200)
     assert not async_on(v1, UnitCostModel())
     assert async_on(v1.replace(engine_overhead="measured_2023"), make_cost_model(v1.hardware))
     reqs = [(0.0, 16, 10), (0.5, 16, 10), (1.0, 16, 10)]
@@ -75,7 +97,7 @@ def test_queue_cap_and_waiting_counts_include_arrivals_no_plan_has_seen():
     # A burst at t = 0 waits in the replicas' pending lists until a plan sees it: the queue
     # cap (3 per replica) must count those requests, or it would never shed.
     burst = [(0.0, 400, 50)] * 30
-    cfg = SimConfig(check_invariants=True).replace(
+    cfg = CLASSIC.replace(check_invariants=True, 
         async_scheduling=True, num_replicas=2, router="round_robin", max_num_seqs=2,
         max_num_batched_tokens=512, max_num_queued_per_replica=3)
     with pytest.warns(RejectionWarning, match="shed: replica"):
@@ -86,7 +108,7 @@ def test_queue_cap_and_waiting_counts_include_arrivals_no_plan_has_seen():
     assert (res.iterations["num_waiting"] <= 3).all()
     # Cut off mid-step: the request that arrived during the step in flight is waiting, and
     # counted as such.
-    cut = simsched.simulate(SimConfig().replace(async_scheduling=True, max_sim_time=0.75,
+    cut = simsched.simulate(CLASSIC.replace(async_scheduling=True, max_sim_time=0.75,
                                                 num_blocks=200),
                             requests=[(0.0, 16, 10), (0.5, 16, 10)], cost_model=UnitCostModel())
     assert cut.requests["status"].tolist() == ["running", "waiting"]
@@ -102,7 +124,7 @@ def test_invariants_hold_under_load_with_prefix_sharing_and_rejections():
                                   rng.integers(80, 400, n), rng.integers(1, 60, n),
                                   rng.integers(0, 4, n))]
     reqs[7]["num_prompt_tokens"] = 5000          # beyond max_model_len: rejected on arrival
-    cfg = SimConfig().replace(async_scheduling=True, enable_prefix_caching=True, num_blocks=120,
+    cfg = CLASSIC.replace(async_scheduling=True, enable_prefix_caching=True, num_blocks=120,
                               max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096)
     with pytest.warns(RejectionWarning):
         res, engine = simulate_checked(cfg, requests=reqs)
@@ -117,7 +139,7 @@ def test_invariants_hold_under_load_with_prefix_sharing_and_rejections():
 
 def test_output_delay_shifts_client_times_and_keeps_the_engine_ones():
     reqs = [(0.0, 16, 4), (0.5, 16, 3)]
-    cfg = SimConfig().replace(num_blocks=200)
+    cfg = CLASSIC.replace(num_blocks=200)
     plain = simsched.simulate(cfg, requests=reqs, cost_model=UnitCostModel()).requests
     res = simsched.simulate(cfg, requests=reqs, cost_model=DelayedUnit(0.25))
     df = res.requests
@@ -133,7 +155,7 @@ def test_output_delay_shifts_client_times_and_keeps_the_engine_ones():
 
 
 def test_vllm_v1_profile_turns_both_on():
-    cfg = SimConfig().replace(gpu="h100-sxm", engine_overhead="vllm_v1", num_requests=40,
+    cfg = CLASSIC.replace(gpu="h100-sxm", engine_overhead="vllm_v1", num_requests=40,
                               rate=4.0, seed=2)
     res, engine = simulate_checked(cfg)
     delay = engine.replicas[0].cost_model.output_delay
@@ -145,10 +167,10 @@ def test_vllm_v1_profile_turns_both_on():
 def test_plan_ahead_and_the_arrival_rule_are_one_model_not_two():
     # plan_ahead decides what each plan sees; the replica's arrival rule must not delay again.
     with pytest.raises(ValueError, match="plan_ahead and scheduler.async_scheduling"):
-        SimConfig().replace(plan_ahead=True, async_scheduling=True)
+        CLASSIC.replace(plan_ahead=True, async_scheduling=True)
     from simsched.cost.factory import make_cost_model
 
-    cfg = SimConfig().replace(engine_overhead="vllm_v1", plan_ahead=True)
+    cfg = CLASSIC.replace(engine_overhead="vllm_v1", plan_ahead=True)
     model = make_cost_model(cfg.hardware)
     assert not overhead.async_scheduling(cfg, model)
-    assert overhead.async_scheduling(SimConfig().replace(engine_overhead="vllm_v1"), model)
+    assert overhead.async_scheduling(CLASSIC.replace(engine_overhead="vllm_v1"), model)

@@ -289,9 +289,10 @@ def test_prefix_index_follows_the_caches_and_routes_as_a_full_scan(monkeypatch):
 
     wl = WorkloadConfig(name="shared-prefix", system_prompt_len=256, num_prefix_groups=40,
                         prompt_len=96, output_len=24, rate=60.0, num_requests=500)
-    cfg = SimConfig(workload=wl).replace(num_replicas=6, enable_prefix_caching=True,
-                                         num_blocks=160, max_num_seqs=16, seed=5,
-                                         router="prefix_affinity")
+    # The classic preset: the index is checked against the segments cache's keys (nodes()).
+    cfg = SimConfig.preset("classic", workload=wl).replace(
+        num_replicas=6, enable_prefix_caching=True, num_blocks=160, max_num_seqs=16, seed=5,
+        router="prefix_affinity")
     indexed, engine = runner.run(cfg, keep_engine=True)
     index = engine.load.prefix_holders
     assert index is not None and index.holders()

@@ -36,7 +36,7 @@ BAD = [
     ("scheduler", "max_num_preemptions", -1, {}, "[0, inf]"),
     ("scheduler", "admit_after_preemption", 0, {}, "True or False"),
     ("scheduler", "reserve_full_isl", "yes", {}, "True or False"),
-    ("scheduler", "plan_ahead", 1, {}, "True or False"),
+    ("scheduler", "plan_ahead", 1, {}, "True, False or None"),
     ("scheduler", "speculative", 3, {}, "SpeculativeConfig"),
     ("scheduler", "policy_options", [("a", 1)], {}, "mapping"),
     ("scheduler", "async_scheduling", 1, {}, "True, False or None"),

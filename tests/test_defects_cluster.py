@@ -196,7 +196,11 @@ def test_one_token_blocks_never_evict_for_the_recomputed_last_block(other_first)
 
 
 def test_one_token_blocks_in_a_run_keep_the_cache_and_the_invariants():
-    cfg = PREFIX_CFG.replace(**{"cache.block_size": 1, "cache.num_blocks": 6})
+    # The segments model (the classic preset's): vLLM's block pool, the default, keeps the
+    # recomputed last block as a copy and so evicts here, as vLLM does.
+    cfg = SimConfig.preset("classic").replace(**{
+        "hardware.cost_model": "unit", "cache.enable_prefix_caching": True,
+        "cache.block_size": 1, "cache.num_blocks": 6})
     rows = pd.DataFrame({"arrival_at": [0.0, 10.0, 20.0], "num_prompt_tokens": [1, 5, 5],
                          "num_output_tokens": [1, 1, 1], "prefix_group": [9, 7, 7],
                          "prefix_len": [1, 5, 5]})

@@ -142,7 +142,8 @@ def test_a_quiet_run_logs_as_each_step_would_in_a_simulation(monkeypatch):
         return original(self, *args)
 
     monkeypatch.setattr(IterationLog, "add_run", spy)
-    run = simsched.simulate(SimConfig(workload=WorkloadConfig(
+    # The classic preset: quiet runs are taken under the arrival rule, not when planning ahead.
+    run = simsched.simulate(SimConfig.preset("classic", workload=WorkloadConfig(
         name="custom", lengths="uniform", prompt_range=(32, 256), output_range=(16, 200),
         rate=4.0, duration=10.0)))
     assert seen and max(seen) > 2

@@ -81,11 +81,14 @@ def test_loads_and_stores_share_the_link():
 # ----------------------------------------------------------------------- in a run
 def cfg(num_blocks=20, tiers=({"name": "cpu", "read_gbps": 10.0, "latency": 1e-3},),
         overlap=False, **changes) -> SimConfig:
-    base = SimConfig(check_invariants=True,
-                     cache=CacheConfig(block_size=B, num_blocks=num_blocks,
-                                       enable_prefix_caching=True,
-                                       kv_tiers={"tiers": list(tiers), "overlap_layers": overlap}),
-                     hardware=HardwareConfig(cost_model="unit"))
+    # The classic preset: these runs' expected values are under simsched's rules before issue
+    # 40 (tiers extend the segments prefix cache in any case).
+    base = SimConfig.preset(
+        "classic", check_invariants=True,
+        cache=CacheConfig(block_size=B, num_blocks=num_blocks, enable_prefix_caching=True,
+                          prefix_cache_model="segments",
+                          kv_tiers={"tiers": list(tiers), "overlap_layers": overlap}),
+        hardware=HardwareConfig(cost_model="unit"))
     return base.replace(**changes) if changes else base
 
 
@@ -151,8 +154,8 @@ def test_an_unbounded_cpu_tier_reaches_mooncakes_646_percent():
     import simsched
     from simsched.workloads.workload import WorkloadConfig
     wl = WorkloadConfig.preset("mooncake", rate=0.5)
-    gpu = SimConfig(workload=wl).replace(model="llama-3.1-8b",
-                                         **{"cache.enable_prefix_caching": True})
+    gpu = SimConfig.preset("classic", workload=wl).replace(
+        model="llama-3.1-8b", **{"cache.enable_prefix_caching": True})
     rates = []
     for config in (gpu, gpu.replace(**{"cache.kv_tiers": {"tiers": [{"name": "cpu"}]}})):
         with pytest.warns(Warning):     # the trace's 10 over-long prompts are rejected
@@ -192,6 +195,9 @@ def test_tier_config_round_trips_and_names_bad_fields():
         KVTiersConfig(tiers=[{}, {}])
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         CacheConfig(kv_tiers={"tiers": []})
+    # The default prefix cache is vLLM's block pool (issue 40): tiers ask for the segments one.
+    with pytest.raises(ValueError, match="prefix_cache_model='segments'"):
+        CacheConfig(enable_prefix_caching=True, kv_tiers={"tiers": []})
     with pytest.raises(ValueError, match="kv_remote_tier needs cache.kv_tiers"):
         SimConfig(cluster=ClusterConfig(kv_remote_tier={"name": "remote"}))
     with pytest.raises(ValueError, match="named 'remote'"):
@@ -201,14 +207,15 @@ def test_tier_config_round_trips_and_names_bad_fields():
 
 def test_off_builds_the_plain_prefix_cache():
     assert CacheConfig().kv_tiers is None and ClusterConfig().kv_remote_tier is None
-    kv = make_kv_cache(100, CacheConfig(enable_prefix_caching=True))
+    kv = make_kv_cache(100, CacheConfig(enable_prefix_caching=True, prefix_cache_model="segments"))
     assert type(kv) is PrefixCache
 
 
 def test_set_takes_tier_configs_as_json():
     from simsched.cli.configs import parse_set_value
     tiers = parse_set_value("cache.kv_tiers", '{"tiers": [{"name": "disk"}]}')
-    config = SimConfig().replace(**{"cache.enable_prefix_caching": True, "cache.kv_tiers": tiers})
+    config = SimConfig().replace(**{"cache.enable_prefix_caching": True, "cache.kv_tiers": tiers,
+                                    "cache.prefix_cache_model": "segments"})
     assert config.cache.kv_tiers.tiers[0].name == "disk"
     with pytest.raises(ValueError, match="kv_remote_tier takes a mapping"):
         parse_set_value("cluster.kv_remote_tier", "remote")
@@ -255,7 +262,7 @@ def test_tiers_keep_every_invariant_across_engine_modes(changes):
 def test_replicas_an_autoscaler_adds_share_the_remote_tier():
     from simsched.analysis import runner
 
-    cfg = SimConfig().replace(**{
+    cfg = SimConfig.preset("classic").replace(**{
         "num_requests": 400, "rate": 40.0, "num_blocks": 64, "cache.enable_prefix_caching": True,
         "cache.kv_tiers": {"tiers": []},
         "cluster.kv_remote_tier": {"name": "remote", "capacity_gib": 64},

@@ -31,10 +31,13 @@ def admit(kv: PrefixCache, r: Request, num_tokens: int | None = None) -> int:
 
 
 def cfg(num_blocks=64, block_size=B, **changes) -> SimConfig:
-    base = SimConfig(check_invariants=True,
-                     cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
-                                       enable_prefix_caching=True),
-                     hardware=HardwareConfig(cost_model="unit"))
+    # The classic preset: these tests are of the segments prefix cache (PrefixCache) under
+    # simsched's rules before issue 40 (test_vllm_rules.py has vLLM's, the defaults now).
+    base = SimConfig.preset(
+        "classic", check_invariants=True,
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
+                          enable_prefix_caching=True),
+        hardware=HardwareConfig(cost_model="unit"))
     return base.replace(**changes) if changes else base
 
 

@@ -13,11 +13,20 @@ from simsched.engine.result_checks import check_results
 from tests.test_properties import cases
 
 
+def _with_prefix_caching(config):
+    """``config`` with prefix caching on (the segments model under static batching, the only
+    one modelled there; vLLM's block pool, the default, otherwise)."""
+    changes = {"cache.enable_prefix_caching": True}
+    if config.scheduler.style == "static":
+        changes["cache.prefix_cache_model"] = "segments"
+    return config.replace(**changes)
+
+
 @st.composite
 def shared_cases(draw):
     """A random scheduler case whose prompts share prefixes (system prompts or trace blocks)."""
     config, requests, impossible = draw(cases())
-    config = config.replace(**{"cache.enable_prefix_caching": True})
+    config = _with_prefix_caching(config)
     rows = []
     if draw(st.booleans()):
         for t, p, o, prio in requests:
@@ -56,7 +65,7 @@ def test_with_prefix_caching_every_request_finishes_and_invariants_hold(case):
 def session_cases(draw):
     """A random closed-loop workload on a random small engine."""
     config, _, _ = draw(cases())
-    config = config.replace(**{"cache.enable_prefix_caching": True})
+    config = _with_prefix_caching(config)
     rows, tokens, think_total = [], 0, 0.0
     shared = draw(st.integers(0, 40))
     for s in range(draw(st.integers(1, 4))):

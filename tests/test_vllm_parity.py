@@ -81,8 +81,8 @@ def _preempts(steps) -> bool:
     return any(s[2] for s in steps)
 
 
-# Each of vLLM's rules is a switch simsched's own defaults leave off. Set back to simsched's
-# default, each must change some recorded case, and only cases where its rule can apply (outside
+# Each of vLLM's rules is a switch, on by default (issue 40) and off in the classic preset. Set
+# back to the classic value, each must change some recorded case, and only cases where its rule can apply (outside
 # them it has no effect by construction: no prefix cache, no watermark, nothing preempted...).
 SWITCHES = [
     ("sync", "prefix_hit_rule", "token", lambda c, s: c.enable_prefix_caching),

@@ -1,7 +1,8 @@
 """vLLM V1's scheduling rules as switches, and the ``vllm_v1`` preset that sets them (issue 25).
 
-Each switch is off by default (results of configs that do not opt in are unchanged: the golden
-tests); each test shows the rule's effect on a run small enough to follow by hand.
+Each switch is on by default since issue 40 and off in the ``classic`` preset (the defaults before);
+each test shows the rule's effect, against the classic rules, on a run small enough to follow by
+hand.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 
 import simsched
-from simsched import CacheConfig, SchedulerConfig, SimConfig, UnitCostModel
+from simsched import CacheConfig, SimConfig, UnitCostModel
 from simsched.api import simulate_checked
 from simsched.engine.kv.block_pool import BlockPool
 from simsched.engine.kv.factory import make_kv_cache
@@ -37,9 +38,9 @@ def _first_step(steps: pd.DataFrame, rid: int) -> float:
 
 
 def _small(**changes) -> SimConfig:
-    return SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4),
-                     cache=CacheConfig(block_size=4, num_blocks=14, watermark=0.0)
-                     ).replace(**changes)
+    """A tiny engine under the classic rules (every vLLM switch off), then ``changes``."""
+    return SimConfig.preset("classic", max_num_batched_tokens=8, max_num_seqs=4, block_size=4,
+                            num_blocks=14, watermark=0.0).replace(**changes)
 
 
 # ------------------------------------------------------------------ reserve_full_isl
@@ -77,7 +78,8 @@ def test_a_fully_cached_block_aligned_prompt(rule, cached):
 
 # ------------------------------------------------------------------ watermark rounding
 def test_watermark_rounding_counts_the_null_block():
-    assert make_kv_cache(99, CacheConfig(watermark=0.01)).watermark_blocks == 0
+    assert make_kv_cache(99, CacheConfig(watermark=0.01, watermark_counts_null_block=False)
+                         ).watermark_blocks == 0
     # vLLM's pool of 100 blocks (one the reserved null block) holds back int(0.01 * 100) = 1.
     assert make_kv_cache(99, CacheConfig(watermark=0.01, watermark_counts_null_block=True)
                          ).watermark_blocks == 1
@@ -207,17 +209,19 @@ def test_priority_arrival_victim():
 def test_vllm_v1_preset():
     cfg = SimConfig.preset("vllm_v1", max_num_seqs=64)
     s, c = cfg.scheduler, cfg.cache
+    # The victim follows the queue policy and plan_ahead the engine profile, at run time.
     assert (s.victim_policy, s.admit_after_preemption, s.reserve_full_isl, s.plan_ahead) \
-        == ("newest", False, True, False)
+        == ("vllm_v1", False, True, None)
     assert s.max_num_preemptions == sys.maxsize and s.max_num_seqs == 64
     assert (c.watermark, c.prefix_hit_rule, c.watermark_counts_null_block,
             c.prefix_cache_model) == (0.0, "block", True, "blocks")
     assert SimConfig.preset("vllm_v1", policy="priority").scheduler.victim_policy \
-        == "priority_arrival"
+        == "vllm_v1"                    # priority_arrival under priority: tests/test_defaults.py
     assert SimConfig.preset("vllm_v1", policy="priority", victim_policy="newest"
                             ).scheduler.victim_policy == "newest"
     assert SimConfig.preset("vllm_v1", **{"cache.watermark": 0.02}).cache.watermark == 0.02
-    with pytest.raises(ValueError, match="unknown preset 'vllm_v2'; known: \\['vllm_v1'\\]"):
+    with pytest.raises(ValueError, match="unknown preset 'vllm_v2'; known: \\['classic', "
+                                         "'vllm_v1'\\]"):
         SimConfig.preset("vllm_v2")
 
 
@@ -229,5 +233,5 @@ def test_cli_preset(tmp_path):
                    check=True, cwd=ROOT, capture_output=True)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["scheduler"]["reserve_full_isl"] is True
-    assert cfg["scheduler"]["victim_policy"] == "priority_arrival"
+    assert cfg["scheduler"]["victim_policy"] == "vllm_v1"
     assert cfg["cache"]["prefix_cache_model"] == "blocks"

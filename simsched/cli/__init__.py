@@ -83,7 +83,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "or the config.json a run wrote")
     g = p.add_argument_group("engine")
     g.add_argument("--preset", choices=sorted(PRESETS),
-                   help="engine preset: vllm_v1 schedules as vLLM V1 does (docs/parity.md); "
+                   help="engine preset: classic gives simsched's defaults before issue 40; "
+                        "vllm_v1 (vLLM V1's decisions, docs/parity.md) is the default; "
                         "other flags and settings apply on top")
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")

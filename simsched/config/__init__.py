@@ -69,6 +69,13 @@ class SimConfig:
 
             # Fail at configuration time, not at the first run, if the weights leave no KV room.
             hardware.kv_capacity_blocks(self.hardware, self.cache.block_size)
+        if (self.scheduler.style == "static" and self.cache.enable_prefix_caching
+                and self.cache.prefix_cache_model == "blocks"):
+            # The block pool's books do not hold under static batching (which vLLM, whose pool
+            # it models, does not have): refused rather than run inconsistent.
+            raise ValueError("scheduler.style='static' with cache.enable_prefix_caching needs "
+                             "cache.prefix_cache_model='segments' (the default 'blocks', vLLM's "
+                             "block pool, is not modelled under static batching)")
         if self.cluster.replicas:
             self.replica_configs()      # every override is valid against these base settings
         pools = self.pool_configs()     # so is every autoscaling pool's (the same check)
@@ -207,13 +214,14 @@ class SimConfig:
         return dataclasses.replace(self, **top)
 
     @classmethod
-    def preset(cls, name: str, **changes: Any) -> "SimConfig":
+    def preset(cls, name: str, /, **changes: Any) -> "SimConfig":
         """The default config with engine preset ``name``'s scheduler and cache settings, then
         ``changes`` (flat or dotted names, as :meth:`replace`).
 
-        ``SimConfig.preset("vllm_v1", max_num_seqs=64, enable_prefix_caching=True)`` schedules
-        as vLLM V1 does (:mod:`simsched.config.presets`; under ``policy="priority"`` its victim
-        is vLLM's too). The limits (budget, sequences, blocks) stay the config's.
+        The defaults already schedule as vLLM V1 does, so ``preset("vllm_v1", **changes)``
+        equals ``SimConfig().replace(**changes)``; ``SimConfig.preset("classic", seed=1)`` gives
+        the defaults before issue 40 (:mod:`simsched.config.presets`). The limits (budget,
+        sequences, blocks) stay the config's.
         """
         from simsched.config.presets import preset_changes
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -33,23 +34,32 @@ class SchedulerConfig:
     Preemptions made by the admission trigger (``preemption=True``) admit the request they were
     made for either way.
 
-    ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs), so
-    an iteration's plan sees only the requests that arrived before the previous iteration
-    started (see :mod:`simsched.engine.replica`). ``None`` (default) follows the engine profile
-    of the cost model that runs: on for the calibrated cost model's ``vllm_v1`` engine overhead
-    (the default), off otherwise (and for a cost model given to ``simulate`` without one, e.g.
-    ``UnitCostModel``).
-    ``reserve_full_isl`` (vLLM V1's ``scheduler_reserve_full_isl``, on by default there) admits a
-    request only when the blocks of its whole prompt are free, though a chunked prefill takes
-    only its first chunk's now; ``False`` (default) checks the first chunk's blocks only.
-    ``plan_ahead`` makes the decisions of vLLM V1's async scheduler (``async_scheduling``): the
-    next batch is planned while the current one runs, so a plan does not see the requests that
-    arrived since the previous plan, and a request finishing in the running batch keeps its
-    blocks and sequence slot through that plan (a plan that schedules nothing is made again at
-    once with both known). Iteration times are unchanged: it changes decisions, not timing.
-    With ``plan_ahead`` on, the replica's arrival rule (``async_scheduling``) is off: one model
-    of when an arrival becomes visible, not two; setting both is refused.
-    :meth:`~simsched.config.SimConfig.preset` ``("vllm_v1")`` sets vLLM's values.
+    ``async_scheduling``: vLLM V1's one-step pipeline (it plans step k + 1 while step k runs).
+    ``None`` (default) follows the engine profile of the cost model that runs: on for the
+    calibrated cost model's ``vllm_v1`` engine overhead (the default), off otherwise (and for a
+    cost model given to ``simulate`` without one, e.g. ``UnitCostModel``).
+    ``plan_ahead`` says how that pipeline is modelled. ``None`` (default) plans ahead exactly
+    when the replica schedules asynchronously (``async_scheduling``, or the profile): the
+    decisions of vLLM V1's ``AsyncScheduler`` (the next batch is planned while the current one
+    runs, so a plan does not see the requests that arrived since the previous plan, and a
+    request finishing in the running batch keeps its blocks and sequence slot through that plan;
+    a plan that schedules nothing is made again at once with both known). Iteration times are
+    unchanged: it changes decisions, not timing. ``True`` plans ahead whatever the profile says;
+    ``False`` never does: an asynchronous replica then models the pipeline by its arrival rule
+    only (an iteration's plan sees only the requests that arrived before the previous iteration
+    started; :mod:`simsched.engine.replica`), the default before issue 40 (the ``classic``
+    preset). Setting ``plan_ahead=True`` with ``async_scheduling=True`` is refused (one model of
+    when an arrival becomes visible, not two); speculative decoding is not modelled with plan
+    ahead, so ``None`` resolves to ``False`` there. :func:`simsched.config.pipeline.plan_ahead`
+    resolves it.
+    ``reserve_full_isl`` (vLLM V1's ``scheduler_reserve_full_isl``, on by default there and here)
+    admits a request only when the blocks of its whole prompt are free, though a chunked prefill
+    takes only its first chunk's now; ``False`` checks the first chunk's blocks only.
+    ``victim_policy`` (default ``"vllm_v1"``: vLLM's own victim, the newest running request, or
+    under ``policy="priority"`` the least urgent, latest arrival) picks whom to preempt.
+    ``max_num_preemptions`` caps the preemptions of one iteration (default: no cap, as vLLM).
+    The defaults are vLLM V1's decisions (docs/vllm_v1.md, "Defaults");
+    :meth:`~simsched.config.SimConfig.preset` ``("classic")`` gives the defaults before issue 40.
     ``lora``: LoRA adapters (:class:`~simsched.config.lora.LoRAConfig`; None, the default, serves
     the base model only).
     ``speculative`` (a :class:`~simsched.config.speculative.SpeculativeConfig` or a mapping of
@@ -58,17 +68,18 @@ class SchedulerConfig:
 
     style: str = "stall_free"
     policy: str = "fcfs"
-    victim_policy: str = "fewest_generated"
+    victim_policy: str = "vllm_v1"
     preemption: bool = False
     preemption_mode: str = "recompute"
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_num_prefills: int | None = None
     enable_chunked_prefill: bool = True
-    max_num_preemptions: int = 8
+    # vLLM caps nothing: an int no count reaches.
+    max_num_preemptions: int = sys.maxsize
     admit_after_preemption: bool = False
-    reserve_full_isl: bool = False
-    plan_ahead: bool = False
+    reserve_full_isl: bool = True
+    plan_ahead: bool | None = None
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     async_scheduling: bool | None = None
     lora: LoRAConfig | None = None
@@ -100,7 +111,9 @@ class SchedulerConfig:
             raise ValueError(f"{o}.async_scheduling must be True, False or None (as the engine "
                              f"profile does), got {self.async_scheduling!r}")
         check_bool(o, "reserve_full_isl", self.reserve_full_isl)
-        check_bool(o, "plan_ahead", self.plan_ahead)
+        if self.plan_ahead is not None and not isinstance(self.plan_ahead, bool):
+            raise ValueError(f"{o}.plan_ahead must be True, False or None (plan ahead when the "
+                             f"replica schedules asynchronously), got {self.plan_ahead!r}")
         if self.plan_ahead and self.async_scheduling:
             raise ValueError(f"{o}.plan_ahead and {o}.async_scheduling both model vLLM's async "
                              "pipeline (plan_ahead its exact decisions, async_scheduling only when "
@@ -132,16 +145,20 @@ class CacheConfig:
     (vLLM's automatic prefix caching; see :mod:`simsched.engine.kv.prefix_cache`). Off by default:
     results are then exactly those of a cache without sharing.
 
-    ``prefix_hit_rule`` says how much of a fully cached prompt is served from the cache: ``"token"``
-    (default) all but its last token; ``"block"`` (vLLM V1's rule) all but the last token
-    rounded down to whole blocks, so a block-aligned prompt recomputes its whole last block.
-    ``watermark_counts_null_block`` rounds the watermark as vLLM does: its pool holds one more
-    block than it can give out (the reserved null block), so it holds back
+    ``watermark`` (default 0.0, as vLLM V1, which holds no blocks back at admission) is the share
+    of blocks admissions leave free.
+    ``prefix_hit_rule`` says how much of a fully cached prompt is served from the cache:
+    ``"block"`` (default; vLLM V1's rule) all but the last token rounded down to whole blocks,
+    so a block-aligned prompt recomputes its whole last block; ``"token"`` all but its last token.
+    ``watermark_counts_null_block`` (default True) rounds the watermark as vLLM does: its pool
+    holds one more block than it can give out (the reserved null block), so it holds back
     ``int(watermark * (num_blocks + 1))`` blocks rather than ``int(watermark * num_blocks)``.
-    ``prefix_cache_model`` picks the prefix cache's model: ``"segments"`` (default; one shared
-    copy of each block, tracked per prompt segment, fast at any scale) or ``"blocks"`` (vLLM V1's
+    ``prefix_cache_model`` picks the prefix cache's model: ``"blocks"`` (default; vLLM V1's
     block pool block by block: a block a request recomputes is its own copy even when an
-    identical one is cached, as in vLLM; see :mod:`simsched.engine.kv.block_pool`).
+    identical one is cached, as in vLLM; see :mod:`simsched.engine.kv.block_pool`) or
+    ``"segments"`` (one shared copy of each block, tracked per prompt segment, fast at any
+    scale; what KV tiers need). The defaults are vLLM V1's; ``SimConfig.preset("classic")``
+    gives those before issue 40 (0.01, ``"token"``, False, ``"segments"``).
     ``kv_tiers`` (a :class:`~simsched.config.kv_tiers.KVTiersConfig`, default None: off) keeps
     blocks evicted from the GPU in CPU memory, on disk or in a remote store and loads them back
     on a hit (:mod:`simsched.engine.kv.tiers`); it needs prefix caching (segments model).
@@ -149,13 +166,13 @@ class CacheConfig:
 
     block_size: int = 16
     num_blocks: int | None = None
-    watermark: float = 0.01
+    watermark: float = 0.0
     swap_space_gib: float = 4.0
     swap_bandwidth_gbps: float = 25.0
     enable_prefix_caching: bool = False
-    prefix_hit_rule: str = "token"
-    watermark_counts_null_block: bool = False
-    prefix_cache_model: str = "segments"
+    prefix_hit_rule: str = "block"
+    watermark_counts_null_block: bool = True
+    prefix_cache_model: str = "blocks"
     # Tiers below the GPU for evicted prefix blocks (simsched.config.kv_tiers); None: GPU only.
     kv_tiers: KVTiersConfig | Mapping | None = None
 

@@ -12,7 +12,9 @@ arrival at the instant a batch is formed has joined the queue first and is consi
 batch, whatever the order in which SimPy scheduled the events.
 
 With async scheduling (``scheduler.async_scheduling``, on for the ``vllm_v1`` engine profile) the
-replica models vLLM V1's one-step pipeline: the engine plans step k + 1 as step k starts, so the
+scheduler plans ahead by default (``scheduler.plan_ahead``: vLLM's ``AsyncScheduler`` decisions,
+:mod:`simsched.engine.scheduler.plan_ahead`). With ``plan_ahead=False`` (the ``classic`` preset)
+the replica models vLLM V1's one-step pipeline by its arrival rule instead: the engine plans step k + 1 as step k starts, so the
 plan of an iteration sees only the requests that arrived up to the start of the previous one (a
 request arriving while step k runs joins step k + 2 at the earliest). Arrivals wait in
 ``pending`` until an iteration's plan may see them. After idling, or when the planned step would
@@ -26,6 +28,7 @@ fires: the process to interrupt and the first-token and done events.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -33,7 +36,8 @@ from collections import deque
 import numpy as np
 import simpy
 
-from simsched.cost import hardware, overhead
+from simsched.config import pipeline
+from simsched.cost import hardware
 from simsched.cost.speculative import speculative_cost_model
 from simsched.engine.kv.factory import make_kv_cache
 # IterationTimeError is re-exported: the loop raises it (simsched.engine.iteration_time).
@@ -79,8 +83,12 @@ class Replica:
             cost_model = speculative_cost_model(cost_model, spec, config.hardware)
         else:
             make_scheduler = Scheduler
+        sched_cfg = config.scheduler
+        if sched_cfg.plan_ahead is None and pipeline.plan_ahead(config, cost_model):
+            # plan_ahead follows the engine profile: the scheduler is told the answer.
+            sched_cfg = dataclasses.replace(sched_cfg, plan_ahead=True, async_scheduling=None)
         self.scheduler = make_scheduler(
-            config.scheduler, self.kv, max_model_len, rng,
+            sched_cfg, self.kv, max_model_len, rng,
             kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
             swap_space_bytes=cache.swap_space_gib * 2**30)
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
@@ -97,7 +105,7 @@ class Replica:
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
-        self.async_scheduling = overhead.async_scheduling(config, cost_model)
+        self.async_scheduling = pipeline.arrival_rule(config, cost_model)
         self.pending: deque = deque()
         # LoRA adapters (simsched.engine.lora): a constraint and a cost term, or nothing at all.
         self.lora = attach_lora(self) if config.scheduler.lora is not None else None

@@ -2,7 +2,7 @@
 
 A *victim policy* is a function ``choose(candidates, view) -> Request`` picking which running
 request to preempt; ``view`` is the scheduler, which answers ``num_generated(req)``,
-``num_cached(req)``, ``kv`` and ``queue``. Adding one means one function and one registry line.
+``num_cached(req)``, ``kv``, ``queue`` and ``cfg`` (its scheduler config). Adding one means one function and one registry line.
 """
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def priority_arrival(candidates, view) -> Request:
     return max(candidates, key=lambda r: (r.priority, r.arrival_at, -r.admitted_seq))
 
 
+def vllm_v1(candidates, view) -> Request:
+    """vLLM V1's victim under the queue policy in use (the default): :func:`priority_arrival`
+    under ``policy="priority"``, :func:`newest` under any other (vLLM's ``fcfs`` pops the tail
+    of its running list)."""
+    if view.cfg.policy == "priority":
+        return priority_arrival(candidates, view)
+    return newest(candidates, view)
+
+
 def largest_kv(candidates, view) -> Request:
     """The request holding the most KV blocks (frees the most memory at once); ties: newest."""
     held = view.kv.num_held
@@ -62,6 +71,7 @@ VICTIM_POLICIES: dict[str, Callable[..., Request]] = {
     "newest": newest,
     "lowest_priority": lowest_priority,
     "priority_arrival": priority_arrival,
+    "vllm_v1": vllm_v1,
     "largest_kv": largest_kv,
     "policy_worst": policy_worst,
 }
