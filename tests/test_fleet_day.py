@@ -16,7 +16,8 @@ def test_the_default_runs_both_loops_on_the_same_requests_and_prints_their_ratio
     sim = re.search(r": (\d+) requests, (\d+) iterations, (\d+) finished\nwall ([\d.]+) s", out)
     bare = re.search(r"bare SimPy loop .*: wall ([\d.]+) s .*; (\d+) requests, (\d+) iterations",
                      out)
-    ratio = re.search(r"simsched / bare loop: ([\d.]+)x wall on the same requests", out)
+    ratio = re.search(r"simsched / bare loop: ([\d.]+)x wall, [\d.]+x CPU on the same requests",
+                      out)
     assert sim and bare and ratio, out
     assert int(sim.group(1)) == int(bare.group(2)) > 0      # the same requests, all of them
     walls = float(sim.group(4)), float(bare.group(1))
