@@ -40,6 +40,46 @@ class TimedCostModel:
         return (self.last_at - self.first_at) / max(1, self.num_calls - 1) * 1e6
 
 
+def timed_as_is(model, clock=time.perf_counter):
+    """``model`` itself, timed: a copy whose class is a subclass of ``model``'s that notes
+    ``clock`` at every ``iteration_time`` (and ``decode_iteration_times``, where the model has
+    one) in ``first_at``, ``last_at`` and ``num_calls``, and that keeps every promise and field
+    of the model, so the engine runs exactly the path it runs on ``model``.
+
+    What :class:`TimedCostModel` gives up, this keeps: a wrapper without the model's
+    ``engine_overhead`` turns async scheduling off (it follows the engine profile), and one that
+    does not declare ``pure_iteration_time`` turns quiet runs off. ``simulate`` on this copy
+    gives the same frames as on ``model``.
+    """
+    from simsched.engine.scheduler.quiet import promised
+
+    base = type(model)
+
+    def note(self) -> None:
+        now = clock()
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+        self.num_calls += 1
+
+    def iteration_time(self, batch):
+        note(self)
+        return base.iteration_time(self, batch)
+
+    body = {"pure_iteration_time": promised(model, "pure_iteration_time"),
+            "iteration_time": iteration_time}
+    if promised(model, "decode_iteration_times"):
+        def decode_iteration_times(self, *args):
+            note(self)
+            return base.decode_iteration_times(self, *args)
+        body["decode_iteration_times"] = decode_iteration_times
+    timed = object.__new__(type(f"Timed{base.__name__}", (base,), body))
+    timed.__dict__.update(vars(model))
+    timed.first_at = timed.last_at = None
+    timed.num_calls = 0
+    return timed
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,15 +1,21 @@
 """simsched against a bare lazy-decode SimPy loop on the same trace and cost model (the floor).
 
-``python -m benchmarks.floor [--quick] [--repeat N] [--instructions]``
+``python -m benchmarks.floor [--quick] [--repeat N] [--instructions] [--preset NAME]``
 
 The floor is the least a SimPy continuous-batching simulator can do per iteration: one GPU
 process, one counter advancing every decode (the lazy-decode idea simsched uses), a token budget
 and a sequence cap, FCFS admission with chunked prefill, KV blocks reserved for the whole request
 at admission (so it never preempts), one SimPy process per request woken at its first token and
 completion, and only first-token and finish times recorded. No policies, no preemption, no
-invariants, no iteration log, no result frames. simsched replays the same trace with FCFS and the
-calibrated model; both loops are timed between their first and last cost-model call, so start-up
-and frame building are excluded from both. Ratios are measured within one run, best of N.
+invariants, no iteration log, no result frames. simsched replays the same trace with its default
+config (FCFS, the calibrated model and its default engine profile, ``vllm_v1``: async
+scheduling and quiet runs on), or ``--preset``'s; both loops are timed (wall clock: reading this process's
+CPU clock costs a system call, more than a floor iteration's work) between their first and last
+cost-model call, so start-up and frame building are excluded from
+both, on a timed copy of the cost model that keeps its engine profile and promises
+(:func:`benchmarks.common.timed_as_is`: a wrapper without them would time a synchronous run
+without quiet runs, which is not what the default runs). Ratios are measured within one run,
+best of N.
 :func:`floor_loop` also runs several replicas on one clock (``num_replicas``, round robin), which
 :mod:`benchmarks.cluster` uses as the floor of a cluster.
 
@@ -28,7 +34,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from benchmarks.common import TimedCostModel, cachegrind_per_call, print_count_ratios
+from benchmarks.common import cachegrind_per_call, print_count_ratios, timed_as_is
 from benchmarks.common import add_record_option, record
 from simsched import SimConfig, simulate
 from simsched.cost.base import Batch
@@ -153,10 +159,12 @@ def floor_loop(arrival, prompt, output, cost, budget: int, max_seqs: int, num_bl
     return first_at, finish_at
 
 
-def _setup(quick: bool):
-    """The benchmark's config, its trace (requests the floor can serve) and the floor's inputs."""
+def _setup(quick: bool, preset: str | None = None):
+    """The benchmark's config (the default, or ``preset``'s), its trace (requests the floor can
+    serve) and the floor's inputs."""
     workload = WorkloadConfig.preset("azure-conv", duration=600.0 if quick else None)
-    cfg = SimConfig(workload=workload)
+    cfg = SimConfig(workload=workload) if preset is None else SimConfig.preset(
+        preset, workload=workload)
     table = generate(cfg.workload, np.random.default_rng(cfg.seed))
     fits = table["num_prompt_tokens"] + table["num_output_tokens"] <= 4096
     table = table[fits].reset_index(drop=True)   # the floor has no rejection path
@@ -175,13 +183,14 @@ def floor_inputs(cfg: SimConfig, table) -> tuple[tuple, tuple]:
     return args, opts
 
 
-def count_instructions(quick: bool) -> dict:
+def count_instructions(quick: bool, preset: str | None = None) -> dict:
     """Print one call's counts of each loop (three calls minus one, halved) and their ratios."""
-    extra = ["--quick"] if quick else []
+    extra = (["--quick"] if quick else []) + (["--preset", preset] if preset else [])
     per_call = {loop: cachegrind_per_call("benchmarks.floor", ["--only", loop] + extra)
                 for loop in ("floor", "simsched")}
     print(f"Azure conversation trace{' (first 600 s)' if quick else ''}: one call of each loop "
-          f"under cachegrind (simulated caches and branch predictor)")
+          f"under cachegrind (simulated caches and branch predictor); simsched "
+          f"{'SimConfig.preset(' + repr(preset) + ')' if preset else 'SimConfig()'}")
     print_count_ratios(per_call["floor"], per_call["simsched"], "floor", "simsched")
     return per_call
 
@@ -193,6 +202,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions, cache misses and mispredicts (valgrind)")
+    parser.add_argument("--preset", help="simsched with SimConfig.preset(NAME), e.g. vllm_v1 "
+                        "(default: SimConfig()'s defaults)")
     parser.add_argument("--only", choices=("floor", "simsched"), help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
     add_record_option(parser)     # variants: full, quick (first 600 s), instructions (--quick)
@@ -200,7 +211,7 @@ def main(argv=None) -> None:
     if args.record and args.instructions and not args.quick:
         parser.error("--record keeps --instructions' figures with --quick only")
     if args.instructions:
-        counts = count_instructions(args.quick)
+        counts = count_instructions(args.quick, args.preset)
         if args.record:
             f, s = counts["floor"], counts["simsched"]
             record("floor", "instructions", {
@@ -214,7 +225,7 @@ def main(argv=None) -> None:
                 "simsched_mispredicts_m": s["mispredicted branches"] / 1e6,
                 "mispredicts_ratio": s["mispredicted branches"] / f["mispredicted branches"]})
         return
-    cfg, table, floor_args, floor_opts = _setup(args.quick)
+    cfg, table, floor_args, floor_opts = _setup(args.quick, args.preset)
     hw = cfg.hardware
     if args.only is not None:      # one loop, untimed (what --instructions counts)
         model = make_cost_model(hw)
@@ -227,16 +238,18 @@ def main(argv=None) -> None:
     best = {"floor": math.inf, "simsched": math.inf}
     iters = {}
     for _ in range(args.repeat):
-        timed = TimedCostModel(make_cost_model(hw))
+        timed = timed_as_is(make_cost_model(hw))
         floor_loop(*floor_args, timed, *floor_opts)
         best["floor"] = min(best["floor"], timed.last_at - timed.first_at)
         iters["floor"] = timed.num_calls
-        timed = TimedCostModel(make_cost_model(hw))
-        simulate(cfg, requests=table, cost_model=timed)
+        timed = timed_as_is(make_cost_model(hw))
+        res = simulate(cfg, requests=table, cost_model=timed)
         best["simsched"] = min(best["simsched"], timed.last_at - timed.first_at)
-        iters["simsched"] = timed.num_calls
+        iters["simsched"] = len(res.iterations)   # quiet runs time many in one call
     print(f"Azure conversation trace{' (first 600 s)' if args.quick else ''}: {len(table)} "
-          f"requests, FCFS, calibrated Llama-2-7B on A100-80GB, best of {args.repeat}")
+          f"requests, FCFS, calibrated Llama-2-7B on A100-80GB, simsched "
+          f"{'SimConfig.preset(' + repr(args.preset) + ')' if args.preset else 'SimConfig()'}, "
+          f"best of {args.repeat}")
     for name in ("floor", "simsched"):
         print(f"  {name:<9} loop {best[name]:7.3f} s  {iters[name]:>7} iterations  "
               f"{best[name] / iters[name] * 1e6:6.1f} us/iteration")

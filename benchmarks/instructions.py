@@ -5,9 +5,10 @@
 On a shared virtual machine wall and CPU times drift by tens of per cent over an hour, so a
 change worth a few per cent cannot be timed. Counting the instructions the CPU executes
 (``valgrind --tool=cachegrind --cache-sim=no``, about 10× slower than a plain run) gives the same
-count run after run (hash seeds fixed). This runs ``benchmarks.fleet_day`` for ``--hours`` from
-``--start-hour`` (its calibration run included) in the working tree and in a temporary checkout
-of ``--base`` (given this tree's ``benchmarks/fleet_day.py``, so both run the same command), and
+count run after run (hash seeds fixed). This runs ``benchmarks.fleet_day --loop simsched``
+for ``--hours`` from ``--start-hour`` (its calibration run included; the bare loop is not run)
+in the working tree and in a temporary checkout of ``--base`` (given this tree's
+``benchmarks/fleet_day.py``, so both run the same command), and
 prints both counts and their ratio. Both trees are byte-compiled first and run with one BLAS
 thread (idle BLAS threads spin under valgrind), so the counts repeat to the last digits. Needs
 git and valgrind; the counts include Python's start-up and imports (about 2.6 G instructions
@@ -39,7 +40,7 @@ def count(tree: Path, hours: float, start_hour: float) -> int:
                    cwd=tree, env=env, capture_output=True, check=True)
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, "-m", "benchmarks.fleet_day", "--hours", str(hours),
-           "--start-hour", str(start_hour)]
+           "--start-hour", str(start_hour), "--loop", "simsched"]   # simsched's work alone
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
     match = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if match is None:

@@ -118,7 +118,8 @@ def runnable_blocks() -> list[tuple[str, int, str]]:
 
 def test_the_documented_examples_are_marked_runnable():
     marked = {file for file, _, _ in runnable_blocks()}
-    assert {"README.md", "docs/api.md", "docs/workloads.md", "docs/cluster.md"} <= marked
+    assert {"README.md", "docs/api.md", "docs/workloads.md", "docs/cluster.md",
+            "docs/extending.md"} <= marked
 
 
 @pytest.mark.parametrize("file, line, code", runnable_blocks(),

@@ -154,7 +154,10 @@ class Replica:
         req.queued_at = now
         self.pending.append((now, req))
         self._live[req.id] = handles
-        self.wake()
+        idle = self._idle                  # self.wake(), inlined: once per request
+        if idle is not None:
+            self._idle = None
+            idle.succeed()
         return True
 
     @property
@@ -164,11 +167,21 @@ class Replica:
         return self.scheduler.num_waiting + len(self.pending)
 
     def _release(self, cutoff: float) -> None:
-        """Queue the pending requests that arrived at or before ``cutoff``."""
-        pending, add = self.pending, self.scheduler.add
+        """Queue the pending requests that arrived at or before ``cutoff``.
+
+        Each gets what ``scheduler.add(req, at)`` would do, without add's checks made again
+        (what this replaces: one ``add`` call per request): :meth:`_add_pending` made them
+        already (the request is servable, so add would not reject it) and marked the request
+        waiting since ``at``, and async scheduling is never on with ``plan_ahead`` (the one
+        other branch of add), so what is left of add is the push and its count."""
+        pending, sched = self.pending, self.scheduler
+        push = sched._queue.push
+        num_pushed = sched._num_pushed
         while pending and pending[0][0] <= cutoff:
             at, req = pending.popleft()
-            add(req, at)
+            push(req, at)
+            num_pushed += 1
+        sched._num_pushed = num_pushed
 
     def wake(self) -> None:
         """Wake the GPU loop if it idles (new work, or KV memory freed by a transfer)."""
@@ -229,7 +242,8 @@ class Replica:
         while True:
             if asynchronous:
                 if pending:
-                    self._release(plan_at)
+                    if pending[0][0] <= plan_at:    # most iterations: nothing to release
+                        self._release(plan_at)
                     if pending and not sched.running and not has_work():
                         # The planned step is empty: vLLM plans again at once, seeing everything.
                         self._release(now)

@@ -200,6 +200,8 @@ class Scheduler(AdmissionMixin, DecodeMixin, HandoffMixin, PlanAheadMixin, Preem
             return False
         req.status = WAITING
         req.queued_at = now
+        # Replica._release queues async scheduling's held-back arrivals without this call:
+        # a change here is a change there.
         if self._plan_ahead:
             self._unseen.append(req)    # the plan being made now (or made already) missed it
             return True
