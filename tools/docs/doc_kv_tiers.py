@@ -177,7 +177,8 @@ def small_tier_sweep() -> pd.DataFrame:
     wl = dataclasses.replace(WorkloadConfig.preset("shared-prefix"),
                              system_prompt_len=SMALL_PREFIX, num_prefix_groups=SMALL_GROUPS,
                              num_requests=400)
-    base = SimConfig(workload=wl).replace(**{"cache.enable_prefix_caching": True,
+    # The classic rules the figures were measured with (tiers need the segments prefix model).
+    base = SimConfig.preset("classic").replace(workload=wl, **{"cache.enable_prefix_caching": True,
                                              "cache.num_blocks": SMALL_GPU_BLOCKS})
     block_bytes = hardware.kv_bytes_per_token(base.hardware) * base.cache.block_size
     rows = []
