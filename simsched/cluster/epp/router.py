@@ -1,0 +1,144 @@
+"""The ``llm-d`` router: llm-d's endpoint picker (EPP) scheduling cycle over simsched's replicas.
+
+Per request, as the EPP's director and scheduler do: the producers prepare per-endpoint data
+(the approximate prefix match), the primary profile runs its filters, its scorers (each score
+clamped to [0, 1], times its weight, summed per endpoint) and its picker; then, at dispatch, the
+producers record the choice (prefix index, in-flight counters). Cost: O(replicas) per request
+for the scorers and pickers, plus O(prompt blocks x endpoints matching them) for the prefix
+match.
+
+What the plugins see (:class:`~simsched.cluster.epp.plugins.Metrics`): ``waiting``
+(``replica.num_waiting``), ``running`` (its scheduler's running requests) and ``kv_use`` are the
+gauges vLLM exports, read live with ``cluster.refresh_interval = 0`` and copied at every
+scrape otherwise (llm-d scrapes every 50 ms); the in-flight requests and tokens are counted at
+dispatch and at the request's end, never stale, as llm-d's inflight-load-producer does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from simsched.cluster.epp.config import load_yaml, parse
+from simsched.cluster.epp.plugins import InFlightLoadProducer, Metrics
+from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
+from simsched.cluster.load_routers import Router, _Uniforms, register
+
+TIE_BREAKS = ("random", "index")
+
+
+@register("llm-d")
+class LlmD(Router):
+    """llm-d's EPP pipeline, configured by an ``EndpointPickerConfig``.
+
+    ``config``: a path to the YAML file, or the config as a mapping (None: llm-d's default
+    profile, queue 2 + KV utilisation 2 + prefix 3, max-score picker). ``tie_break``:
+    ``random`` (llm-d's max-score picker: uniformly among equal best scores, from the run's
+    rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
+    ``model``: the model name that seeds the prefix hashes.
+    """
+
+    def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
+                 tie_break: str = "random", model: str = "") -> None:
+        super().__init__(num_replicas, rng)
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
+        if not isinstance(model, str):
+            raise ValueError(f"model must be a string, got {model!r}")
+        if isinstance(config, str):
+            self.pipeline = parse(load_yaml(config), where=config, model=model)
+        elif config is None or isinstance(config, Mapping):
+            self.pipeline = parse(config, model=model)
+        else:
+            raise ValueError(f"config must be a path to an EndpointPickerConfig YAML file, a "
+                             f"mapping or None, got {config!r}")
+        self.profile = self.pipeline.profiles[0]
+        draws = _Uniforms(rng)
+        self.draw = lambda: draws.index(1 << 53) / float(1 << 53)
+        picker = self.profile.picker
+        picker.draw = self.draw
+        if hasattr(picker, "random_ties"):
+            picker.random_ties = tie_break == "random"
+        plugins = self.profile.filters + [s for s, _ in self.profile.scorers]
+        consumed = {c for p in plugins for c in p.CONSUMES}
+        self.consumed = consumed
+        self.reads_kv = "kv_use" in consumed
+        prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
+        self.prefix = prefix[0] if prefix and "prefix" in consumed else None
+        self.inflight_tokens = [0] * num_replicas if "inflight_tokens" in consumed else None
+        self.candidates = list(range(num_replicas))
+        self._attached = None
+        self._scraped: dict = {}
+
+    # ------------------------------------------------------------------ metrics
+    def _queues(self) -> dict:
+        """The waiting and running gauges of every replica, read now."""
+        replicas = self._replicas
+        out = {}
+        if "waiting" in self.consumed:
+            out["waiting"] = [r.num_waiting for r in replicas]
+        if "running" in self.consumed:
+            out["running"] = [len(r.scheduler.running) for r in replicas]
+        return out
+
+    def _attach(self, view) -> None:
+        """Hook into the view once: scrape the queue gauges with a snapshot's refresh, and
+        release in-flight tokens when a request ends."""
+        self._attached = view
+        self._replicas = view.replicas
+        self._live = getattr(view, "live", view)
+        self._snapshot = hasattr(view, "scrape")
+        if self._snapshot and {"waiting", "running"} & self.consumed:
+            view.scrape = self._queues
+            view.scraped = self._queues()
+        if self.inflight_tokens is not None:
+            if not hasattr(self._live, "on_finished"):
+                raise ValueError("token-load-scorer needs a fixed fleet (no end-of-request hook "
+                                 "on this view)")
+            tokens, estimate = self.inflight_tokens, InFlightLoadProducer.estimate
+            def release(i, req):
+                tokens[i] -= estimate(req)
+            self._live.on_finished = release
+
+    def metrics(self, view) -> Metrics:
+        """The figures the profile's plugins read, as the router sees them now."""
+        if view is not self._attached:
+            self._attach(view)
+        consumed = self.consumed
+        if {"waiting", "running"} & consumed:
+            queues = view.scraped if self._snapshot else self._queues()
+        else:
+            queues = {}
+        return Metrics(waiting=queues.get("waiting"), running=queues.get("running"),
+                       kv_use=view.kv_use if "kv_use" in consumed else None,
+                       inflight_requests=self._live.outstanding,
+                       inflight_tokens=self.inflight_tokens)
+
+    # ------------------------------------------------------------------ the cycle
+    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
+        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
+        m = self.metrics(view)
+        cycle: dict[str, Any] = {}
+        if self.prefix is not None:
+            hashes, match, _ = self.prefix.produce(req, view.replicas)
+            cycle["prefix"] = (match, len(hashes))
+            cycle["hashes"] = hashes
+        cands = self.candidates
+        for f in self.profile.filters:
+            kept = f.filter(m, req, cycle, cands)
+            # (Go fails the request when a filter leaves no endpoint; simsched's role filters
+            # never do, and a router must name a replica: fail open.)
+            cands = kept if kept else cands
+        totals = [0.0] * len(cands)
+        for scorer, weight in self.profile.scorers:
+            for j, s in enumerate(scorer.score(m, req, cycle, cands)):
+                totals[j] += (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * weight
+        return cands, totals, cycle
+
+    def choose(self, view, req) -> int:
+        cands, totals, cycle = self.scores(view, req)
+        i = self.profile.picker.pick(cands, totals)[0]
+        if self.prefix is not None:
+            self.prefix.dispatched(cycle["hashes"], i, view.replicas)
+        if self.inflight_tokens is not None:
+            self.inflight_tokens[i] += InFlightLoadProducer.estimate(req)
+        return i

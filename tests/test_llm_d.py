@@ -1,0 +1,298 @@
+"""The ``llm-d`` router: llm-d's plugins against their own Go unit-test tables, the EPP cycle,
+its YAML config, and the same run as simsched's ``weighted`` router where the two agree."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simsched import SimConfig, simulate
+from simsched.cluster.epp.config import PLUGIN_TYPES, parse
+from simsched.cluster.epp.plugins import InFlightLoadProducer, MaxScorePicker, Metrics, \
+    WeightedRandomPicker
+from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, Indexer, block_hashes
+from simsched.cluster.routers import make_router
+from simsched.cluster.state import ReplicaLoad, Snapshot
+from simsched.request import Content, Request
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "llm_d_plugins.json").read_text())
+
+
+def _case_id(case):
+    return f"{case.get('type', '')}:{case['test']}"
+
+
+@pytest.mark.parametrize("case", FIXTURES["scorers"], ids=_case_id)
+def test_scorers_match_llm_d_go_tables(case):
+    plugin = PLUGIN_TYPES[case["type"]](**case.get("parameters", {}))
+    if case["type"] == "prefix-cache-scorer":
+        n = len(case["match"])
+        cycle = {"prefix": (dict(enumerate(case["match"])), case["total"])}
+        got = plugin.score(Metrics(), None, cycle, list(range(n)))
+    else:
+        m = Metrics(**{case["figure"]: case["values"]})
+        got = plugin.score(m, None, {}, list(range(len(case["values"]))))
+    assert got == pytest.approx(case["want"], abs=1e-4)
+
+
+def test_fixture_counts_cover_every_load_scorer():
+    counts = {}
+    for case in FIXTURES["scorers"]:
+        counts[case["type"]] = counts.get(case["type"], 0) + 1
+    assert counts == {"queue-scorer": 3, "kv-cache-utilization-scorer": 4,
+                      "running-requests-size-scorer": 3, "active-request-scorer": 7,
+                      "load-aware-scorer": 1, "token-load-scorer": 1, "prefix-cache-scorer": 1}
+
+
+def _uniforms(seed):
+    rng = np.random.default_rng(seed)
+    return lambda: float(rng.random())
+
+
+@pytest.mark.parametrize("case", FIXTURES["max_score_picker"], ids=_case_id)
+def test_max_score_picker_matches_go_table(case):
+    picker = MaxScorePicker(maxNumOfEndpoints=case["maxNumOfEndpoints"])
+    picker.draw = _uniforms(1)
+    seen = set()
+    for _ in range(50):
+        got = picker.pick([0, 1, 2], [float(s) for s in case["scores"]])
+        k = case["tie_candidates"]
+        # Go's test: the first tie_candidates picks may come in any order, the rest exactly.
+        assert sorted(got[:k]) == sorted(case["want"][:k]) and got[k:] == case["want"][k:]
+        seen.add(tuple(got))
+    # Ties are broken at random: both orders of the tied pair turn up.
+    assert len(seen) == (2 if case["tie_candidates"] else 1)
+
+
+def test_max_score_ties_random_or_lowest_index():
+    picker = MaxScorePicker()
+    picker.draw = _uniforms(2)
+    picks = [picker.pick([0, 1, 2, 3], [0.5, 0.9, 0.9, 0.9])[0] for _ in range(3000)]
+    assert set(picks) == {1, 2, 3}
+    assert all(abs(picks.count(i) / 3000 - 1 / 3) < 0.04 for i in (1, 2, 3))
+    picker.random_ties = False
+    assert picker.pick([0, 1, 2, 3], [0.5, 0.9, 0.9, 0.9]) == [1]
+
+
+@pytest.mark.parametrize("case", FIXTURES["weighted_random_picker"], ids=_case_id)
+def test_weighted_random_picker_frequencies_match_go_table(case):
+    picker = WeightedRandomPicker()
+    picker.draw = _uniforms(3)
+    scores = [float(s) for s in case["scores"]]
+    n = len(scores)
+    counts = np.bincount([picker.pick(list(range(n)), scores)[0] for _ in range(10000)],
+                         minlength=n)
+    expected = np.array(scores) / sum(scores)
+    assert np.all(np.abs(counts / 10000 - expected) <= case["tolerance"])
+    assert all(counts[i] == 0 for i in range(n) if scores[i] == 0)
+
+
+def test_weighted_random_all_zero_falls_back_to_uniform():
+    picker = WeightedRandomPicker()
+    picker.draw = _uniforms(4)
+    picks = [picker.pick([0, 1], [0.0, 0.0])[0] for _ in range(2000)]
+    assert 0.45 < picks.count(0) / 2000 < 0.55
+
+
+@pytest.mark.parametrize("case", FIXTURES["prefix_indexer"], ids=_case_id)
+def test_prefix_indexer_matches_go_test(case):
+    idx = Indexer(case["default_capacity"])
+    for hashes in case["adds"]:
+        idx.add(hashes, 7, case["num_blocks"])
+    assert len(idx.lrus[7]) == case["want_lru_len"]
+    assert all(7 in idx.get(h) for h in case["want_held"])
+    assert all(not idx.get(h) for h in case["want_absent"])
+
+
+def _req(rid, segments, n_out=4):
+    return Request(rid, 0.0, sum(n for _, n in segments), n_out,
+                   content=Content.from_segments(segments, output_id=("out", rid)))
+
+
+def test_block_hashes_follow_shared_token_prefixes():
+    a = _req(0, [(1, 64), (2, 20)])         # 5 full blocks of 16 and a partial one of 4
+    b = _req(1, [(1, 64), (3, 20)])
+    ha, hb = (block_hashes(r.content, 16, 256, 0) for r in (a, b))
+    assert len(ha) == len(hb) == 6
+    assert ha[:4] == hb[:4] and ha[4] != hb[4]      # block 4 holds tokens 64-79: they differ
+    assert block_hashes(_req(2, [(1, 10)]).content, 16, 256, 0) == []     # under one block
+    assert len(block_hashes(a.content, 16, 3, 0)) == 3                    # maxPrefixBlocks
+    assert block_hashes(a.content, 16, 256, 0) != block_hashes(a.content, 16, 256, 1)   # model
+
+
+class _Sched:
+    def __init__(self, running):
+        self.running = dict.fromkeys(range(running))
+
+
+class _KV:
+    block_size, num_blocks = 16, 1000
+
+
+class _Replica:
+    """What the router reads of a replica: its gauges and its KV block geometry."""
+
+    def __init__(self, waiting=0, running=0):
+        self.num_waiting = waiting
+        self.scheduler = _Sched(running)
+        self.kv = _KV()
+
+
+def test_prefix_producer_scores_the_endpoint_it_dispatched_to():
+    router = make_router("llm-d", {"config": {"plugins": [{"type": "prefix-cache-scorer"}]},
+                                   "tie_break": "index"}, 3, np.random.default_rng(0))
+    view = ReplicaLoad([_Replica() for _ in range(3)])
+    first = _req(0, [(1, 64), (2, 36)])             # 7 blocks (6 full + 1 partial)
+    assert router.choose(view, first) == 0          # no match anywhere: lowest index on ties
+    again = _req(1, [(1, 64), (9, 36)])             # shares blocks 0-3 of 7
+    _, scores, _ = router.scores(view, again)
+    assert scores == pytest.approx([4 / 7, 0.0, 0.0])
+    producer = router.pipeline.producers(ApproxPrefixCacheProducer.TYPE)[0]
+    assert producer.block_size(view.replicas) == 16         # autoTune: the replicas' block size
+
+
+def test_queue_scorer_reads_waiting_not_outstanding():
+    """llm-d's queue-scorer reads vLLM's waiting gauge; simsched's weighted router reads the
+    requests routed and not finished: with running requests the two choose differently."""
+    replicas = [_Replica(waiting=0, running=5), _Replica(waiting=1, running=0)]
+    view = ReplicaLoad(replicas)
+    view.outstanding[:] = [5, 1]
+    cfg = {"plugins": [{"type": "queue-scorer"}]}
+    llmd = make_router("llm-d", {"config": cfg, "tie_break": "index"}, 2, np.random.default_rng(0))
+    weighted = make_router("weighted", {"weights": {"queue": 1.0}}, 2, np.random.default_rng(0))
+    assert llmd.choose(view, _req(0, [(1, 8)])) == 0
+    assert weighted.choose(view, _req(0, [(1, 8)])) == 1
+
+
+def test_snapshot_gauges_are_scraped_inflight_counters_are_live():
+    replicas = [_Replica(waiting=3), _Replica(waiting=0)]
+    load = ReplicaLoad(replicas)
+    snap = Snapshot(load)
+    cfg = {"plugins": [{"type": "queue-scorer"}, {"type": "active-request-scorer"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "queue-scorer", "weight": 1}, {"pluginRef": "active-request-scorer",
+                                                            "weight": 0}]}]}
+    router = make_router("llm-d", {"config": cfg, "tie_break": "index"}, 2, np.random.default_rng(0))
+    req = _req(0, [(1, 8)])
+    assert router.choose(snap, req) == 1
+    replicas[1].num_waiting = 10                    # changes after the scrape: not seen yet
+    assert router.choose(snap, req) == 1
+    snap.refresh(0.05)
+    assert router.choose(snap, req) == 0
+    load.routed(1, req)                             # the in-flight count is live
+    assert router.metrics(snap).inflight_requests == [0, 1]
+
+
+def test_token_load_counts_estimated_tokens_until_the_request_ends():
+    load = ReplicaLoad([_Replica(), _Replica()])
+    router = make_router("llm-d", {"config": {"plugins": [{"type": "token-load-scorer"}]},
+                                   "tie_break": "index"}, 2, np.random.default_rng(0))
+    req = _req(0, [(1, 100)])
+    i = router.choose(load, req)
+    load.routed(i, req)
+    assert router.inflight_tokens[i] == InFlightLoadProducer.estimate(req) == 100 + 150
+    assert router.choose(load, _req(1, [(2, 10)])) == 1 - i
+    load.finished(i, req)
+    assert router.inflight_tokens == [0, 10 + 15]      # the second request is still in flight
+
+
+def _frames_equal(a, b):
+    cols = ["replica", "first_token_at", "finished_at"]
+    return a.requests[cols].equals(b.requests[cols])
+
+
+def test_kv_profile_equals_weighted_router_request_for_request():
+    base = SimConfig().replace(num_replicas=4, rate=40.0, num_requests=300)
+    cfg = {"plugins": [{"type": "kv-cache-utilization-scorer"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0}]}]}
+    llmd = simulate(base.replace(router="llm-d",
+                                 router_options={"config": cfg, "tie_break": "index"}))
+    weighted = simulate(base.replace(router="weighted", router_options={"weights": {"kv": 2.0}}))
+    assert llmd.requests["replica"].nunique() == 4      # the choice is not trivial
+    assert _frames_equal(llmd, weighted)
+
+
+def test_default_profile_runs_and_differs_from_weighted_by_its_queue_input():
+    base = SimConfig().replace(num_replicas=4, rate=40.0, num_requests=300)
+    cfg = {"plugins": [{"type": "queue-scorer"}, {"type": "kv-cache-utilization-scorer"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "queue-scorer", "weight": 2.0},
+               {"pluginRef": "kv-cache-utilization-scorer", "weight": 2.0}]}]}
+    llmd = simulate(base.replace(router="llm-d",
+                                 router_options={"config": cfg, "tie_break": "index"}))
+    weighted = simulate(base.replace(router="weighted",
+                                     router_options={"weights": {"queue": 2.0, "kv": 2.0}}))
+    assert not llmd.requests["replica"].equals(weighted.requests["replica"])
+    default = simulate(base.replace(router="llm-d", refresh_interval=0.05))
+    assert default.requests["replica"].nunique() == 4
+
+
+LLM_D_ESTIMATE_PREFIX_YAML = """\
+# deploy/config/epp-estimate-prefix-cache-config.yaml of llm-d-inference-scheduler 520af478
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: single-profile-handler
+- type: decode-filter
+- type: prefix-cache-scorer
+- type: load-aware-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: prefix-cache-scorer
+    weight: 1.0
+  - pluginRef: load-aware-scorer
+    weight: 1.0
+  - pluginRef: max-score-picker
+"""
+
+
+def test_reads_llm_d_yaml_as_it_is(tmp_path):
+    path = tmp_path / "epp.yaml"
+    path.write_text(LLM_D_ESTIMATE_PREFIX_YAML)
+    router = make_router("llm-d", {"config": str(path)}, 4, np.random.default_rng(0))
+    profile = router.profile
+    assert [f.TYPE for f in profile.filters] == ["decode-filter"]
+    assert [(s.TYPE, w) for s, w in profile.scorers] == [("prefix-cache-scorer", 1.0),
+                                                         ("load-aware-scorer", 1.0)]
+    assert profile.picker.TYPE == "max-score-picker"
+    assert router.prefix is not None                # the producer is injected, as in Go
+    cfg = SimConfig().replace(num_replicas=2, router="llm-d", router_options={"config": str(path)})
+    assert SimConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_default_config_is_llm_d_default_profile():
+    profile = parse(None).profiles[0]
+    assert [(s.TYPE, w) for s, w in profile.scorers] == [
+        ("queue-scorer", 2.0), ("kv-cache-utilization-scorer", 2.0), ("prefix-cache-scorer", 3.0)]
+    assert profile.picker.TYPE == "max-score-picker"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("plugins:\n- type: magic-scorer\n", ["magic-scorer", "epp.yaml"]),
+    ("plugins:\n- type: load-aware-scorer\n  parameters: {treshold: 3}\n",
+     ["treshold", "load-aware-scorer", "epp.yaml"]),
+    ("plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: d\n  plugins:\n"
+     "  - pluginRef: kv-scorer\n", ["kv-scorer", "epp.yaml"]),
+    ("plugins: [\n", ["epp.yaml", "YAML"]),
+    ("flowControl: {}\n", ["flowControl", "epp.yaml"]),
+    ("plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: d\n  plugins:\n"
+     "  - pluginRef: queue-scorer\n    weight: -1\n", ["weight", "epp.yaml"]),
+])
+def test_bad_yaml_is_refused_naming_it(tmp_path, text, words):
+    path = tmp_path / "epp.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        SimConfig().replace(num_replicas=2, router="llm-d", router_options={"config": str(path)})
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_bad_router_options_are_refused():
+    with pytest.raises(ValueError, match="tie_break"):
+        make_router("llm-d", {"tie_break": "first"}, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="cannot read"):
+        make_router("llm-d", {"config": "/nonexistent/epp.yaml"}, 2, np.random.default_rng(0))
