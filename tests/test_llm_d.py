@@ -191,10 +191,10 @@ def test_token_load_counts_estimated_tokens_until_the_request_ends():
     req = _req(0, [(1, 100)])
     i = router.choose(load, req)
     load.routed(i, req)
-    assert router.inflight_tokens[i] == InFlightLoadProducer.estimate(req) == 100 + 150
+    assert router.metrics(load).inflight_tokens[i] == InFlightLoadProducer.estimate(req) == 250
     assert router.choose(load, _req(1, [(2, 10)])) == 1 - i
     load.finished(i, req)
-    assert router.inflight_tokens == [0, 10 + 15]      # the second request is still in flight
+    assert router.metrics(load).inflight_tokens == [0, 10 + 15]      # the second request is still in flight
 
 
 def _frames_equal(a, b):

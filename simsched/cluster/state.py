@@ -161,7 +161,6 @@ class Snapshot:
 
     def __init__(self, load: ReplicaLoad) -> None:
         self._load = load
-        self.live = load
         self.scrape = None
         self.scraped = None
         self.replicas = load.replicas
@@ -169,6 +168,11 @@ class Snapshot:
         self.num_replicas = load.num_replicas
         self.taken_at = 0.0
         self.refresh(0.0)
+
+    @property
+    def live(self) -> ReplicaLoad:
+        """The exact view this snapshot copies."""
+        return self._load
 
     def refresh(self, now: float) -> None:
         """Copy the live figures (O(replicas)); the minima are recomputed once, when asked."""

@@ -145,7 +145,8 @@ class ApproxPrefixCacheProducer(Plugin):
         return self.block_size_tokens
 
     def produce(self, req, replicas) -> tuple[list[int], dict[int, int], int]:
-        """``(hashes, matched blocks per endpoint, block size)`` of ``req`` (Go's Produce)."""
+        """``(hashes, matched blocks per endpoint key, block size)`` of ``req`` (Go's
+        Produce)."""
         size = self.block_size(replicas)
         max_blocks = self.max_blocks
         if self.max_tokens > 0 and size > 0:
@@ -166,16 +167,17 @@ class ApproxPrefixCacheProducer(Plugin):
                 res[pod] = res.get(pod, 0) + 1
         return res
 
-    def dispatched(self, hashes, pod: int, replicas) -> None:
-        """Record the dispatch of a request with ``hashes`` to ``pod`` (Go's PreRequest)."""
+    def dispatched(self, hashes, replica) -> None:
+        """Record the dispatch of a request with ``hashes`` to ``replica`` (Go's PreRequest;
+        the index keys endpoints by ``id(replica)``, as Go keys them by pod name)."""
         if not hashes:
             return
         # As Go's makeserver: the endpoint's KV blocks with autoTune, else the built-in 31,250
         # (lruCapacityPerServer only sizes an LRU whose endpoint reports no block count).
         blocks = DEFAULT_LRU_CAPACITY
         if self.auto_tune:
-            blocks = getattr(getattr(replicas[pod], "kv", None), "num_blocks", 0) or blocks
-        self.indexer.add(hashes, pod, blocks)
+            blocks = getattr(getattr(replica, "kv", None), "num_blocks", 0) or blocks
+        self.indexer.add(hashes, id(replica), blocks)
 
 
 class PrefixCacheScorer(Plugin):

@@ -64,10 +64,11 @@ class LlmD(Router):
         self.reads_kv = "kv_use" in consumed
         prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
         self.prefix = prefix[0] if prefix and "prefix" in consumed else None
-        self.inflight_tokens = [0] * num_replicas if "inflight_tokens" in consumed else None
-        self.candidates = list(range(num_replicas))
-        self._attached = None
-        self._scraped: dict = {}
+        # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
+        # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
+        self.track_tokens = "inflight_tokens" in consumed
+        self.tokens_of: dict[int, int] = {}
+        self._attached = self._live = self._replicas = None
 
     # ------------------------------------------------------------------ metrics
     def _queues(self) -> dict:
@@ -81,37 +82,46 @@ class LlmD(Router):
         return out
 
     def _attach(self, view) -> None:
-        """Hook into the view once: scrape the queue gauges with a snapshot's refresh, and
-        release in-flight tokens when a request ends."""
+        """Hook into a (new) view: scrape the queue gauges with a snapshot's refresh, and
+        release in-flight tokens when a request ends. O(replicas), when the view changes."""
         self._attached = view
         self._replicas = view.replicas
         self._live = getattr(view, "live", view)
+        self._keys = [id(r) for r in view.replicas]
+        self._local = {k: i for i, k in enumerate(self._keys)}
+        self.candidates = list(range(len(view.replicas)))
         self._snapshot = hasattr(view, "scrape")
         if self._snapshot and {"waiting", "running"} & self.consumed:
             view.scrape = self._queues
             view.scraped = self._queues()
-        if self.inflight_tokens is not None:
+        if self.track_tokens:
             if not hasattr(self._live, "on_finished"):
-                raise ValueError("token-load-scorer needs a fixed fleet (no end-of-request hook "
-                                 "on this view)")
-            tokens, estimate = self.inflight_tokens, InFlightLoadProducer.estimate
+                raise ValueError("token-load-scorer needs an end-of-request hook "
+                                 "(ReplicaLoad.on_finished) on the router's view")
+            tokens, estimate, live = self.tokens_of, InFlightLoadProducer.estimate, self._live
+
             def release(i, req):
-                tokens[i] -= estimate(req)
+                key = id(live.replicas[i])
+                tokens[key] = tokens.get(key, 0) - estimate(req)
             self._live.on_finished = release
 
     def metrics(self, view) -> Metrics:
         """The figures the profile's plugins read, as the router sees them now."""
-        if view is not self._attached:
+        if view is not self._attached or view.replicas is not self._replicas \
+                or getattr(view, "live", view) is not self._live:
             self._attach(view)
         consumed = self.consumed
         if {"waiting", "running"} & consumed:
             queues = view.scraped if self._snapshot else self._queues()
         else:
             queues = {}
+        tokens = None
+        if self.track_tokens:
+            held = self.tokens_of
+            tokens = [held.get(k, 0) for k in self._keys]
         return Metrics(waiting=queues.get("waiting"), running=queues.get("running"),
                        kv_use=view.kv_use if "kv_use" in consumed else None,
-                       inflight_requests=self._live.outstanding,
-                       inflight_tokens=self.inflight_tokens)
+                       inflight_requests=self._live.outstanding, inflight_tokens=tokens)
 
     # ------------------------------------------------------------------ the cycle
     def scores(self, view, req) -> tuple[list[int], list[float], dict]:
@@ -120,7 +130,9 @@ class LlmD(Router):
         cycle: dict[str, Any] = {}
         if self.prefix is not None:
             hashes, match, _ = self.prefix.produce(req, view.replicas)
-            cycle["prefix"] = (match, len(hashes))
+            local = self._local
+            cycle["prefix"] = ({local[k]: c for k, c in match.items() if k in local},
+                               len(hashes))
             cycle["hashes"] = hashes
         cands = self.candidates
         for f in self.profile.filters:
@@ -138,7 +150,8 @@ class LlmD(Router):
         cands, totals, cycle = self.scores(view, req)
         i = self.profile.picker.pick(cands, totals)[0]
         if self.prefix is not None:
-            self.prefix.dispatched(cycle["hashes"], i, view.replicas)
-        if self.inflight_tokens is not None:
-            self.inflight_tokens[i] += InFlightLoadProducer.estimate(req)
+            self.prefix.dispatched(cycle["hashes"], view.replicas[i])
+        if self.track_tokens:
+            key = self._keys[i]
+            self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
         return i
