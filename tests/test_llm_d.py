@@ -296,3 +296,68 @@ def test_bad_router_options_are_refused():
         make_router("llm-d", {"tie_break": "first"}, 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match="cannot read"):
         make_router("llm-d", {"config": "/nonexistent/epp.yaml"}, 2, np.random.default_rng(0))
+
+
+class _Asks:
+    """A request as the affinity scorers read it."""
+
+    def __init__(self, adapter=-1, session_id=-1):
+        self.adapter = adapter
+        self.session_id = session_id
+
+
+@pytest.mark.parametrize("case", FIXTURES["lora_affinity"], ids=_case_id)
+def test_lora_affinity_matches_go_table(case):
+    lora = [(set(a), set(w), k) for a, w, k in case["endpoints"]]
+    got = PLUGIN_TYPES["lora-affinity-scorer"]().score(
+        Metrics(lora=lora), _Asks(adapter=case["target"]), {}, list(range(len(lora))))
+    assert got == case["want"]
+
+
+@pytest.mark.parametrize("case", FIXTURES["no_hit_lru"], ids=_case_id)
+def test_no_hit_lru_matches_go_table(case):
+    n = len(case["match"])
+    cycle = {"prefix": (dict(enumerate(case["match"])), 10), "keys": list(range(n))}
+    got = PLUGIN_TYPES["no-hit-lru-scorer"]().score(Metrics(), None, cycle, list(range(n)))
+    assert got == case["want"]
+
+
+def test_no_hit_lru_prefers_least_recently_used_as_go_test():
+    scorer = PLUGIN_TYPES["no-hit-lru-scorer"]()
+    keys = ["a", "b", "c"]
+    for step in FIXTURES["no_hit_lru_sequence"]["steps"]:
+        match = {} if step["cold"] else {1: 5}
+        cycle = {"prefix": (match, 10), "keys": keys}
+        scorer.score(Metrics(), None, cycle, [0, 1, 2])
+        scorer.pre_request(keys[step["to"]], cycle, None)
+        cold = {"prefix": ({}, 10), "keys": keys}
+        scores = scorer.score(Metrics(), None, cold, [0, 1, 2])
+        assert scores.index(max(scores)) == step["then_best"], (step, scores)
+        if "then_scores" in step:
+            assert scores == step["then_scores"]
+
+
+@pytest.mark.parametrize("case", FIXTURES["session_affinity"], ids=_case_id)
+def test_session_affinity_matches_go_table(case):
+    scorer = PLUGIN_TYPES["session-affinity-scorer"]()
+    if case["home"] is not None:
+        scorer.pre_request(case["home"], {}, _Asks(session_id=3))
+    req = _Asks(session_id=3 if case["home"] is not None else -1)
+    assert scorer.score(Metrics(), req, {"keys": [0, 1]}, [0, 1]) == case["want"]
+
+
+def test_session_affinity_keeps_sessions_home_in_a_run():
+    cfg = {"plugins": [{"type": "session-affinity-scorer"}, {"type": "no-hit-lru-scorer"},
+                       {"type": "queue-scorer"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "session-affinity-scorer", "weight": 10},
+               {"pluginRef": "no-hit-lru-scorer", "weight": 1},
+               {"pluginRef": "queue-scorer", "weight": 1}]}]}
+    base = SimConfig().replace(num_replicas=3, name="sessions", num_requests=30)
+    res = simulate(base.replace(router="llm-d", router_options={"config": cfg}))
+    turns = res.requests[res.requests["session_id"] >= 0]
+    per_session = turns.groupby("session_id")["replica"].nunique()
+    # Session affinity (10) outweighs the rest (2 at most): every later turn goes home ...
+    assert len(per_session) > 3 and (per_session == 1).all()
+    # ... while first turns spread (no-hit-lru and queue), so all replicas serve sessions.
+    assert turns["replica"].nunique() == 3

@@ -29,10 +29,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from simsched.cluster.epp.affinity import AFFINITY
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
 
-PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + (ApproxPrefixCacheProducer, PrefixCacheScorer)}
+PLUGIN_TYPES = {cls.TYPE: cls
+                for cls in BUILTIN + AFFINITY + (ApproxPrefixCacheProducer, PrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
 DATA_LAYER_TYPES = ("metrics-data-source", "core-metrics-extractor", "models-data-source",
@@ -113,8 +115,8 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
     for n, spec in enumerate(specs):
         _add_plugin(plugins, spec, f"{where}: plugins[{n}]", model)
     profiles = _profiles(data.get("schedulingProfiles"), plugins, where)
-    # A prefix-cache-scorer reads the producer's match info: injected when missing, as in Go.
-    if any(p.TYPE == PrefixCacheScorer.TYPE for p in plugins.values()) \
+    # Prefix-aware scorers read the producer's match info: injected when missing, as in Go.
+    if any("prefix" in p.CONSUMES for p in plugins.values()) \
             and not any(p.TYPE == ApproxPrefixCacheProducer.TYPE for p in plugins.values()):
         plugins[ApproxPrefixCacheProducer.TYPE] = ApproxPrefixCacheProducer(model=model)
     return Pipeline(plugins, profiles)

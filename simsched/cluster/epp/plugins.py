@@ -19,13 +19,15 @@ class Metrics:
     ``waiting`` and ``running`` are vLLM's ``num_requests_waiting`` / ``num_requests_running``
     gauges, ``kv_use`` its KV-cache usage (0-1), all as last scraped; ``inflight_requests`` and
     ``inflight_tokens`` are the inflight-load-producer's counters (updated at dispatch and at the
-    response's end, never stale). A figure no plugin consumes may be None.
+    response's end, never stale); ``lora`` is per endpoint ``(active adapters, waiting
+    adapters, max_loras)``. A figure no plugin consumes may be None.
     """
 
-    __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens")
+    __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens", "lora")
 
     def __init__(self, waiting=None, running=None, kv_use=None, inflight_requests=None,
-                 inflight_tokens=None) -> None:
+                 inflight_tokens=None, lora=None) -> None:
+        self.lora = lora
         self.waiting = waiting
         self.running = running
         self.kv_use = kv_use

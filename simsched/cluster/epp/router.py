@@ -67,6 +67,7 @@ class LlmD(Router):
         # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
         self.track_tokens = "inflight_tokens" in consumed
+        self.post = [p for p in plugins if hasattr(p, "pre_request")]
         self.tokens_of: dict[int, int] = {}
         self._attached = self._live = self._replicas = None
 
@@ -115,19 +116,25 @@ class LlmD(Router):
             queues = view.scraped if self._snapshot else self._queues()
         else:
             queues = {}
+        lora = None
+        if "lora" in consumed:
+            lora = [(r.lora.cache.gpu, (), r.lora.cache.max_loras)
+                    if getattr(r, "lora", None) is not None else ((), (), 0)
+                    for r in self._replicas]
         tokens = None
         if self.track_tokens:
             held = self.tokens_of
             tokens = [held.get(k, 0) for k in self._keys]
         return Metrics(waiting=queues.get("waiting"), running=queues.get("running"),
                        kv_use=view.kv_use if "kv_use" in consumed else None,
-                       inflight_requests=self._live.outstanding, inflight_tokens=tokens)
+                       inflight_requests=self._live.outstanding, inflight_tokens=tokens,
+                       lora=lora)
 
     # ------------------------------------------------------------------ the cycle
     def scores(self, view, req) -> tuple[list[int], list[float], dict]:
         """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
         m = self.metrics(view)
-        cycle: dict[str, Any] = {}
+        cycle: dict[str, Any] = {"keys": self._keys}
         if self.prefix is not None:
             hashes, match, _ = self.prefix.produce(req, view.replicas)
             local = self._local
@@ -151,6 +158,8 @@ class LlmD(Router):
         i = self.profile.picker.pick(cands, totals)[0]
         if self.prefix is not None:
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
+        for plugin in self.post:
+            plugin.pre_request(self._keys[i], cycle, req)
         if self.track_tokens:
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
