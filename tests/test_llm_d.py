@@ -361,3 +361,18 @@ def test_session_affinity_keeps_sessions_home_in_a_run():
     assert len(per_session) > 3 and (per_session == 1).all()
     # ... while first turns spread (no-hit-lru and queue), so all replicas serve sessions.
     assert turns["replica"].nunique() == 3
+
+
+def test_cli_router_config_flag(tmp_path):
+    from simsched.cli import config_from_args, make_parser
+    path = tmp_path / "epp.yaml"
+    path.write_text(LLM_D_ESTIMATE_PREFIX_YAML)
+    args = make_parser().parse_args(["run", "--router-config", str(path),
+                                     "--set", "num_replicas=3",
+                                     "--set", 'router_options={"tie_break":"index"}'])
+    cfg, _ = config_from_args(args)
+    assert cfg.cluster.router == "llm-d"
+    assert dict(cfg.cluster.router_options) == {"tie_break": "index", "config": str(path)}
+    bad = make_parser().parse_args(["run", "--router-config", str(path), "--set", "router=jsq"])
+    with pytest.raises(ValueError, match="--router-config"):
+        config_from_args(bad)

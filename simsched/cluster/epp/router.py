@@ -147,11 +147,17 @@ class LlmD(Router):
             # (Go fails the request when a filter leaves no endpoint; simsched's role filters
             # never do, and a router must name a replica: fail open.)
             cands = kept if kept else cands
-        totals = [0.0] * len(cands)
-        for scorer, weight in self.profile.scorers:
-            for j, s in enumerate(scorer.score(m, req, cycle, cands)):
-                totals[j] += (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * weight
-        return cands, totals, cycle
+        # Each score clamped to [0, 1] times its weight, summed in the profile's order (Go adds
+        # to 0; 0 + x is x, so starting from the first scorer's terms gives the same floats).
+        totals = None
+        for scorer, w in self.profile.scorers:
+            scores = scorer.score(m, req, cycle, cands)
+            if totals is None:
+                totals = [(0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w for s in scores]
+            else:
+                totals = [t + (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w
+                          for t, s in zip(totals, scores)]
+        return cands, totals if totals is not None else [0.0] * len(cands), cycle
 
     def choose(self, view, req) -> int:
         cands, totals, cycle = self.scores(view, req)
