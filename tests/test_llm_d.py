@@ -376,3 +376,14 @@ def test_cli_router_config_flag(tmp_path):
     bad = make_parser().parse_args(["run", "--router-config", str(path), "--set", "router=jsq"])
     with pytest.raises(ValueError, match="--router-config"):
         config_from_args(bad)
+
+
+def test_prefix_match_is_go_greedy_count_up_to_the_first_unheld_block():
+    producer = ApproxPrefixCacheProducer()
+    idx = producer.indexer
+    for hashes, pod in (([1, 2, 3], "b"), ([1, 3, 5], "a")):
+        idx.add(hashes, pod, 100)
+    # Blocks 1 {a, b}, 2 {b}, 3 {a, b}, 4 nobody (the count stops), 5 {a} (not counted).
+    assert producer.match([1, 2, 3, 4, 5]) == {"a": 2, "b": 3}
+    assert producer.match([1, 1, 1]) == {"a": 3, "b": 3}
+    assert producer.match([4, 1]) == {}

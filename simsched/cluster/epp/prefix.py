@@ -87,10 +87,12 @@ class Indexer:
             self.capacity[pod] = num_blocks if num_blocks > 0 else self.default_capacity
         cap = self.capacity[pod]
         pods = self.hash_to_pods
+        new = []
         for h in hashes:
             if h in lru:
                 lru.move_to_end(h)
                 continue
+            new.append(h)
             lru[h] = None
             if len(lru) > cap:
                 old, _ = lru.popitem(last=False)
@@ -99,7 +101,9 @@ class Indexer:
                     holders.discard(pod)
                     if not holders:
                         del pods[old]
-        for h in hashes:
+        # (Only the hashes new to the LRU: one already in it has ``pod`` in its set, since a
+        # pod leaves a hash's set only when its LRU evicts the hash.)
+        for h in new:
             holders = pods.get(h)
             if holders is None:
                 pods[h] = {pod}
@@ -158,13 +162,24 @@ class ApproxPrefixCacheProducer(Plugin):
         """Per endpoint, the leading blocks matched: greedy from the first block, stopping at
         the first block no endpoint holds (Go's matchLongestPrefix)."""
         res: dict[int, int] = {}
-        get = self.indexer.get
+        get = self.indexer.hash_to_pods.get
+        # Consecutive blocks are mostly held by the same endpoints: count runs of equal sets
+        # (compared in C) and add each run once per endpoint.
+        prev, run = None, 0
         for h in hashes:
             pods = get(h)
             if not pods:
                 break
-            for pod in pods:
-                res[pod] = res.get(pod, 0) + 1
+            if pods == prev:
+                run += 1
+                continue
+            if prev is not None:
+                for pod in prev:
+                    res[pod] = res.get(pod, 0) + run
+            prev, run = pods, 1
+        if prev is not None:
+            for pod in prev:
+                res[pod] = res.get(pod, 0) + run
         return res
 
     def dispatched(self, hashes, replica) -> None:
