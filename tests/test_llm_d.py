@@ -181,7 +181,7 @@ def test_snapshot_gauges_are_scraped_inflight_counters_are_live():
     snap.refresh(0.05)
     assert router.choose(snap, req) == 0
     load.routed(1, req)                             # the in-flight count is live
-    assert router.metrics(snap).inflight_requests == [0, 1]
+    assert router.metrics(snap, req).inflight_requests == [0, 1]
 
 
 def test_token_load_counts_estimated_tokens_until_the_request_ends():
@@ -191,10 +191,10 @@ def test_token_load_counts_estimated_tokens_until_the_request_ends():
     req = _req(0, [(1, 100)])
     i = router.choose(load, req)
     load.routed(i, req)
-    assert router.metrics(load).inflight_tokens[i] == InFlightLoadProducer.estimate(req) == 250
+    assert router.metrics(load, req).inflight_tokens[i] == InFlightLoadProducer.estimate(req) == 250
     assert router.choose(load, _req(1, [(2, 10)])) == 1 - i
     load.finished(i, req)
-    assert router.metrics(load).inflight_tokens == [0, 10 + 15]      # the second request is still in flight
+    assert router.metrics(load, req).inflight_tokens == [0, 10 + 15]      # the second request is still in flight
 
 
 def _frames_equal(a, b):
@@ -387,3 +387,51 @@ def test_prefix_match_is_go_greedy_count_up_to_the_first_unheld_block():
     assert producer.match([1, 2, 3, 4, 5]) == {"a": 2, "b": 3}
     assert producer.match([1, 1, 1]) == {"a": 3, "b": 3}
     assert producer.match([4, 1]) == {}
+
+
+@pytest.mark.parametrize("case", FIXTURES["utilization_detector_filter"], ids=_case_id)
+def test_utilization_detector_filter_matches_go_table(case):
+    plugin = PLUGIN_TYPES["utilization-detector"](**case["parameters"])
+    waiting, kv, age = (list(col) for col in zip(*case["endpoints"]))
+    kept = plugin.filter(Metrics(waiting=waiting, kv_use=kv, age=age), None, {},
+                         list(range(len(waiting))))
+    assert len(kept) == case["want_len"]
+
+
+@pytest.mark.parametrize("case", FIXTURES["concurrency_detector_filter"], ids=_case_id)
+def test_concurrency_detector_filter_matches_go_table(case):
+    plugin = PLUGIN_TYPES["concurrency-detector"](**case["parameters"])
+    m = Metrics(inflight_requests=case["load"], inflight_tokens=case["load"])
+    assert plugin.filter(m, None, {}, list(range(len(case["load"])))) == case["want"]
+
+
+def test_token_estimate_matches_go_token_filter_request():
+    # Go's test request "1234567890123456": 16 characters = 4 input tokens, + round(4 x 1.5).
+    assert InFlightLoadProducer.estimate(_req(0, [(1, 4)])) == 10
+
+
+def test_utilization_detector_sees_scrape_age_and_fails_open_in_a_router():
+    replicas = [_Replica(waiting=9), _Replica(waiting=0)]
+    load = ReplicaLoad(replicas)
+    snap = Snapshot(load)
+    cfg = {"plugins": [{"type": "utilization-detector",
+                        "parameters": {"metricsStalenessThreshold": "200ms"}},
+                       {"type": "kv-cache-utilization-scorer"}]}
+    router = make_router("llm-d", {"config": cfg, "tie_break": "index"}, 2,
+                         np.random.default_rng(0))
+    fresh = Request(0, 0.1, 8, 4)
+    assert router.scores(snap, fresh)[0] == [1]      # replica 0's queue is over 5: filtered
+    stale = Request(1, 0.3, 8, 4)                    # 0.3 s after the scrape: all stale
+    assert router.scores(snap, stale)[0] == [0, 1]   # ... so the filter fails open
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"metricsStalenessThreshold": "fast"}, ["metricsStalenessThreshold", "duration"]),
+    ({"kvCacheUtilThreshold": 1.5}, ["kvCacheUtilThreshold"]),
+    ({"queueDepthThreshold": 0}, ["queueDepthThreshold"]),
+])
+def test_bad_detector_parameters_are_refused(params, words):
+    with pytest.raises(ValueError) as err:
+        parse({"plugins": [{"type": "utilization-detector", "parameters": params}]},
+              where="epp.yaml")
+    assert all(w in str(err.value) for w in words + ["epp.yaml"]), str(err.value)

@@ -20,14 +20,17 @@ class Metrics:
     gauges, ``kv_use`` its KV-cache usage (0-1), all as last scraped; ``inflight_requests`` and
     ``inflight_tokens`` are the inflight-load-producer's counters (updated at dispatch and at the
     response's end, never stale); ``lora`` is per endpoint ``(active adapters, waiting
-    adapters, max_loras)``. A figure no plugin consumes may be None.
+    adapters, max_loras)``; ``age`` the seconds since each endpoint's metrics were scraped. A
+    figure no plugin consumes may be None.
     """
 
-    __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens", "lora")
+    __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens", "lora",
+                 "age")
 
     def __init__(self, waiting=None, running=None, kv_use=None, inflight_requests=None,
-                 inflight_tokens=None, lora=None) -> None:
+                 inflight_tokens=None, lora=None, age=None) -> None:
         self.lora = lora
+        self.age = age
         self.waiting = waiting
         self.running = running
         self.kv_use = kv_use

@@ -106,8 +106,9 @@ class LlmD(Router):
                 tokens[key] = tokens.get(key, 0) - estimate(req)
             self._live.on_finished = release
 
-    def metrics(self, view) -> Metrics:
-        """The figures the profile's plugins read, as the router sees them now."""
+    def metrics(self, view, req) -> Metrics:
+        """The figures the profile's plugins read, as the router sees them at ``req``'s
+        arrival."""
         if view is not self._attached or view.replicas is not self._replicas \
                 or getattr(view, "live", view) is not self._live:
             self._attach(view)
@@ -125,7 +126,12 @@ class LlmD(Router):
         if self.track_tokens:
             held = self.tokens_of
             tokens = [held.get(k, 0) for k in self._keys]
-        return Metrics(waiting=queues.get("waiting"), running=queues.get("running"),
+        age = None
+        if "age" in consumed:
+            # A snapshot's metrics are as old as its last scrape (exact state: never stale).
+            old = max(0.0, req.arrival_at - view.taken_at) if self._snapshot else 0.0
+            age = [old] * len(self._keys)
+        return Metrics(waiting=queues.get("waiting"), running=queues.get("running"), age=age,
                        kv_use=view.kv_use if "kv_use" in consumed else None,
                        inflight_requests=self._live.outstanding, inflight_tokens=tokens,
                        lora=lora)
@@ -133,7 +139,7 @@ class LlmD(Router):
     # ------------------------------------------------------------------ the cycle
     def scores(self, view, req) -> tuple[list[int], list[float], dict]:
         """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
-        m = self.metrics(view)
+        m = self.metrics(view, req)
         cycle: dict[str, Any] = {"keys": self._keys}
         if self.prefix is not None:
             hashes, match, _ = self.prefix.produce(req, view.replicas)
