@@ -435,3 +435,44 @@ def test_bad_detector_parameters_are_refused(params, words):
         parse({"plugins": [{"type": "utilization-detector", "parameters": params}]},
               where="epp.yaml")
     assert all(w in str(err.value) for w in words + ["epp.yaml"]), str(err.value)
+
+
+def test_precise_scores_are_go_absolute_normalisation():
+    from simsched.cluster.epp.precise import absolute_scores
+    assert absolute_scores([3, 0, 10], 5) == [0.6, 0.0, 1.0]
+    assert absolute_scores([3, 2], 0) == [0.0, 0.0]
+
+
+class _CachingKV(_KV):
+    def __init__(self, cached):
+        self.cached = cached
+
+    def num_cached_prefix_tokens(self, req):
+        return self.cached
+
+
+def test_precise_prefix_scorer_reads_the_replicas_caches():
+    replicas = [_Replica(), _Replica(), _Replica()]
+    for r, cached in zip(replicas, (0, 40, 100)):
+        r.kv = _CachingKV(cached)
+    router = make_router("llm-d", {"config": {"plugins": [
+        {"type": "precise-prefix-cache-scorer",
+         "parameters": {"tokenProcessorConfig": {"blockSize": 16}}}]}}, 3,
+        np.random.default_rng(0))
+    req = _req(0, [(1, 100), (2, 60)])          # 160 tokens: 10 blocks
+    _, scores, _ = router.scores(ReplicaLoad(replicas), req)
+    assert scores == [0.0, 2 / 10, 6 / 10]      # 40 -> 2 full blocks, 100 -> 6
+    assert router.choose(ReplicaLoad(replicas), req) == 2
+
+
+def test_precise_prefix_scorer_in_a_run_raises_hits_over_load_only_routing():
+    base = SimConfig().replace(num_replicas=4, num_requests=400, rate=40.0, num_prefix_groups=8,
+                               system_prompt_len=512, enable_prefix_caching=True)
+    cfg = {"plugins": [{"type": "precise-prefix-cache-scorer"}, {"type": "queue-scorer"}],
+           "schedulingProfiles": [{"name": "default", "plugins": [
+               {"pluginRef": "precise-prefix-cache-scorer", "weight": 3},
+               {"pluginRef": "queue-scorer", "weight": 1}]}]}
+    precise = simulate(base.replace(router="llm-d", router_options={"config": cfg}))
+    load_only = simulate(base.replace(router="llm-d", router_options={"config": {
+        "plugins": [{"type": "queue-scorer"}]}}))
+    assert precise.summary()["prefix_hit_rate"] > load_only.summary()["prefix_hit_rate"] + 0.02

@@ -32,10 +32,11 @@ from typing import Any, Mapping
 from simsched.cluster.epp.affinity import AFFINITY
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
+from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
 from simsched.cluster.epp.saturation import SATURATION
 
 PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION
-                + (ApproxPrefixCacheProducer, PrefixCacheScorer)}
+                + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
 DATA_LAYER_TYPES = ("metrics-data-source", "core-metrics-extractor", "models-data-source",

@@ -68,6 +68,8 @@ class LlmD(Router):
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
         self.track_tokens = "inflight_tokens" in consumed
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
+        self.precise = "precise" in consumed
+        self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
         self._attached = self._live = self._replicas = None
 
@@ -140,7 +142,10 @@ class LlmD(Router):
     def scores(self, view, req) -> tuple[list[int], list[float], dict]:
         """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
         m = self.metrics(view, req)
-        cycle: dict[str, Any] = {"keys": self._keys}
+        cycle: dict[str, Any] = {"keys": self._keys, "replicas": view.replicas}
+        if self.precise:
+            index = getattr(view, "prefix_holders", None)
+            cycle["holders"] = None if index is None else set(index.candidates(req))
         if self.prefix is not None:
             hashes, match, _ = self.prefix.produce(req, view.replicas)
             local = self._local
