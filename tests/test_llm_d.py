@@ -476,3 +476,59 @@ def test_precise_prefix_scorer_in_a_run_raises_hits_over_load_only_routing():
     load_only = simulate(base.replace(router="llm-d", router_options={"config": {
         "plugins": [{"type": "queue-scorer"}]}}))
     assert precise.summary()["prefix_hit_rate"] > load_only.summary()["prefix_hit_rate"] + 0.02
+
+
+CLA = FIXTURES["context_length_aware"]
+
+
+def test_context_length_aware_filter_matches_go_test():
+    case = CLA["filter"]
+    plugin = PLUGIN_TYPES["context-length-aware"](enableFiltering=True)
+    req = Request(0, 0.0, case["length"], 4)
+    assert plugin.filter(Metrics(labels=case["labels"]), req, {}, [0, 1, 2, 3]) == case["want"]
+    off = PLUGIN_TYPES["context-length-aware"]()
+    assert off.filter(Metrics(labels=case["labels"]), req, {}, [0, 1, 2, 3]) == [0, 1, 2, 3]
+
+
+def test_context_length_aware_score_matches_go_test():
+    case = CLA["score"]
+    plugin = PLUGIN_TYPES["context-length-aware"]()
+    tight, wide, miss, none = plugin.score(Metrics(labels=case["labels"]),
+                                           Request(0, 0.0, case["length"], 4), {}, [0, 1, 2, 3])
+    assert tight > wide > 0.3 > miss > 0.0 and none == 0.5
+
+
+@pytest.mark.parametrize("case", CLA["parse"], ids=_case_id)
+def test_context_range_parsing_matches_go_test(case):
+    from simsched.cluster.epp.labels import parse_range
+    want = case["want"]
+    assert parse_range(case["text"]) == (tuple(want) if want is not None else None)
+
+
+@pytest.mark.parametrize("case", CLA["fallback"], ids=_case_id)
+def test_context_range_fallback_order_matches_go_test(case):
+    from simsched.cluster.epp.labels import range_score
+    assert range_score(*case["higher"]) > range_score(*case["lower"])
+
+
+def test_role_filters_and_labels_option_route_by_label():
+    role = "llm-d.ai/role"
+    labels = [{role: "prefill"}, {role: "decode"}, {}]
+    cfg = {"plugins": [{"type": "decode-filter"}, {"type": "queue-scorer"}]}
+    router = make_router("llm-d", {"config": cfg, "labels": labels, "tie_break": "index"}, 3,
+                         np.random.default_rng(0))
+    view = ReplicaLoad([_Replica(), _Replica(), _Replica()])
+    assert router.scores(view, _req(0, [(1, 8)]))[0] == [1, 2]      # decode and unlabelled
+    pre = make_router("llm-d", {"config": {"plugins": [{"type": "prefill-filter"}]},
+                                "labels": labels}, 3, np.random.default_rng(0))
+    assert pre.scores(view, _req(0, [(1, 8)]))[0] == [0]            # unlabelled is not prefill
+    by = parse({"plugins": [{"type": "by-label", "parameters": {
+        "label": "gpu", "validValues": ["h100"], "allowsNoLabel": False}}]}).profiles[0]
+    assert by.filters[0].filter(Metrics(labels=[{"gpu": "h100"}, {"gpu": "a100"}, {}]), None,
+                                {}, [0, 1, 2]) == [0]
+    with pytest.raises(ValueError, match="labels"):
+        make_router("llm-d", {"labels": [{"a": 1}]}, 2, np.random.default_rng(0))
+    too_many = make_router("llm-d", {"config": cfg, "labels": labels * 2}, 3,
+                           np.random.default_rng(0))
+    with pytest.raises(ValueError, match="labels lists 6"):
+        too_many.choose(view, _req(0, [(1, 8)]))

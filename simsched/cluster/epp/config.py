@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from simsched.cluster.epp.affinity import AFFINITY
+from simsched.cluster.epp.labels import LABELS
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
 from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
 from simsched.cluster.epp.saturation import SATURATION
 
-PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION
+PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS
                 + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
@@ -187,6 +188,8 @@ def _profiles(specs, plugins: dict, where: str) -> list[Profile]:
                     raise ValueError(f"{at}.plugins[{k}] ({plugin.name}): weight must be a "
                                      f"finite number >= 0, got {weight!r}")
                 scorers.append((plugin, float(weight)))
+                if hasattr(plugin, "filter"):       # a scorer that filters too (Go: both roles)
+                    filters.append(plugin)
             elif plugin.KIND == "filter":
                 filters.append(plugin)
             elif plugin.KIND == "picker":

@@ -1,4 +1,4 @@
-"""llm-d's scheduling plugins: the load scorers, the role filters and the pickers.
+"""llm-d's scheduling plugins: the load scorers and the pickers.
 
 Each class carries the real plugin's ``TYPE`` (its name in an ``EndpointPickerConfig``) and
 ``PARAMETERS`` (camelCase, as in the YAML, with the Go factories' defaults); the formulas follow
@@ -20,16 +20,17 @@ class Metrics:
     gauges, ``kv_use`` its KV-cache usage (0-1), all as last scraped; ``inflight_requests`` and
     ``inflight_tokens`` are the inflight-load-producer's counters (updated at dispatch and at the
     response's end, never stale); ``lora`` is per endpoint ``(active adapters, waiting
-    adapters, max_loras)``; ``age`` the seconds since each endpoint's metrics were scraped. A
-    figure no plugin consumes may be None.
+    adapters, max_loras)``; ``age`` the seconds since each endpoint's metrics were scraped;
+    ``labels`` each endpoint's labels (a mapping). A figure no plugin consumes may be None.
     """
 
     __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens", "lora",
-                 "age")
+                 "age", "labels")
 
     def __init__(self, waiting=None, running=None, kv_use=None, inflight_requests=None,
-                 inflight_tokens=None, lora=None, age=None) -> None:
+                 inflight_tokens=None, lora=None, age=None, labels=None) -> None:
         self.lora = lora
+        self.labels = labels
         self.age = age
         self.waiting = waiting
         self.running = running
@@ -168,29 +169,6 @@ class TokenLoadScorer(Plugin):
         return [1.0 if tokens[i] <= 0 else 1.0 - min(tokens[i], t) / t for i in cands]
 
 
-class RoleFilter(Plugin):
-    """``decode-filter`` / ``prefill-filter``: endpoints of a role (llm-d's ``llm-d.ai/role``
-    label). simsched's replicas in a non-disaggregated cluster are all ``mixed`` (llm-d's
-    ``prefill-decode``), which both filters keep, so they pass every candidate."""
-
-    KIND = "filter"
-
-    def filter(self, m: Metrics, req, cycle, cands) -> list[int]:
-        return cands
-
-
-class DecodeFilter(RoleFilter):
-    """``decode-filter`` (see :class:`RoleFilter`)."""
-
-    TYPE = "decode-filter"
-
-
-class PrefillFilter(RoleFilter):
-    """``prefill-filter`` (see :class:`RoleFilter`)."""
-
-    TYPE = "prefill-filter"
-
-
 class _Picker(Plugin):
     KIND = "picker"
     PARAMETERS = {"maxNumOfEndpoints": 1}
@@ -290,5 +268,5 @@ class InFlightLoadProducer(Plugin):
 
 
 BUILTIN = (QueueScorer, RunningRequestsSizeScorer, KVCacheUtilizationScorer, LoadAwareScorer,
-           ActiveRequestScorer, TokenLoadScorer, DecodeFilter, PrefillFilter, MaxScorePicker,
-           RandomPicker, WeightedRandomPicker, SingleProfileHandler, InFlightLoadProducer)
+           ActiveRequestScorer, TokenLoadScorer, MaxScorePicker, RandomPicker,
+           WeightedRandomPicker, SingleProfileHandler, InFlightLoadProducer)

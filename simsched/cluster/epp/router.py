@@ -34,12 +34,15 @@ class LlmD(Router):
     profile, queue 2 + KV utilisation 2 + prefix 3, max-score picker). ``tie_break``:
     ``random`` (llm-d's max-score picker: uniformly among equal best scores, from the run's
     rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
-    ``model``: the model name that seeds the prefix hashes.
+    ``model``: the model name that seeds the prefix hashes. ``labels``: the replicas' pod
+    labels, one mapping of strings per replica (in the first view's order; None: none), read by
+    the label filters and context-length-aware.
     """
 
     def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
-                 tie_break: str = "random", model: str = "") -> None:
+                 tie_break: str = "random", model: str = "", labels=None) -> None:
         super().__init__(num_replicas, rng)
+        self.labels = _check_labels(labels)
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
         if not isinstance(model, str):
@@ -72,6 +75,7 @@ class LlmD(Router):
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
         self._attached = self._live = self._replicas = None
+        self._labels_of = None
 
     # ------------------------------------------------------------------ metrics
     def _queues(self) -> dict:
@@ -93,6 +97,15 @@ class LlmD(Router):
         self._keys = [id(r) for r in view.replicas]
         self._local = {k: i for i, k in enumerate(self._keys)}
         self.candidates = list(range(len(view.replicas)))
+        if self.labels is not None and len(self.labels) > len(view.replicas) \
+                and self._labels_of is None:
+            raise ValueError(f"router option labels lists {len(self.labels)} replicas, the "
+                             f"cluster routes to {len(view.replicas)}")
+        if self._labels_of is None:         # labels belong to the replicas first seen
+            given = self.labels or []
+            self._labels_of = {k: dict(given[i]) if i < len(given) else {}
+                               for i, k in enumerate(self._keys)}
+        self._labels = [self._labels_of.get(k, {}) for k in self._keys]
         self._snapshot = hasattr(view, "scrape")
         if self._snapshot and {"waiting", "running"} & self.consumed:
             view.scrape = self._queues
@@ -134,6 +147,7 @@ class LlmD(Router):
             old = max(0.0, req.arrival_at - view.taken_at) if self._snapshot else 0.0
             age = [old] * len(self._keys)
         return Metrics(waiting=queues.get("waiting"), running=queues.get("running"), age=age,
+                       labels=self._labels,
                        kv_use=view.kv_use if "kv_use" in consumed else None,
                        inflight_requests=self._live.outstanding, inflight_tokens=tokens,
                        lora=lora)
@@ -181,3 +195,16 @@ class LlmD(Router):
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
         return i
+
+
+def _check_labels(labels):
+    """The ``labels`` option as a tuple of string mappings (None stays None)."""
+    if labels is None:
+        return None
+    if isinstance(labels, (str, bytes, Mapping)) or not isinstance(labels, (list, tuple)):
+        raise ValueError(f"labels must be a list of mappings (one per replica), got {labels!r}")
+    for i, entry in enumerate(labels):
+        if not isinstance(entry, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+            raise ValueError(f"labels[{i}] must map label names to string values, got {entry!r}")
+    return tuple(labels)
