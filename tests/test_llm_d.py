@@ -532,3 +532,21 @@ def test_role_filters_and_labels_option_route_by_label():
                            np.random.default_rng(0))
     with pytest.raises(ValueError, match="labels lists 6"):
         too_many.choose(view, _req(0, [(1, 8)]))
+
+
+@pytest.mark.parametrize("case", FIXTURES["prefix_cache_affinity_filter"], ids=_case_id)
+def test_prefix_cache_affinity_filter_matches_go_table(case):
+    plugin = PLUGIN_TYPES["prefix-cache-affinity-filter"](**case["parameters"])
+    plugin.draw = _uniforms(5)
+    n = len(case["match"])
+    cycle = {"prefix": (dict(enumerate(case["match"])), 100)}     # Go: match of 100 blocks
+    kept = plugin.filter(Metrics(ttft=case["ttft"]), None, cycle, list(range(n)))
+    assert len(kept) == case["want_len"]
+
+
+def test_prefix_cache_affinity_filter_explores_at_its_rate():
+    plugin = PLUGIN_TYPES["prefix-cache-affinity-filter"](explorationProbability=0.25)
+    plugin.draw = _uniforms(6)
+    cycle = {"prefix": ({0: 90}, 100)}
+    opened = sum(len(plugin.filter(Metrics(), None, cycle, [0, 1])) == 2 for _ in range(4000))
+    assert 0.22 < opened / 4000 < 0.28

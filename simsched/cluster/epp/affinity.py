@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from simsched.cluster.epp.plugins import Plugin, _int_param
+from simsched.cluster.epp.plugins import Plugin, _float_param, _int_param
 
 
 class NoHitLRUScorer(Plugin):
@@ -118,4 +118,49 @@ class LoRAAffinityScorer(Plugin):
         return out
 
 
-AFFINITY = (NoHitLRUScorer, SessionAffinityScorer, LoRAAffinityScorer)
+class PrefixCacheAffinityFilter(Plugin):
+    """``prefix-cache-affinity-filter``: keep the "sticky" endpoints, whose prefix match ratio
+    is at least ``affinityThreshold`` (default 0.8; <= 0 disables the filter), unless none is,
+    or with probability ``explorationProbability`` (default 0.01, drawn from the run's rng), or
+    when the best sticky endpoint's predicted TTFT exceeds the best other's by more than
+    ``maxTTFTPenaltyMs`` (default 5000). simsched has no latency predictor yet: ``m.ttft`` is
+    None in runs, and that gate never opens (as in Go without predictions)."""
+
+    TYPE, KIND, CONSUMES = "prefix-cache-affinity-filter", "filter", ("prefix",)
+    PARAMETERS = {"affinityThreshold": 0.8, "explorationProbability": 0.01,
+                  "maxTTFTPenaltyMs": 5000.0}
+
+    def __init__(self, name: str = "", **params) -> None:
+        super().__init__(name, **params)
+        p, t = self.params, self.TYPE
+        self.threshold = _float_param(t, "affinityThreshold", p["affinityThreshold"])
+        self.explore = _float_param(t, "explorationProbability", p["explorationProbability"])
+        self.penalty = _float_param(t, "maxTTFTPenaltyMs", p["maxTTFTPenaltyMs"])
+        if self.threshold > 1.0:
+            raise ValueError(f"{t}: affinityThreshold must be <= 1.0, got {self.threshold}")
+        if not 0.0 <= self.explore <= 1.0:
+            raise ValueError(f"{t}: explorationProbability must be in [0, 1], got {self.explore}")
+        if self.penalty < 0:
+            raise ValueError(f"{t}: maxTTFTPenaltyMs must be >= 0, got {self.penalty}")
+        self.draw = None        # set by the router: a uniform [0, 1) draw from the run's rng
+
+    def filter(self, m, req, cycle, cands) -> list[int]:
+        if len(cands) <= 1 or self.threshold <= 0:
+            return cands
+        if self.explore > 0 and self.draw() < self.explore:
+            return cands
+        match, total = cycle.get("prefix", ({}, 0))
+        ratio = (lambda i: match.get(i, 0) / total) if total else (lambda i: 0.0)
+        sticky = [i for i in cands if ratio(i) >= self.threshold]
+        if not sticky:
+            return cands
+        ttft = getattr(m, "ttft", None)
+        if self.penalty > 0 and ttft is not None and len(sticky) < len(cands):
+            others = [i for i in cands if ratio(i) < self.threshold]
+            if min(ttft[i] for i in sticky) - min(ttft[i] for i in others) > self.penalty:
+                return cands
+        return sticky
+
+
+AFFINITY = (NoHitLRUScorer, SessionAffinityScorer, LoRAAffinityScorer,
+            PrefixCacheAffinityFilter)

@@ -59,6 +59,9 @@ class LlmD(Router):
         self.draw = lambda: draws.index(1 << 53) / float(1 << 53)
         picker = self.profile.picker
         picker.draw = self.draw
+        for f in self.profile.filters:
+            if hasattr(f, "draw"):
+                f.draw = self.draw
         if hasattr(picker, "random_ties"):
             picker.random_ties = tie_break == "random"
         plugins = self.profile.filters + [s for s, _ in self.profile.scorers]
