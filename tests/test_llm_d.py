@@ -550,3 +550,24 @@ def test_prefix_cache_affinity_filter_explores_at_its_rate():
     cycle = {"prefix": ({0: 90}, 100)}
     opened = sum(len(plugin.filter(Metrics(), None, cycle, [0, 1])) == 2 for _ in range(4000))
     assert 0.22 < opened / 4000 < 0.28
+
+
+class _TieredKV(_KV):
+    """A cache whose leading run is ``hit`` GPU blocks continued by tier blocks."""
+
+    tiers = ("cpu",)
+
+    def __init__(self, cached, hit):
+        self.cached, self.hit = cached, hit
+
+    def match(self, req):
+        return self.cached, self.hit, 0
+
+
+def test_precise_scorer_weighs_tier_blocks_as_llm_d_kv_cache_cpu():
+    from simsched.cluster.epp.precise import held_blocks
+    req = _req(0, [(1, 160)])
+    assert held_blocks(_TieredKV(cached=96, hit=2), req, 16) == 2 + 0.8 * 4
+    plain = _TieredKV(cached=96, hit=6)
+    plain.tiers = ()
+    assert held_blocks(plain, req, 16) == 6
