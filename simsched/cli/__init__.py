@@ -113,6 +113,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="any other config field, e.g. --set cache.watermark=0.02 (repeatable); "
                    "tuple and mapping fields as JSON, e.g. --set prompt_range=[10,100] or "
                    "--set replicas='[{\"gpu\":\"h100-sxm\",\"count\":2}]'")
+    g.add_argument("--router-config", metavar="FILE",
+                   help="llm-d EndpointPickerConfig YAML: routes with the llm-d router "
+                   "configured by FILE (sets router=llm-d and router_options.config)")
     g.add_argument("--slo-ttft", type=float, help="TTFT SLO for goodput, seconds")
     g.add_argument("--slo-tpot", type=float, help="TPOT SLO for goodput, seconds")
     g.add_argument("--slo-e2el", type=float, help="E2E latency SLO for goodput, seconds")

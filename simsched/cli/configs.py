@@ -223,6 +223,21 @@ def load_config_file(path: str | Path) -> tuple[SimConfig | None, dict[str, Any]
     return None, changes, slo
 
 
+def _router_config(changes: dict[str, Any], path: str) -> None:
+    """``--router-config FILE``: the llm-d router, configured by FILE (other options kept)."""
+    keys = [k for k in changes if k.split(".", 1)[-1] == "router"]
+    router = changes[keys[-1]] if keys else "llm-d"
+    if router != "llm-d":
+        raise ValueError(f"--router-config configures the llm-d router, but router is {router!r}")
+    opts_keys = [k for k in changes if k.split(".", 1)[-1] == "router_options"]
+    options = dict(changes.pop(opts_keys[-1])) if opts_keys else {}
+    for k in keys + opts_keys:
+        changes.pop(k, None)
+    options["config"] = path
+    changes["router"] = "llm-d"
+    changes["router_options"] = options
+
+
 def config_from_args(args) -> tuple[SimConfig, SLO | None]:
     """The config and SLO given by a config file (TOML, or a run's JSON) and the flags (flags
     win)."""
@@ -235,6 +250,8 @@ def config_from_args(args) -> tuple[SimConfig, SLO | None]:
             changes[fld] = value
     for key, value in parse_pairs(args.set, "--set"):
         changes[key] = parse_set_value(key, value)
+    if getattr(args, "router_config", None):
+        _router_config(changes, args.router_config)
     for name in ("ttft", "tpot", "e2el"):
         if getattr(args, f"slo_{name}") is not None:
             slo[name] = getattr(args, f"slo_{name}")

@@ -102,6 +102,10 @@ class Weighted(Router):
         return best
 
 
+# llm-d's endpoint picker (simsched/cluster/epp), registered after the built-in routers.
+from simsched.cluster.epp import LlmD  # noqa: E402,F401
+
+
 def make_router(name: str, options: Mapping[str, Any], num_replicas: int,
                 rng: np.random.Generator) -> Router:
     """Build router ``name`` with ``options``; a bad name or option raises ValueError."""

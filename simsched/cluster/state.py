@@ -86,6 +86,8 @@ class ReplicaLoad:
         self.total_outstanding = 0
         self.output_tokens = output_tokens
         self.prefix_holders: PrefixHolders | None = None    # set by a cache-aware cluster
+        # Called as on_finished(i, req) after a request ends (a router's own in-flight counters).
+        self.on_finished = None
         unknown = set(ordered) - set(METRICS)
         if unknown:
             raise ValueError(f"unknown load figure(s) {sorted(unknown)}; known: {METRICS}")
@@ -137,6 +139,8 @@ class ReplicaLoad:
             self._outstanding_index.update(i, self.outstanding[i])
         if self._tokens_index is not None:
             self._tokens_index.update(i, self.tokens[i])
+        if self.on_finished is not None:
+            self.on_finished(i, req)
 
     def kv_changed(self, i: int, num_used: int, num_blocks: int) -> None:
         """Replica ``i`` now holds ``num_used`` of its ``num_blocks`` KV blocks."""
@@ -150,15 +154,25 @@ class Snapshot:
     """A copy of a :class:`ReplicaLoad` taken at :meth:`refresh` (the stale view of a router).
 
     Cached-prefix queries still go to the live replicas (``replicas``): only load is scraped.
+    ``live`` is the exact view (counters a router keeps at dispatch are never stale); a router
+    may set ``scrape``, a callable whose result each refresh stores in ``scraped`` (gauges the
+    load figures lack, such as the replicas' waiting queues).
     """
 
     def __init__(self, load: ReplicaLoad) -> None:
         self._load = load
+        self.scrape = None
+        self.scraped = None
         self.replicas = load.replicas
         self.prefix_holders = load.prefix_holders      # live, as the caches are
         self.num_replicas = load.num_replicas
         self.taken_at = 0.0
         self.refresh(0.0)
+
+    @property
+    def live(self) -> ReplicaLoad:
+        """The exact view this snapshot copies."""
+        return self._load
 
     def refresh(self, now: float) -> None:
         """Copy the live figures (O(replicas)); the minima are recomputed once, when asked."""
@@ -167,6 +181,8 @@ class Snapshot:
         self.tokens = list(load.tokens)
         self.kv_use = list(load.kv_use)
         self.total_outstanding = load.total_outstanding
+        if self.scrape is not None:
+            self.scraped = self.scrape()
         self.taken_at = now
         self._least: dict[str, int] = {}
 

@@ -1,0 +1,213 @@
+"""The ``llm-d`` router: llm-d's endpoint picker (EPP) scheduling cycle over simsched's replicas.
+
+Per request, as the EPP's director and scheduler do: the producers prepare per-endpoint data
+(the approximate prefix match), the primary profile runs its filters, its scorers (each score
+clamped to [0, 1], times its weight, summed per endpoint) and its picker; then, at dispatch, the
+producers record the choice (prefix index, in-flight counters). Cost: O(replicas) per request
+for the scorers and pickers, plus O(prompt blocks x endpoints matching them) for the prefix
+match.
+
+What the plugins see (:class:`~simsched.cluster.epp.plugins.Metrics`): ``waiting``
+(``replica.num_waiting``), ``running`` (its scheduler's running requests) and ``kv_use`` are the
+gauges vLLM exports, read live with ``cluster.refresh_interval = 0`` and copied at every
+scrape otherwise (llm-d scrapes every 50 ms); the in-flight requests and tokens are counted at
+dispatch and at the request's end, never stale, as llm-d's inflight-load-producer does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from simsched.cluster.epp.config import load_yaml, parse
+from simsched.cluster.epp.plugins import InFlightLoadProducer, Metrics
+from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
+from simsched.cluster.load_routers import Router, _Uniforms, register
+
+TIE_BREAKS = ("random", "index")
+
+
+@register("llm-d")
+class LlmD(Router):
+    """llm-d's EPP pipeline, configured by an ``EndpointPickerConfig``.
+
+    ``config``: a path to the YAML file, or the config as a mapping (None: llm-d's default
+    profile, queue 2 + KV utilisation 2 + prefix 3, max-score picker). ``tie_break``:
+    ``random`` (llm-d's max-score picker: uniformly among equal best scores, from the run's
+    rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
+    ``model``: the model name that seeds the prefix hashes. ``labels``: the replicas' pod
+    labels, one mapping of strings per replica (in the first view's order; None: none), read by
+    the label filters and context-length-aware.
+    """
+
+    def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
+                 tie_break: str = "random", model: str = "", labels=None) -> None:
+        super().__init__(num_replicas, rng)
+        self.labels = _check_labels(labels)
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
+        if not isinstance(model, str):
+            raise ValueError(f"model must be a string, got {model!r}")
+        if isinstance(config, str):
+            self.pipeline = parse(load_yaml(config), where=config, model=model)
+        elif config is None or isinstance(config, Mapping):
+            self.pipeline = parse(config, model=model)
+        else:
+            raise ValueError(f"config must be a path to an EndpointPickerConfig YAML file, a "
+                             f"mapping or None, got {config!r}")
+        self.profile = self.pipeline.profiles[0]
+        draws = _Uniforms(rng)
+        self.draw = lambda: draws.index(1 << 53) / float(1 << 53)
+        picker = self.profile.picker
+        picker.draw = self.draw
+        for f in self.profile.filters:
+            if hasattr(f, "draw"):
+                f.draw = self.draw
+        if hasattr(picker, "random_ties"):
+            picker.random_ties = tie_break == "random"
+        plugins = self.profile.filters + [s for s, _ in self.profile.scorers]
+        consumed = {c for p in plugins for c in p.CONSUMES}
+        self.consumed = consumed
+        self.reads_kv = "kv_use" in consumed
+        prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
+        self.prefix = prefix[0] if prefix and "prefix" in consumed else None
+        # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
+        # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
+        self.track_tokens = "inflight_tokens" in consumed
+        self.post = [p for p in plugins if hasattr(p, "pre_request")]
+        self.precise = "precise" in consumed
+        self.uses_prefix_index = self.precise
+        self.tokens_of: dict[int, int] = {}
+        self._attached = self._live = self._replicas = None
+        self._labels_of = None
+
+    # ------------------------------------------------------------------ metrics
+    def _queues(self) -> dict:
+        """The waiting and running gauges of every replica, read now."""
+        replicas = self._replicas
+        out = {}
+        if "waiting" in self.consumed:
+            out["waiting"] = [r.num_waiting for r in replicas]
+        if "running" in self.consumed:
+            out["running"] = [len(r.scheduler.running) for r in replicas]
+        return out
+
+    def _attach(self, view) -> None:
+        """Hook into a (new) view: scrape the queue gauges with a snapshot's refresh, and
+        release in-flight tokens when a request ends. O(replicas), when the view changes."""
+        self._attached = view
+        self._replicas = view.replicas
+        self._live = getattr(view, "live", view)
+        self._keys = [id(r) for r in view.replicas]
+        self._local = {k: i for i, k in enumerate(self._keys)}
+        self.candidates = list(range(len(view.replicas)))
+        if self.labels is not None and len(self.labels) > len(view.replicas) \
+                and self._labels_of is None:
+            raise ValueError(f"router option labels lists {len(self.labels)} replicas, the "
+                             f"cluster routes to {len(view.replicas)}")
+        if self._labels_of is None:         # labels belong to the replicas first seen
+            given = self.labels or []
+            self._labels_of = {k: dict(given[i]) if i < len(given) else {}
+                               for i, k in enumerate(self._keys)}
+        self._labels = [self._labels_of.get(k, {}) for k in self._keys]
+        self._snapshot = hasattr(view, "scrape")
+        if self._snapshot and {"waiting", "running"} & self.consumed:
+            view.scrape = self._queues
+            view.scraped = self._queues()
+        if self.track_tokens:
+            if not hasattr(self._live, "on_finished"):
+                raise ValueError("token-load-scorer needs an end-of-request hook "
+                                 "(ReplicaLoad.on_finished) on the router's view")
+            tokens, estimate, live = self.tokens_of, InFlightLoadProducer.estimate, self._live
+
+            def release(i, req):
+                key = id(live.replicas[i])
+                tokens[key] = tokens.get(key, 0) - estimate(req)
+            self._live.on_finished = release
+
+    def metrics(self, view, req) -> Metrics:
+        """The figures the profile's plugins read, as the router sees them at ``req``'s
+        arrival."""
+        if view is not self._attached or view.replicas is not self._replicas \
+                or getattr(view, "live", view) is not self._live:
+            self._attach(view)
+        consumed = self.consumed
+        if {"waiting", "running"} & consumed:
+            queues = view.scraped if self._snapshot else self._queues()
+        else:
+            queues = {}
+        lora = None
+        if "lora" in consumed:
+            lora = [(r.lora.cache.gpu, (), r.lora.cache.max_loras)
+                    if getattr(r, "lora", None) is not None else ((), (), 0)
+                    for r in self._replicas]
+        tokens = None
+        if self.track_tokens:
+            held = self.tokens_of
+            tokens = [held.get(k, 0) for k in self._keys]
+        age = None
+        if "age" in consumed:
+            # A snapshot's metrics are as old as its last scrape (exact state: never stale).
+            old = max(0.0, req.arrival_at - view.taken_at) if self._snapshot else 0.0
+            age = [old] * len(self._keys)
+        return Metrics(waiting=queues.get("waiting"), running=queues.get("running"), age=age,
+                       labels=self._labels,
+                       kv_use=view.kv_use if "kv_use" in consumed else None,
+                       inflight_requests=self._live.outstanding, inflight_tokens=tokens,
+                       lora=lora)
+
+    # ------------------------------------------------------------------ the cycle
+    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
+        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
+        m = self.metrics(view, req)
+        cycle: dict[str, Any] = {"keys": self._keys, "replicas": view.replicas}
+        if self.precise:
+            index = getattr(view, "prefix_holders", None)
+            cycle["holders"] = None if index is None else set(index.candidates(req))
+        if self.prefix is not None:
+            hashes, match, _ = self.prefix.produce(req, view.replicas)
+            local = self._local
+            cycle["prefix"] = ({local[k]: c for k, c in match.items() if k in local},
+                               len(hashes))
+            cycle["hashes"] = hashes
+        cands = self.candidates
+        for f in self.profile.filters:
+            kept = f.filter(m, req, cycle, cands)
+            # (Go fails the request when a filter leaves no endpoint; simsched's role filters
+            # never do, and a router must name a replica: fail open.)
+            cands = kept if kept else cands
+        # Each score clamped to [0, 1] times its weight, summed in the profile's order (Go adds
+        # to 0; 0 + x is x, so starting from the first scorer's terms gives the same floats).
+        totals = None
+        for scorer, w in self.profile.scorers:
+            scores = scorer.score(m, req, cycle, cands)
+            if totals is None:
+                totals = [(0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w for s in scores]
+            else:
+                totals = [t + (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w
+                          for t, s in zip(totals, scores)]
+        return cands, totals if totals is not None else [0.0] * len(cands), cycle
+
+    def choose(self, view, req) -> int:
+        cands, totals, cycle = self.scores(view, req)
+        i = self.profile.picker.pick(cands, totals)[0]
+        if self.prefix is not None:
+            self.prefix.dispatched(cycle["hashes"], view.replicas[i])
+        for plugin in self.post:
+            plugin.pre_request(self._keys[i], cycle, req)
+        if self.track_tokens:
+            key = self._keys[i]
+            self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
+        return i
+
+
+def _check_labels(labels):
+    """The ``labels`` option as a tuple of string mappings (None stays None)."""
+    if labels is None:
+        return None
+    if isinstance(labels, (str, bytes, Mapping)) or not isinstance(labels, (list, tuple)):
+        raise ValueError(f"labels must be a list of mappings (one per replica), got {labels!r}")
+    for i, entry in enumerate(labels):
+        if not isinstance(entry, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+            raise ValueError(f"labels[{i}] must map label names to string values, got {entry!r}")
+    return tuple(labels)
