@@ -231,8 +231,8 @@ def main(argv=None) -> dict[str, str]:
     p.add_argument("--quiet", action="store_true", help="print nothing (return the tables)")
     p.add_argument("--out", default=None, help="unused: everything is printed (docs checker)")
     args = p.parse_args(argv)
-    parts = {"coverage": lambda: catalog_table() + "\n\n" + coverage_table(), "compare": lambda: compare_table() + "\n\n"
-             + step_table(), "loo": loo_table}
+    parts = {"coverage": lambda: catalog_table() + "\n\n" + coverage_table(),
+             "compare": lambda: compare_table() + "\n\n" + step_table(), "loo": loo_table}
     out = {}
     for name, fn in parts.items():
         if args.part in (name, "all"):

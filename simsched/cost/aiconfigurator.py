@@ -60,9 +60,11 @@ def _fill_gemm(grid: np.ndarray, n_axis: np.ndarray, k_axis: np.ndarray) -> np.n
     the next narrower measured cell along k (else n) scaled by the width ratio."""
     grid = grid.copy()
     for i, j, l in np.argwhere(np.isnan(grid)):
-        for jj, ll in [(j, x) for x in range(l - 1, -1, -1)] + [(x, l) for x in range(j - 1, -1, -1)]:
+        narrower = [(j, x) for x in range(l - 1, -1, -1)] + [(x, l) for x in range(j - 1, -1, -1)]
+        for jj, ll in narrower:
             if not np.isnan(grid[i, jj, ll]):
-                grid[i, j, l] = grid[i, jj, ll] * (n_axis[j] * k_axis[l]) / (n_axis[jj] * k_axis[ll])
+                width = (n_axis[j] * k_axis[l]) / (n_axis[jj] * k_axis[ll])
+                grid[i, j, l] = grid[i, jj, ll] * width
                 break
     return grid
 
@@ -92,8 +94,9 @@ def gemm(gpu: str, dtype: str, m, n: int, k: int) -> np.ndarray:
     nl, nh, nw, ns = _bracket(t["gemm_n"].astype(float), float(n))
     kl, kh, kw, ks = _bracket(t["gemm_k"].astype(float), float(k))
     # Log time bilinear in (log n, log k), for each measured token count.
-    col = np.exp((1 - nw) * (1 - kw) * np.log(grid[:, nl, kl]) + nw * (1 - kw) * np.log(grid[:, nh, kl])
-                 + (1 - nw) * kw * np.log(grid[:, nl, kh]) + nw * kw * np.log(grid[:, nh, kh]))
+    log = np.log(grid)
+    col = np.exp((1 - nw) * (1 - kw) * log[:, nl, kl] + nw * (1 - kw) * log[:, nh, kl]
+                 + (1 - nw) * kw * log[:, nl, kh] + nw * kw * log[:, nh, kh])
     col = col * ns * ks
     m = np.asarray(m, dtype=float)
     out = np.interp(m, m_axis, col)
@@ -226,10 +229,13 @@ def coverage(gpu: str) -> dict[str, str]:
         "context attention": f"measured (KV {', '.join(kv)}; up to {int(t['ctx_isl'][-1])} "
                              f"tokens, beyond: extrapolated quadratically)",
         "generation attention": f"measured (KV {', '.join(kv)}; batch up to "
-                                f"{int(t['gen_batch'][-1])}, context up to {int(t['gen_seq'][-1])})",
+                                f"{int(t['gen_batch'][-1])}, context up to "
+                                f"{int(t['gen_seq'][-1])})",
         "all-reduce": f"measured (vLLM custom all-reduce and NCCL, TP {ar})"
                       + (f"; TP {others} extrapolated" if others else ""),
-        "element-wise, cached-prefix attention": "derived: H200 fits scaled by HBM bandwidth / FLOP/s",
-        "MoE, MLA, quantised models": "derived: H200 fits scaled by the datasheet",
+        "element-wise, cached-prefix attention":
+            "derived: H200 fits scaled by HBM bandwidth / FLOP/s",
+        "MoE, MLA, INT4 models": "derived: H200 fits scaled by the datasheet"
+                                 + ("" if "gemm_fp8" in t else "; FP8 weights too"),
         "vllm": f"vLLM {m['vllm']} kernels",
     }

@@ -92,7 +92,8 @@ PCAP_SLOWDOWN = 1.30
 # datasheets; memory as nvidia-smi reports it there); NVLink 5 moves 1.8 TB/s per GPU (both
 # directions), an HGX board joins 8 GPUs, a GB200/GB300 NVL72 rack 72; the RTX Pro 6000 Server
 # Edition has no NVLink (PCIe Gen5 x16: 128 GB/s both directions).
-AIC = "aic-"   # kernels from AIConfigurator's measured tables: simsched.cost.profiles.aiconfigurator
+# Profile prefix of AIConfigurator's measured tables (simsched.cost.profiles.aiconfigurator).
+AIC = "aic-"
 GPUS: dict[str, GPUSpec] = {
     "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40960 * 2**20, 600e9,
                          nvlink="NVLink 3", nvlink_domain=8),
@@ -127,9 +128,9 @@ GPUS: dict[str, GPUSpec] = {
                             calibration="measured", fp8_flops=935.6e12, fp4_flops=1871.2e12,
                             nvlink="PCIe Gen5", nvlink_domain=1),
 }
-_AIC_KERNELS = ("measured: AIConfigurator vLLM kernel tables (GEMM, prefill and decode "
-                "attention, all-reduce); derived: element-wise ops, cached-prefix attention, "
-                "MoE/MLA/quantised models (H200 fits scaled by the datasheet)")
+_AIC_KERNELS = ("measured: AIConfigurator vLLM kernel tables (bf16 and FP8 GEMMs, prefill and "
+                "decode attention, all-reduce); derived: element-wise ops, cached-prefix "
+                "attention, MoE/MLA/INT4 models (H200 fits scaled by the datasheet)")
 # What was measured for each GPU, and what is extrapolated from where (describe() prints it).
 GPU_SOURCES: dict[str, tuple[str, str]] = {
     "a100-40gb": ("extrapolated: A100-80GB kernel fits scaled to 1.56 TB/s HBM",
