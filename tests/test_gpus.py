@@ -169,10 +169,19 @@ def test_unmeasured_head_sizes_and_kv_heads_scale_from_the_nearest_measured():
     t80 = aic.context_attention("b200", 32, 32, 80, [2048])[0]
     t64 = aic.context_attention("b200", 32, 32, 64, [2048])[0]
     assert t80 == pytest.approx(t64 * 80 / 64)
-    # 16 KV heads (not measured): the 8-head table's per-token cost x 2.
-    s16 = aic.generation_attention("b200", 32, 16, 128)[2]
-    s8 = aic.generation_attention("b200", 32, 8, 128)[2]
+    # 16 KV heads under 32 query heads (not measured): the 8-KV-head table at 16 query heads
+    # (the same 2 query heads per KV head), read at twice the batch, twice the cost per token.
+    b16, a16, s16 = aic.generation_attention("b200", 32, 16, 128)
+    b8, a8, s8 = aic.generation_attention("b200", 16, 8, 128)
+    np.testing.assert_allclose(b16, b8 / 2)
+    np.testing.assert_allclose(a16, a8)
     np.testing.assert_allclose(s16, 2 * s8)
+    # MHA past the measured 8 heads (Llama-2-7B: 32): the 8-head MHA table at 4x the batch;
+    # one sequence costs what four 8-head sequences do, not 4x one 8-head sequence's time.
+    bm, am, sm = aic.generation_attention("h200", 32, 32, 128)
+    b1, a1, s1 = aic.generation_attention("h200", 8, 8, 128)
+    np.testing.assert_allclose(bm, b1 / 4)
+    np.testing.assert_allclose(sm, 4 * s1)
 
 
 def test_reducer_writes_the_same_bytes_for_the_same_arrays(tmp_path):

@@ -154,16 +154,49 @@ def context_attention(gpu: str, hq: int, hkv: int, hd: int, tokens, kv: str = "b
     return np.where(x > 0, out, 0.0) * MS
 
 
+def _measured_row(t: dict, key: str, heads: int) -> bool:
+    hs = list(t["gen_heads"])
+    return key in t and heads in hs and not np.isnan(t[key][hs.index(heads)]).all()
+
+
+def _generation_source(t: dict, kv: str, hq: int, hkv: int, hd: int) -> tuple[str, int, int]:
+    """(table, query heads, r) whose decode attention stands for ``hq`` query / ``hkv`` KV heads:
+    the measured row itself (r = 1) or, when not measured, a row with the same query heads per
+    KV head and ``hkv / r`` KV heads, read at ``r`` times the batch. A decode kernel works per
+    (sequence, KV head): n sequences of ``hkv`` KV heads are r n sequences of ``hkv / r`` in
+    work units and bytes (the MHA tables stop at 8 heads on most GPUs)."""
+    group = max(1, hq // hkv)
+    exact = f"gen_{kv}_{0 if hq == hkv else hkv}_{hd}"
+    if _measured_row(t, exact, hq):
+        return exact, hq, 1
+    for r in range(2, hkv + 1):
+        if hkv % r:
+            continue
+        sub = hkv // r
+        key = f"gen_{kv}_{0 if group == 1 else sub}_{hd}"
+        if _measured_row(t, key, sub * group):
+            return key, sub * group, r
+    return "", hq, 1
+
+
 def generation_attention(gpu: str, hq: int, hkv: int, hd: int, kv: str = "bfloat16"):
     """Decode attention as ``(batch sizes, fixed seconds, seconds per KV token read)``: per
     measured batch size the chord ``a + s x (batch x KV tokens)`` through its measured times at
     the shortest context of at least 1,024 tokens and at the longest measured context (decode
     attention reads the KV cache: time is close to linear in it there). A chord of measured
-    points, not a least-squares fit: runs read tables, they never fit."""
+    points, not a least-squares fit: runs read tables, they never fit. A head layout not
+    measured is read off :func:`_generation_source`'s row (batch sizes divided by r, the cost
+    per token times r); failing that, the nearest KV-head table along the heads."""
     t = tables(gpu)
     key, scale, hd_scale = _nkv_key(t, "gen", kv, hq, hkv, hd)
-    scale *= hd_scale
-    grid = _along_heads(t[key], t["gen_heads"], hq)          # batch x seq
+    near_hd = int(key.rsplit("_", 1)[1])
+    src, src_hq, r = _generation_source(t, kv, hq, hkv, near_hd)
+    if src:
+        key, scale = src, 1.0
+        grid = t[key][list(t["gen_heads"]).index(src_hq)]
+    else:
+        grid = _along_heads(t[key], t["gen_heads"], hq)          # batch x seq
+    scale *= hd_scale * r
     batch, seq = t["gen_batch"].astype(float), t["gen_seq"].astype(float)
     a, s = np.zeros(len(batch)), np.zeros(len(batch))
     for i, b in enumerate(batch):
@@ -176,7 +209,7 @@ def generation_attention(gpu: str, hq: int, hkv: int, hd: int, kv: str = "bfloat
             continue
         slope = max((y[-1] - y[0]) / (x[-1] - x[0]), 0.0)
         a[i], s[i] = max(y[0] - slope * x[0], 0.0), slope * scale
-    return batch, a, s
+    return batch / r, a, s
 
 
 def _ar_row(t: dict, i: int) -> np.ndarray:
