@@ -185,7 +185,7 @@ def test_unmeasured_head_sizes_and_kv_heads_scale_from_the_nearest_measured():
 
 
 def test_reducer_writes_the_same_bytes_for_the_same_arrays(tmp_path):
-    from experiments.reduce_aiconfigurator import write_npz
+    from tools.reduce_aiconfigurator import write_npz
 
     arrays = {"b": np.arange(5, dtype=np.float32), "a": np.ones((2, 3))}
     write_npz(tmp_path / "x.npz", arrays)

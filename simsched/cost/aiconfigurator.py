@@ -1,7 +1,7 @@
 """Measured kernel tables from AIConfigurator, and how times are read off them.
 
 The tables (``cost/data/aiconfigurator/<gpu>.npz``, reduced from github.com/ai-dynamo/
-aiconfigurator's vLLM kernel databases by ``python -m experiments.reduce_aiconfigurator``;
+aiconfigurator's vLLM kernel databases by ``python -m tools.reduce_aiconfigurator``;
 Apache-2.0, licence beside them) hold, per GPU, latencies in milliseconds of:
 
 * GEMMs by tokens ``m`` x output width ``n`` x input width ``k`` for bf16, fp8, fp8 block-scaled

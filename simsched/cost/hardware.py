@@ -1,8 +1,9 @@
 """Model and GPU catalog, configuration checks, KV-cache capacity and cost-model construction.
 
 A model is described by its shape (the numbers of a Hugging Face ``config.json``), a GPU by its
-datasheet peaks and by where its times come from: ``kernels`` names the measured GPU whose kernel
-fits it uses (A100-80GB or H200), ``serving`` the measured serving system whose whole-iteration engine terms it uses,
+datasheet peaks and by where its times come from: ``kernels`` names the calibration profile it
+uses (the A100-80GB or H200 fits, or its own AIConfigurator tables, ``aic-<gpu>``;
+``hardware.kernel_profile`` can choose the latter, :func:`gpu_spec`), ``serving`` the measured serving system whose whole-iteration engine terms it uses,
 ``calibration`` says whether it was measured or is extrapolated. :func:`describe` prints the table.
 The two spec classes (:class:`~simsched.cost.specs.ModelSpec`,
 :class:`~simsched.cost.specs.GPUSpec`) are defined in :mod:`simsched.cost.specs`.

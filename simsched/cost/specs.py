@@ -167,7 +167,8 @@ def _read_hf_config(path: Path) -> Mapping[str, Any]:
 class GPUSpec:
     """Datasheet peaks of one GPU: dense bf16 FLOP/s, HBM bytes/s, memory bytes, link bytes/s.
 
-    ``kernels``: the measured GPU whose kernel fits this one uses (``a100-80gb`` or ``h200``);
+    ``kernels``: the calibration profile this GPU's kernel times come from (``a100-80gb`` or
+    ``h200`` fits, or ``aic-<gpu>``: that GPU's AIConfigurator tables);
     ``serving``: the measured serving system (``dgx-a100``, ``dgx-h100``, ``dgx-h100-pcap``) whose
     fitted whole-iteration terms the ``eager_2023`` engine overhead uses; ``calibration``:
     ``measured`` or ``extrapolated``; ``prefill_slowdown``: GPU time of iterations that prefill

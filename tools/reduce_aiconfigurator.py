@@ -28,7 +28,7 @@ Deterministic: the same commit gives byte-identical files (sorted keys, fixed zi
 
 Run (maintainers; needs pyarrow)::
 
-    python -m experiments.reduce_aiconfigurator --repo /path/to/aiconfigurator[.git] [--commit REV]
+    python -m tools.reduce_aiconfigurator --repo /path/to/aiconfigurator[.git] [--commit REV]
 """
 
 from __future__ import annotations

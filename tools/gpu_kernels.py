@@ -13,7 +13,7 @@ Three parts, every figure computed here from the shipped data:
   interpolation): GEMMs (n, k 1,024-16,384, tokens 1-8,192), prefill attention (32 query / 8 KV
   heads, 512-16,384 tokens), decode attention (32 / 8 heads, batch 1-256, 1,024-16,384 tokens).
 
-Run: ``python -m experiments.gpu_kernels [--part coverage|compare|loo|all]``.
+Run: ``python -m tools.gpu_kernels [--part coverage|compare|loo|all]``.
 """
 
 from __future__ import annotations
@@ -228,8 +228,6 @@ def main(argv=None) -> dict[str, str]:
     """Print the requested parts; return them as Markdown strings by name."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", default="all", choices=["coverage", "compare", "loo", "all"])
-    p.add_argument("--quiet", action="store_true", help="print nothing (return the tables)")
-    p.add_argument("--out", default=None, help="unused: everything is printed (docs checker)")
     args = p.parse_args(argv)
     parts = {"coverage": lambda: catalog_table() + "\n\n" + coverage_table(),
              "compare": lambda: compare_table() + "\n\n" + step_table(), "loo": loo_table}
@@ -237,8 +235,7 @@ def main(argv=None) -> dict[str, str]:
     for name, fn in parts.items():
         if args.part in (name, "all"):
             out[name] = fn()
-            if not args.quiet:
-                print(out[name], end="\n\n")
+            print(out[name], end="\n\n")
     return out
 
 
