@@ -264,7 +264,7 @@ def main(argv=None) -> dict:
         if args.gpu in ("all", "h200"):
             plots += h200_section(out, plot=not args.quick, tables=tables)
     (out / "coefficients.json").write_text(json.dumps(
-        {name: p.coefficients() for name, p in PROFILES.items()}, indent=1))
+        {name: p.coefficients() for name, p in PROFILES.items() if p.fit is not None}, indent=1))
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
         for p in plots:

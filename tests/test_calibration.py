@@ -247,7 +247,8 @@ def test_make_cost_model_kinds_and_cache():
 
 def test_bundled_data_is_small_and_licensed():
     files = [f for f in cal.DATA_DIR.rglob("*") if f.is_file()]
-    assert sum(f.stat().st_size for f in files) < 600_000
+    # AIConfigurator's kernel tables have their own budget (tests/test_gpus.py).
+    assert sum(f.stat().st_size for f in files if f.parent.name != "aiconfigurator") < 600_000
     assert np.all(cal.load("compute")[["qkv", "up", "down"]].to_numpy() > 0)
     # Every data folder says where its files come from and under which terms.
     for folder in {f.parent for f in files}:
@@ -258,6 +259,9 @@ def test_bundled_data_is_small_and_licensed():
             # Derived from the folders beside it; its README names their licences.
             text = (folder / "README.md").read_text()
             assert "LICENSE" in text and "experiments.calibrate --update" in text
+        elif folder.name == "aiconfigurator":
+            assert "Apache License" in (folder / "LICENSE").read_text()
+            assert "Modified" in (folder / "README.md").read_text()
         elif folder.name == "real_serving":
             assert "MIT" in (folder / "LICENSE").read_text()  # SplitwiseSim
             assert "Splitwise" in (folder / "README.md").read_text()

@@ -48,9 +48,15 @@ def test_shipped_fit_matches_a_refit(name):
 
 
 def test_every_profile_and_the_engine_fits_are_registered():
-    assert set(fits.registered()) == set(PROFILES) | {serving.ENGINE_FIT.name, vllm_v1.FIT.name}
+    # Profiles that read measured tables (AIConfigurator's) fit nothing and ship no fit file.
+    fitted = {name: p for name, p in PROFILES.items() if p.fit is not None}
+    assert set(fitted) >= {"a100-80gb", "h200"}
+    assert set(fits.registered()) == set(fitted) | {serving.ENGINE_FIT.name, vllm_v1.FIT.name}
     for name, profile in PROFILES.items():
-        assert profile.name == name and profile.fit.name == name
+        assert profile.name == name
+        if profile.fit is None:
+            continue
+        assert profile.fit.name == name
         assert profile.coefficients() is fits.coefficients(name)
 
 
@@ -66,7 +72,8 @@ def test_runs_never_fit(monkeypatch):
     factory._cached_cost_model.cache_clear()
     try:
         for gpu, overhead in (("a100-80gb", "measured_2023"), ("h200", "overlapped"),
-                              ("h100-sxm", "eager_2023"), ("h100-sxm", "vllm_v1")):
+                              ("h100-sxm", "eager_2023"), ("h100-sxm", "vllm_v1"),
+                              ("b200", "vllm_v1")):
             res = simsched.simulate(SimConfig().replace(
                 gpu=gpu, engine_overhead=overhead, num_requests=20, rate=5.0, seed=3))
             assert res.summary()["num_finished"] == 20

@@ -215,6 +215,11 @@ class HardwareConfig:
     ``parallel``: pipeline, data-parallel-attention and expert parallelism of the replica (a
     :class:`~simsched.config.parallel.ParallelConfig` or a mapping of its fields; None, the
     default: tensor parallelism only).
+
+    ``kernel_profile``: None (default: the GPU's own kernel source, see
+    :func:`simsched.cost.hardware.describe`) or ``"aiconfigurator"`` (that GPU's measured
+    AIConfigurator vLLM kernel tables; the B200, B300, GB200, GB300 and RTX Pro 6000 use them
+    already).
     """
 
     model: str = "llama-2-7b"
@@ -230,6 +235,9 @@ class HardwareConfig:
     # Pipeline / data-parallel-attention / expert parallelism: simsched.config.parallel (None:
     # tensor parallelism only).
     parallel: Any = None
+    # Where kernel times come from: None, the GPU's catalog default (GPUSpec.kernels), or
+    # "aiconfigurator", the GPU's measured AIConfigurator vLLM tables (docs/gpus.md).
+    kernel_profile: str | None = None
 
     def __post_init__(self) -> None:
         from simsched.config.parallel import as_parallel, check_layout

@@ -29,7 +29,8 @@ from simsched.cost import overhead
 from simsched.cost import serving, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
-from simsched.cost.hardware import GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec
+from simsched.cost.hardware import (GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
+                                    kernel_source)
 from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
 
 
@@ -137,9 +138,8 @@ class CalibratedCostModel:
     def describe(self) -> str:
         """One line: model, GPU, TP, where the kernel times come from (measured, derived or
         extrapolated) and the engine overhead (with its source for ``eager_2023``)."""
-        kern, whole = GPU_SOURCES.get(self.gpu.name, (
-            f"extrapolated from the {self.gpu.kernels} fits (user-defined GPU)",
-            f"assumed: {self.gpu.serving} terms"))
+        whole = GPU_SOURCES.get(self.gpu.name, ("", f"assumed: {self.gpu.serving} terms"))[1]
+        kern = kernel_source(self.gpu)
         text = (f"{self.model_name or 'custom model'} on {self.gpu.name} x{self.tp}: "
                 f"{self.gpu.calibration}; kernels {kern}; engine overhead "
                 f"{self.engine_overhead}")

@@ -7,7 +7,7 @@ from typing import Callable
 
 from simsched.cost.base import LinearCostModel, UnitCostModel
 from simsched.cost.calibrated import CalibratedCostModel
-from simsched.cost.hardware import GPUS, model_spec
+from simsched.cost.hardware import gpu_spec, model_spec
 from simsched.cost.parallel import ParallelCostModel
 
 
@@ -25,9 +25,9 @@ def _cached_parallel_model(spec, gpu, tp: int, model: str, engine_overhead: str,
 def _calibrated(hw) -> CalibratedCostModel:
     spec = model_spec(hw)   # the config's own shape, or the catalog's
     if getattr(hw, "parallel", None) is not None:   # pipeline / data-parallel / expert layout
-        return _cached_parallel_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model,
+        return _cached_parallel_model(spec, gpu_spec(hw), hw.tensor_parallel_size, hw.model,
                                       hw.engine_overhead, hw.parallel)
-    return _cached_cost_model(spec, GPUS[hw.gpu], hw.tensor_parallel_size, hw.model,
+    return _cached_cost_model(spec, gpu_spec(hw), hw.tensor_parallel_size, hw.model,
                               hw.engine_overhead)
 
 

@@ -1,8 +1,9 @@
 """Model and GPU catalog, configuration checks, KV-cache capacity and cost-model construction.
 
 A model is described by its shape (the numbers of a Hugging Face ``config.json``), a GPU by its
-datasheet peaks and by where its times come from: ``kernels`` names the measured GPU whose kernel
-fits it uses (A100-80GB or H200), ``serving`` the measured serving system whose whole-iteration engine terms it uses,
+datasheet peaks and by where its times come from: ``kernels`` names the calibration profile it
+uses (the A100-80GB or H200 fits, or its own AIConfigurator tables, ``aic-<gpu>``;
+``hardware.kernel_profile`` can choose the latter, :func:`gpu_spec`), ``serving`` the measured serving system whose whole-iteration engine terms it uses,
 ``calibration`` says whether it was measured or is extrapolated. :func:`describe` prints the table.
 The two spec classes (:class:`~simsched.cost.specs.ModelSpec`,
 :class:`~simsched.cost.specs.GPUSpec`) are defined in :mod:`simsched.cost.specs`.
@@ -10,6 +11,7 @@ The two spec classes (:class:`~simsched.cost.specs.ModelSpec`,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
@@ -85,19 +87,51 @@ MODELS: dict[str, ModelSpec] = {
 # prompt phase and the same time in decode: the cap lowers the clock while the GPU computes hard
 # (prefill), not while it streams memory (decode).
 PCAP_SLOWDOWN = 1.30
+# FP8 / FP4 dense tensor FLOP/s, NVLink generation and domain: the same datasheets. The Blackwell
+# and RTX Pro 6000 entries take their datasheet facts from AIConfigurator's system files
+# (aic-core/src/aiconfigurator_core/systems/<system>.yaml @ 095f58a, which cite NVIDIA's
+# datasheets; memory as nvidia-smi reports it there); NVLink 5 moves 1.8 TB/s per GPU (both
+# directions), an HGX board joins 8 GPUs, a GB200/GB300 NVL72 rack 72; the RTX Pro 6000 Server
+# Edition has no NVLink (PCIe Gen5 x16: 128 GB/s both directions).
+# Profile prefix of AIConfigurator's measured tables (simsched.cost.profiles.aiconfigurator).
+AIC = "aic-"
 GPUS: dict[str, GPUSpec] = {
-    "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40960 * 2**20, 600e9),
+    "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40960 * 2**20, 600e9,
+                         nvlink="NVLink 3", nvlink_domain=8),
     "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 81920 * 2**20, 600e9,
-                         calibration="measured"),
+                         calibration="measured", nvlink="NVLink 3", nvlink_domain=8),
     "h100-sxm": GPUSpec("h100-sxm", 989e12, 3350e9, 81559 * 2**20, 900e9, kernels="h200",
-                        serving="dgx-h100", calibration="measured"),
+                        serving="dgx-h100", calibration="measured", fp8_flops=1979e12,
+                        nvlink="NVLink 4", nvlink_domain=8),
     "h100-sxm-pcap": GPUSpec("h100-sxm-pcap", 989e12, 3350e9, 81559 * 2**20, 900e9,
                              kernels="h200", serving="dgx-h100-pcap", calibration="measured",
-                             prefill_slowdown=PCAP_SLOWDOWN),
+                             prefill_slowdown=PCAP_SLOWDOWN, fp8_flops=1979e12,
+                             nvlink="NVLink 4", nvlink_domain=8),
     "h200": GPUSpec("h200", 989e12, 4800e9, 143771 * 2**20, 900e9, kernels="h200",
-                    serving="dgx-h100", calibration="measured"),
-    "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9),
+                    serving="dgx-h100", calibration="measured", fp8_flops=1979e12,
+                    nvlink="NVLink 4", nvlink_domain=8),
+    "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9, fp8_flops=733e12,
+                    nvlink="PCIe Gen4", nvlink_domain=1),
+    "b200": GPUSpec("b200", 2250e12, 7700e9, 180 * GIB, 1800e9, kernels=AIC + "b200",
+                    serving="dgx-h100", calibration="measured", fp8_flops=4500e12,
+                    fp4_flops=9000e12, nvlink="NVLink 5", nvlink_domain=8),
+    "b300": GPUSpec("b300", 2250e12, 7750e9, 275040 * 2**20, 1800e9, kernels=AIC + "b300",
+                    serving="dgx-h100", calibration="measured", fp8_flops=4500e12,
+                    fp4_flops=14000e12, nvlink="NVLink 5", nvlink_domain=8),
+    "gb200": GPUSpec("gb200", 2500e12, 8000e9, 189471 * 2**20, 1800e9, kernels=AIC + "gb200",
+                     serving="dgx-h100", calibration="measured", fp8_flops=5000e12,
+                     fp4_flops=10000e12, nvlink="NVLink 5", nvlink_domain=72),
+    "gb300": GPUSpec("gb300", 2500e12, 8000e9, 284208 * 2**20, 1800e9, kernels=AIC + "gb300",
+                     serving="dgx-h100", calibration="measured", fp8_flops=5000e12,
+                     fp4_flops=15000e12, nvlink="NVLink 5", nvlink_domain=72),
+    "rtx-pro-6000": GPUSpec("rtx-pro-6000", 467.8e12, 1792e9, 97887 * 2**20, 128e9,
+                            kernels=AIC + "rtx-pro-6000", serving="dgx-h100",
+                            calibration="measured", fp8_flops=935.6e12, fp4_flops=1871.2e12,
+                            nvlink="PCIe Gen5", nvlink_domain=1),
 }
+_AIC_KERNELS = ("measured: AIConfigurator vLLM kernel tables (bf16 and FP8 GEMMs, prefill and "
+                "decode attention, all-reduce); derived: element-wise ops, cached-prefix "
+                "attention, MoE/MLA/INT4 models (H200 fits scaled by the datasheet)")
 # What was measured for each GPU, and what is extrapolated from where (describe() prints it).
 GPU_SOURCES: dict[str, tuple[str, str]] = {
     "a100-40gb": ("extrapolated: A100-80GB kernel fits scaled to 1.56 TB/s HBM",
@@ -112,7 +146,41 @@ GPU_SOURCES: dict[str, tuple[str, str]] = {
              "assumed: DGX-H100 terms (same host generation); no H200 serving runs"),
     "l40s": ("extrapolated: A100 kernel fits scaled by datasheet FLOP/s and bandwidth",
              "assumed: DGX-A100 terms"),
+    **{g: (_AIC_KERNELS, "assumed: DGX-H100 terms") for g in
+       ("b200", "b300", "gb200", "gb300", "rtx-pro-6000")},
 }
+# hardware.kernel_profile: where a GPU's kernel times come from instead of its catalog default.
+KERNEL_PROFILES = ("aiconfigurator",)
+# GPUs that read another's AIConfigurator tables (the power cap is the same H100).
+_AIC_TABLES = {"h100-sxm-pcap": "h100-sxm"}
+
+
+def gpu_spec(hw) -> GPUSpec:
+    """``hw.gpu``'s catalog entry; with ``hw.kernel_profile="aiconfigurator"`` its kernels come
+    from that GPU's AIConfigurator tables (an error naming the field when none are shipped)."""
+    gpu = GPUS[hw.gpu]
+    choice = getattr(hw, "kernel_profile", None)
+    if choice is None:
+        return gpu
+    if choice not in KERNEL_PROFILES:
+        raise ValueError(f"hardware.kernel_profile must be None or one of "
+                         f"{list(KERNEL_PROFILES)}, got {choice!r}")
+    from simsched.cost.profiles import PROFILES   # profiles import this module
+
+    name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
+    if name not in PROFILES:
+        have = sorted(p[len(AIC):] for p in PROFILES if p.startswith(AIC))
+        raise ValueError(f"hardware.kernel_profile='aiconfigurator': no AIConfigurator kernel "
+                         f"tables for hardware.gpu={hw.gpu!r}; measured: {have}")
+    return dataclasses.replace(gpu, kernels=name, calibration="measured")
+
+
+def kernel_source(gpu: GPUSpec) -> str:
+    """Where ``gpu``'s kernel times come from (measured, derived or extrapolated)."""
+    if gpu.kernels.startswith(AIC):
+        return _AIC_KERNELS.replace("tables", f"tables of the {gpu.kernels[len(AIC):]}")
+    return GPU_SOURCES.get(gpu.name, (f"extrapolated from the {gpu.kernels} fits "
+                                      f"(user-defined GPU)", ""))[0]
 
 REFERENCE_GPU = "a100-80gb"  # the GPU the Vidur profiles were measured on
 
@@ -123,14 +191,15 @@ def describe() -> str:
     ``kernels`` is where the kernel times come from, ``whole iteration`` where the ``eager_2023``
     engine terms (collective sync, host launch floor, serial CPU) come from.
     """
-    lines = [f"{'gpu':<14} {'calibration':<12} {'TFLOP/s':>8} {'HBM TB/s':>9} {'GiB':>5}  "
-             f"kernels | whole iteration"]
+    lines = [f"{'gpu':<14} {'calibration':<12} {'TFLOP/s':>8} {'FP8':>5} {'FP4':>5} "
+             f"{'HBM TB/s':>9} {'GiB':>5} {'link':<10} {'domain':>6}  kernels | whole iteration"]
     for name, g in GPUS.items():
         kern, whole = GPU_SOURCES.get(name, ("extrapolated: A100 fits (user-defined GPU)",
                                              "assumed: DGX-A100 terms"))
         lines.append(f"{name:<14} {g.calibration:<12} {g.peak_flops / 1e12:>8.0f} "
-                     f"{g.mem_bandwidth / 1e12:>9.2f} {g.memory_bytes / GIB:>5.0f}  "
-                     f"{kern} | {whole}")
+                     f"{g.fp8_flops / 1e12:>5.0f} {g.fp4_flops / 1e12:>5.0f} "
+                     f"{g.mem_bandwidth / 1e12:>9.2f} {g.memory_bytes / GIB:>5.0f} "
+                     f"{g.nvlink or '-':<10} {g.nvlink_domain:>6}  {kern} | {whole}")
     return "\n".join(lines)
 
 
@@ -190,6 +259,7 @@ def validate(hw) -> None:
                          f"than hardware.model_spec; give the custom model its own name")
     if hw.gpu not in GPUS:
         raise ValueError(f"hardware.gpu must be one of {sorted(GPUS)}, got {hw.gpu!r}")
+    gpu_spec(hw)   # hardware.kernel_profile names a profile this GPU has
     tp = hw.tensor_parallel_size
     if tp not in TP_SIZES:
         raise ValueError(f"hardware.tensor_parallel_size must be one of {list(TP_SIZES)}, "

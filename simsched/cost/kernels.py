@@ -62,20 +62,28 @@ class KernelTables:
         self.anchor = gpu.kernels
         self.size = max(MIN_TABLE, spec.max_context, table_tokens or 0) + 1
         n = np.arange(self.size, dtype=float)
+        # Seconds of one all-reduce by token count, for a profile that measured them (else the
+        # A100 NCCL fit scaled by link bandwidth, below).
+        self.all_reduce_per_call = None
+        # Whether the profile timed this (non-plain) model's linear part and KV dtype itself.
+        self.linear_complete = False
         profile.build(self, coefficients[gpu.kernels], n)
         # ---- tensor-parallel all-reduces: after attention and after the MLP in every layer
-        ref = GPUS[REFERENCE_GPU]
-        link_ratio = ref.interconnect_bandwidth / gpu.interconnect_bandwidth
-        msg = n * spec.hidden_size * spec.bytes_per_param
-        comm = 2 * spec.num_layers * cal.predict_all_reduce(
-            coefficients[REFERENCE_GPU]["all_reduce"], tp, msg, link_ratio)
+        if self.all_reduce_per_call is not None:   # the profile measured them on this GPU
+            comm = 2 * spec.num_layers * self.all_reduce_per_call
+        else:
+            ref = GPUS[REFERENCE_GPU]
+            link_ratio = ref.interconnect_bandwidth / gpu.interconnect_bandwidth
+            msg = n * spec.hidden_size * spec.bytes_per_param
+            comm = 2 * spec.num_layers * cal.predict_all_reduce(
+                coefficients[REFERENCE_GPU]["all_reduce"], tp, msg, link_ratio)
         comm = np.maximum.accumulate(comm)
         comm[0] = 0.0
         self.comm = comm
         self.num_collectives = 2 * spec.num_layers if tp > 1 else 0
         self.moe_comm = None
-        if parallel is not None or not spec.is_plain:  # MoE, MLA, quantised: simsched.cost.moe
-            moe.apply(self, coefficients[gpu.kernels], n, parallel)
+        if (parallel is not None or not spec.is_plain) and not self.linear_complete:
+            moe.apply(self, coefficients[gpu.kernels], n, parallel)  # MoE, MLA, quantised
 
     def finish_linear(self, per_layer: np.ndarray, emb_t: np.ndarray) -> None:
         """Set ``linear`` (all layers) and ``emb`` from per-layer linear and embedding times."""

@@ -167,11 +167,16 @@ def _read_hf_config(path: Path) -> Mapping[str, Any]:
 class GPUSpec:
     """Datasheet peaks of one GPU: dense bf16 FLOP/s, HBM bytes/s, memory bytes, link bytes/s.
 
-    ``kernels``: the measured GPU whose kernel fits this one uses (``a100-80gb`` or ``h200``);
+    ``kernels``: the calibration profile this GPU's kernel times come from (``a100-80gb`` or
+    ``h200`` fits, or ``aic-<gpu>``: that GPU's AIConfigurator tables);
     ``serving``: the measured serving system (``dgx-a100``, ``dgx-h100``, ``dgx-h100-pcap``) whose
     fitted whole-iteration terms the ``eager_2023`` engine overhead uses; ``calibration``:
     ``measured`` or ``extrapolated``; ``prefill_slowdown``: GPU time of iterations that prefill
     is multiplied by it (a power cap binds when the GPU computes hard, not in decode).
+    Spec-sheet facts the kernels do not read (shown by ``describe()``; 0 or empty: not given):
+    ``fp8_flops`` / ``fp4_flops`` dense tensor FLOP/s (0: no such tensor cores),
+    ``nvlink`` the link (``NVLink 3``..``NVLink 5``, ``PCIe``) and ``nvlink_domain`` the GPUs one
+    NVLink domain joins (8 for an HGX board, 72 for an NVL72 rack, 1 without NVLink).
     """
 
     name: str
@@ -183,3 +188,7 @@ class GPUSpec:
     serving: str = "dgx-a100"
     calibration: str = "extrapolated"
     prefill_slowdown: float = 1.0
+    fp8_flops: float = 0.0
+    fp4_flops: float = 0.0
+    nvlink: str = ""
+    nvlink_domain: int = 0

@@ -171,6 +171,11 @@ def comm_table(k: KernelTables, latency: float) -> np.ndarray:
     the kernel tables' NCCL estimate per call from there."""
     if k.tp == 1:
         return np.zeros_like(k.comm)
+    if getattr(k, "all_reduce_per_call", None) is not None:
+        # Measured on this GPU (vLLM's custom all-reduce, NCCL beyond): no fitted latency term.
+        comm = num_collectives(k) * np.maximum.accumulate(k.all_reduce_per_call)
+        comm[0] = 0.0
+        return comm
     n = np.arange(len(k.comm), dtype=float)
     msg = n * k.spec.hidden_size * k.spec.bytes_per_param
     custom = custom_all_reduce(k.tp, msg, k.gpu.interconnect_bandwidth / 2, latency)

@@ -9,7 +9,9 @@ one line in :data:`PROFILES`, its data under ``cost/data/`` and ``python -m expe
 --update``.
 
 Built in: ``a100-80gb`` (Vidur's A100 kernel profiles; also the source of the all-reduce and CPU
-fits every GPU uses) and ``h200`` (this project's H200 operator profiles; the H100 uses it).
+fits every GPU uses), ``h200`` (this project's H200 operator profiles; the H100 uses it) and
+``aic-<gpu>`` for each GPU with AIConfigurator's measured vLLM kernel tables
+(:mod:`simsched.cost.profiles.aiconfigurator`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ class CalibrationProfile:
     """A measured GPU: its shipped kernel fit and how kernel tables are built from it.
 
     Subclasses set ``name`` (the anchor name ``GPUSpec.kernels`` refers to), ``description`` and
-    ``fit`` and implement :meth:`build`.
+    ``fit`` and implement :meth:`build`. ``fit`` is None for a profile that reads measured tables
+    (interpolating them) and fits nothing.
     """
 
     name: str = ""
     description: str = ""
-    fit: fits.ShippedFit
+    fit: fits.ShippedFit | None = None
 
     def coefficients(self) -> dict:
         """The shipped coefficients (read once per process)."""
@@ -44,9 +47,9 @@ class CalibrationProfile:
 
 
 def _builtin() -> dict[str, CalibrationProfile]:
-    from simsched.cost.profiles import a100, h200   # registration: one line per measured GPU
+    from simsched.cost.profiles import a100, aiconfigurator, h200   # one line per measured GPU
 
-    return {p.name: p for p in (a100.PROFILE, h200.PROFILE)}
+    return {p.name: p for p in (a100.PROFILE, h200.PROFILE, *aiconfigurator.profiles())}
 
 
 PROFILES: dict[str, CalibrationProfile] = _builtin()
