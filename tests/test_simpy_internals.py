@@ -284,7 +284,10 @@ _PRIVATE = re.compile(r"\.(_now|_queue|_eid|_active_proc|_resume|_generator|_tar
                       r"_value)\b|simpy\.(core|events)\b|Event\.__new__|PENDING")
 # The one allowed: the GPU loop's direct clock step (a call into simpy_fast would cost every
 # iteration; its docstring and test_environment_internals cover it).
-_ALLOWED = {("simsched/engine/replica.py", "env._now = end")}
+# The second is no SimPy name: the scheduler's own waiting queue, which the replica's release of
+# held-back arrivals pushes into directly (Replica._release).
+_ALLOWED = {("simsched/engine/replica.py", "env._now = end"),
+            ("simsched/engine/replica.py", "push = sched._queue.push")}
 
 
 def test_simpy_internals_are_used_only_in_simpy_fast():
