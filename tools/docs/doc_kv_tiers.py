@@ -216,7 +216,7 @@ def kv_tiers_small(runs) -> str:
                         for g, b in zip(t.index, t["blocks"])],
         "prefix hit rate": t["hit_rate"].map(_pc).tolist(),
         "added by the tier": ["–"] + [f"{v * 100:+.1f} pt" for v in gain],
-        "blocks stored per request": ["–"] + [f"{v:.1f}" for v in t["stored_per_request"][1:]]})
+        "blocks stored per request": ["–"] + [f"{v:.1f}" for v in t["stored_per_request"].iloc[1:]]})
     unb = t.loc[math.inf]
     return "\n".join([
         md_table(table),
