@@ -108,6 +108,8 @@ BAD = [
     ("workload", "num_adapters", -1, {}, ">= 0"),
     ("workload", "adapter_zipf", -1.0, {}, ">= 0"),
     ("scheduler", "lora", 3, {}, "LoRAConfig"),
+    ("scheduler", "engine", "tgi", {}, "'sglang'"),
+    ("scheduler", "engine_options", {"schedule_policy": "lpm"}, {}, "engine 'vllm' has none"),
 ]
 BAD += [
     ("cluster", "num_replicas", 0, {}, "[1, 100000]"),

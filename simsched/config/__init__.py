@@ -88,6 +88,13 @@ class SimConfig:
             raise ValueError("scheduler.lora is not supported with disaggregated prefill/decode "
                              "(cluster.roles or cluster.num_prefill_replicas/"
                              "num_decode_replicas)")
+        engines = {c.scheduler.engine for c in self.replica_configs()}
+        if engines != {"vllm"} and (self.cluster.disaggregated
+                                    or self.cache.kv_tiers is not None):
+            # Handoffs and tier loads are modelled in vLLM's scheduler only.
+            raise ValueError(f"scheduler.engine {sorted(engines - {'vllm'})} does not model "
+                             "disaggregated prefill/decode or cache.kv_tiers (engine='vllm' "
+                             "does)")
         if self.cluster.kv_remote_tier is not None and self.cache.kv_tiers is None:
             raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
                              "config; its tier list may be empty)")

@@ -64,6 +64,11 @@ class SchedulerConfig:
     the base model only).
     ``speculative`` (a :class:`~simsched.config.speculative.SpeculativeConfig` or a mapping of
     its fields; None is off) turns on speculative decoding.
+    ``engine`` (default ``"vllm"``) picks whose scheduler runs: ``"vllm"``, ``"sglang"`` or
+    ``"trtllm"`` (:mod:`simsched.config.engines`: how the shared fields map onto each engine's
+    flags); ``engine_options`` holds the engine's own options (SGLang's ``schedule_policy``,
+    ``new_token_ratio`` terms..., TensorRT-LLM's ``capacity_scheduler_policy``), each checked.
+    ``SimConfig.preset("sglang")`` / ``("trtllm")`` give the engines' own defaults.
     """
 
     style: str = "stall_free"
@@ -84,8 +89,12 @@ class SchedulerConfig:
     async_scheduling: bool | None = None
     lora: LoRAConfig | None = None
     speculative: Any = None
+    # Whose scheduler runs (simsched.config.engines): vLLM's by default.
+    engine: str = "vllm"
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from simsched.config.engines import ENGINES, check_engine, engine_options
         from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES, make_queue
 
         plain(self)
@@ -133,6 +142,9 @@ class SchedulerConfig:
                                  "(use 'recompute')")
         if self.speculative is not None:
             object.__setattr__(self, "speculative", check_speculative(self))
+        check_choice(o, "engine", self.engine, ENGINES)
+        check_engine(self)
+        engine_options(self.engine, self.engine_options)    # names and values, or ValueError
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,16 @@ preemptions per iteration, the victim that has generated the fewest tokens, admi
 first chunk's blocks, hits of all but the last token, one shared copy per cached block, and an
 asynchronous engine modelled by its arrival rule only). Limits (token budget, sequences, blocks)
 are not part of a preset: they stay the config's.
+
+``sglang`` and ``trtllm`` are the other engines (:mod:`simsched.config.engines`), each at its own
+defaults, limits included (they differ from vLLM's): ``sglang`` is SGLang 0.5.9's
+``ServerArgs`` on a 60-160 GiB GPU (H100, H200: ``--chunked-prefill-size 8192``; SGLang picks
+4096 below 60 GiB and 16384 above 160 GiB), page size 1, the radix cache on, at most 4096 running
+requests (SGLang derives its limit from the KV pool below that: see
+:mod:`simsched.engine.engines.sglang`) and the ``sglang`` engine profile; ``trtllm`` is
+TensorRT-LLM 1.x's ``LlmArgs`` (``max_batch_size`` 2048, ``max_num_tokens`` 8192, chunked
+prefill off, ``tokens_per_block`` 32, block reuse on, the ``GUARANTEED_NO_EVICT`` capacity
+policy) and the ``trtllm`` engine profile.
 """
 
 from __future__ import annotations
@@ -29,6 +39,18 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       "reserve_full_isl": False, "plan_ahead": False},
         "cache": {"watermark": 0.01, "prefix_hit_rule": "token",
                   "watermark_counts_null_block": False, "prefix_cache_model": "segments"},
+    },
+    "sglang": {
+        "scheduler": {"engine": "sglang", "max_num_batched_tokens": 8192, "max_num_seqs": 4096,
+                      "enable_chunked_prefill": True},
+        "cache": {"block_size": 1, "enable_prefix_caching": True, "watermark": 0.0},
+        "hardware": {"engine_overhead": "sglang"},
+    },
+    "trtllm": {
+        "scheduler": {"engine": "trtllm", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,
+                      "enable_chunked_prefill": False},
+        "cache": {"block_size": 32, "enable_prefix_caching": True, "watermark": 0.0},
+        "hardware": {"engine_overhead": "trtllm"},
     },
 }
 

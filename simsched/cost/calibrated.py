@@ -26,7 +26,7 @@ import numpy as np
 
 from simsched.cost import calibration as cal
 from simsched.cost import overhead
-from simsched.cost import serving, vllm_v1
+from simsched.cost import engine_profiles, serving, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import (GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
@@ -81,7 +81,8 @@ class CalibratedCostModel:
         # is floor[seqs], or floor_prefill when the batch prefills and that is larger, and the
         # slowdown (a power cap) applies to iterations that prefill.
         self._slowdown = gpu.prefill_slowdown
-        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1") \
+        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1", "sglang",
+                                            "trtllm") \
             or self._slowdown != 1.0
         self._sync = self._floor_prefill = 0.0
         self.output_delay = 0.0
@@ -96,8 +97,10 @@ class CalibratedCostModel:
         elif engine_overhead == "overlapped":
             per_seq, floor = lm_head, cpu.copy()
             serial = np.full_like(n, overhead.overlapped_gap())
-        elif engine_overhead == "vllm_v1":
-            terms = engine_terms if engine_terms is not None else vllm_v1.terms()
+        elif engine_overhead in ("vllm_v1", "sglang", "trtllm"):
+            # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles).
+            terms = engine_terms if engine_terms is not None else vllm_v1.terms() \
+                if engine_overhead == "vllm_v1" else engine_profiles.terms(engine_overhead)
             comm = vllm_v1.comm_table(k, terms["allreduce_latency"])
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
             # (the breakdown's embedding part; a power cap slows it like the other kernels).
@@ -148,6 +151,8 @@ class CalibratedCostModel:
         elif self.engine_overhead == "vllm_v1":
             text += (" (terms fitted on real vLLM 0.15 H100 runs; output delay "
                      f"{self.output_delay * 1e3:.1f} ms)")
+        elif self.engine_overhead in engine_profiles.DESCRIPTIONS:
+            text += f" ({engine_profiles.DESCRIPTIONS[self.engine_overhead]})"
         return text
 
     def __repr__(self) -> str:

@@ -46,6 +46,9 @@ ENGINE_OVERHEADS: dict[str, str] = {
     "none": "GPU time only",
     "vllm_v1": "vLLM V1 with CUDA graphs, custom all-reduce, async scheduling and a client-side "
                "output delay, fitted on real vLLM 0.15 H100 serving runs; default",
+    # The other engines' profiles (simsched.cost.engine_profiles).
+    "sglang": "SGLang 0.5.9: vllm_v1's form without vLLM's async pipeline (terms assumed)",
+    "trtllm": "TensorRT-LLM 1.x: vllm_v1's form without vLLM's async pipeline (terms assumed)",
 }
 # Engine profiles whose engine schedules asynchronously unless scheduler.async_scheduling says.
 ASYNC_SCHEDULING = frozenset({"vllm_v1"})
@@ -70,8 +73,8 @@ def async_scheduling(config, cost_model) -> bool:
     models the same pipeline's decisions exactly (what a plan sees and frees; docs/parity.md):
     one rule for when an arrival becomes visible, not two.
     """
-    if config.scheduler.plan_ahead:
-        return False
+    if config.scheduler.plan_ahead or config.scheduler.engine != "vllm":
+        return False            # vLLM's pipeline only (another engine's: its cost profile)
     flag = config.scheduler.async_scheduling
     if flag is not None:
         return flag

@@ -85,9 +85,12 @@ def _check_kv_and_batch(sched, kv, batch, now: float) -> None:
     # Only an unchunked prompt longer than the budget may exceed it, and then it runs alone.
     lone_prefill = (not sched.chunking and len(batch.prefill_new_tokens) == 1
                     and batch.num_decode_seqs == 0)
-    if batch.num_tokens > cfg.max_num_batched_tokens and not lone_prefill:
+    # Another engine may bound its batches otherwise (SGLang without chunking: its
+    # max_prefill_tokens).
+    limit = getattr(sched, "batch_token_limit", cfg.max_num_batched_tokens)
+    if batch.num_tokens > limit and not lone_prefill:
         raise InvariantError("token_budget", now,
-                             f"{batch.num_tokens} tokens > {cfg.max_num_batched_tokens}: {batch!r}")
+                             f"{batch.num_tokens} tokens > {limit}: {batch!r}")
     if batch.num_seqs > cfg.max_num_seqs or len(sched.running) > cfg.max_num_seqs:
         raise InvariantError("max_num_seqs", now,
                              f"batch of {batch.num_seqs}, {len(sched.running)} running > "

@@ -39,6 +39,7 @@ import simpy
 from simsched.config import pipeline
 from simsched.cost import hardware
 from simsched.cost.speculative import speculative_cost_model
+from simsched.engine.engines import make_engine
 from simsched.engine.kv.factory import make_kv_cache
 # IterationTimeError is re-exported: the loop raises it (simsched.engine.iteration_time).
 from simsched.engine.iteration_time import IterationTimeError, checked_duration
@@ -75,13 +76,18 @@ class Replica:
         self.index = index
         self.config = config
         cache = config.cache
-        self.kv = make_kv_cache(num_blocks, cache)
         spec = config.scheduler.speculative
-        if spec is not None and spec.enabled:
+        engine = config.scheduler.engine
+        if engine != "vllm":
+            # Another engine's KV cache and scheduler (simsched.engine.engines).
+            self.kv, make_scheduler = make_engine(engine, num_blocks, cache)
+        elif spec is not None and spec.enabled:
+            self.kv = make_kv_cache(num_blocks, cache)
             # Speculative decoding: an eager-decode scheduler and the verify + proposer cost.
             make_scheduler = SpeculativeScheduler
             cost_model = speculative_cost_model(cost_model, spec, config.hardware)
         else:
+            self.kv = make_kv_cache(num_blocks, cache)
             make_scheduler = Scheduler
         sched_cfg = config.scheduler
         if sched_cfg.plan_ahead is None and pipeline.plan_ahead(config, cost_model):

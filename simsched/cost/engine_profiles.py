@@ -1,0 +1,43 @@
+"""Engine profiles of SGLang and TensorRT-LLM: what each adds around the GPU kernels per step.
+
+Both engines, like vLLM V1, replay CUDA graphs for decode-sized steps and hide the scheduler's
+CPU work behind the GPU (SGLang's overlap scheduler, ``event_loop_overlap``, on by default since
+0.4; TensorRT-LLM's PyTorch executor overlap scheduler, on by default in 1.x), use a custom
+all-reduce for small messages on NVLink, and stream tokens through a separate output path
+(SGLang: the detokenizer process over ZeroMQ; TensorRT-LLM: the LLM API's post-processing
+workers). So each profile takes the ``vllm_v1`` form (:mod:`simsched.cost.vllm_v1`):
+
+    max(G + L x kernel_per_layer + s x V x sampler_per_logit, cpu(s)) + step_gap
+
+and a client-side ``output_delay``, without vLLM's async plan-ahead (each engine's scheduler
+makes its own decisions: :mod:`simsched.engine.engines`).
+
+What is measured and what is assumed: the GPU kernel times are simsched's calibrated kernels
+(the AIConfigurator tables shipped in ``data/aiconfigurator`` are vLLM's only: AIConfigurator's
+SGLang and TensorRT-LLM kernel tables are not bundled, so the same kernels time every engine).
+``step_gap`` is measured (the H200 whole-step profile, as for ``vllm_v1``). The per-layer,
+sampler, all-reduce and output terms are vLLM 0.15's fitted ones (data/fits/engine-vllm-v1.json),
+**assumed** to carry over: no SGLang or TensorRT-LLM run is bundled to fit them on.
+:data:`OVERRIDES` is where a fit per engine goes.
+"""
+
+from __future__ import annotations
+
+# Engine -> term -> value (seconds) replacing the vllm_v1 term; empty: all assumed equal.
+OVERRIDES: dict[str, dict[str, float]] = {"sglang": {}, "trtllm": {}}
+
+DESCRIPTIONS = {
+    "sglang": "SGLang 0.5.9 (overlap scheduler, CUDA graphs, custom all-reduce, detokenizer "
+              "output path); vllm_v1's kernel and host terms, assumed",
+    "trtllm": "TensorRT-LLM 1.x PyTorch executor (overlap scheduler, CUDA graphs, custom "
+              "all-reduce); vllm_v1's kernel and host terms, assumed",
+}
+
+
+def terms(engine: str) -> dict:
+    """The terms of ``engine``'s profile (as :func:`simsched.cost.vllm_v1.terms` gives)."""
+    from simsched.cost import vllm_v1
+
+    out = dict(vllm_v1.terms())
+    out.update(OVERRIDES[engine])
+    return out
