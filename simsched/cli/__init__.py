@@ -86,6 +86,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="engine preset: classic gives simsched's defaults before issue 40; "
                         "vllm_v1 (vLLM V1's decisions, docs/parity.md) is the default; "
                         "other flags and settings apply on top")
+    g.add_argument("--engine", choices=("vllm", "sglang", "trtllm"),
+                   help="whose scheduler runs, at that engine's defaults (as --preset NAME; "
+                        "vllm is the default); engine options: --set engine_options='{...}'")
     g.add_argument("--model", help="model name from the catalog (default llama-2-7b)")
     g.add_argument("--gpu", help="GPU name from the catalog (default a100-80gb)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree")

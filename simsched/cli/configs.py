@@ -51,7 +51,8 @@ STRUCTURED_EXAMPLES = {
     "priority_weights": "[1,1,1]", "rate_schedule": "[[60,2],[60,8]]",
     "num_turns": '["uniform",2,6]', "think_time": '["exponential",5]',
     "replicas": '[{"gpu":"h100-sxm","count":2}]', "roles": '["prefill","decode"]',
-    "policy_options": '{"aging_rate":2}', "router_options": '{"weights":[2,1]}',
+    "policy_options": '{"aging_rate":2}', "engine_options": '{"schedule_policy":"lpm"}',
+    "router_options": '{"weights":[2,1]}',
     "model_spec": '{"num_layers":32,"hidden_size":4096,...}',
     "parallel": '{"pipeline_parallel_size":2}',
     "lora": '{"max_loras":4,"max_cpu_loras":16}',
@@ -258,6 +259,15 @@ def config_from_args(args) -> tuple[SimConfig, SLO | None]:
     unknown = set(slo) - {"ttft", "tpot", "e2el"}
     if unknown:
         raise ValueError(f"unknown [slo] key(s) {sorted(unknown)}; known: ttft, tpot, e2el")
-    if getattr(args, "preset", None):
-        changes = preset_changes(args.preset, changes)
+    preset = getattr(args, "preset", None)
+    engine = getattr(args, "engine", None)
+    if engine is not None:
+        # --engine NAME runs that engine at its defaults: its preset.
+        implied = "vllm_v1" if engine == "vllm" else engine
+        if preset is not None and preset != implied and not (engine == "vllm"
+                                                             and preset == "classic"):
+            raise ValueError(f"--engine {engine} and --preset {preset} disagree: give one")
+        preset = preset or implied
+    if preset:
+        changes = preset_changes(preset, changes)
     return build_config(changes, base), (SLO(**slo) if slo else None)
