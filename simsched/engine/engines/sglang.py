@@ -254,6 +254,9 @@ class SGLangScheduler(Scheduler):
             raise RuntimeError("out of memory even after retracting all other requests in the "
                                "decode batch")
         kept = [reqs[i] for i in order]
+        # filter_batch(keep_indices=...) keeps them in the sorted order: later ties and sums
+        # follow it.
+        self.decoding = {r.id: r for r in kept}
         decoded = sum(generated(r) for r in kept)
         max_new = sum(r.num_output_tokens for r in kept)
         return min(1.0, (decoded + self.retract_decode_steps * len(kept)) / (max_new + 1))
