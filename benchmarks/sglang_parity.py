@@ -104,6 +104,8 @@ def main(argv=None) -> None:
     p.add_argument("--traces", required=True, help="the driver's output")
     p.add_argument("--fixtures", help="write a few cases per family here")
     p.add_argument("--per-family", type=int, default=6)
+    p.add_argument("--record", action="store_true",
+                   help="write the result to benchmarks/results/sglang_parity.json")
     args = p.parse_args(argv)
     traces = json.loads(Path(args.traces).read_text())
     result = compare(traces)
@@ -113,6 +115,15 @@ def main(argv=None) -> None:
     for family, (s, t, first) in result.items():
         print(f"| {family} | {s} | {t} | {'' if first is None else first} |")
     print(f"| all | {same} ({same / total:.1%}) | {total} | |")
+    if args.record:
+        path = Path(__file__).parent / "results" / "sglang_parity.json"
+        steps = sum(len(e.get("trace", ())) for e in traces)
+        retracted = sum(len(s.get("retracted", ())) for e in traces for s in e.get("trace", ()))
+        path.write_text(json.dumps({
+            "sglang_version": "0.5.9", "cases": total, "identical": same, "batches": steps,
+            "retractions": retracted,
+            "families": {f: {"identical": s, "cases": t} for f, (s, t, _) in result.items()}},
+            indent=1) + "\n")
     if args.fixtures:
         out = Path(args.fixtures)
         out.mkdir(parents=True, exist_ok=True)
