@@ -90,7 +90,7 @@ def _fuzz_requests(rng, n, shared):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_invariants_hold_under_a_small_fuzz(engine, seed):
     """KV conservation, budgets and membership after every iteration, all drained at the end."""
     rng = np.random.default_rng(seed)
@@ -104,7 +104,7 @@ def test_invariants_hold_under_a_small_fuzz(engine, seed):
         "scheduler.max_num_batched_tokens": int(rng.choice([128, 512, 2048])),
         "scheduler.max_num_seqs": int(rng.choice([4, 16, 64])),
         "cache.enable_prefix_caching": bool(seed % 3)})
-    requests = _fuzz_requests(rng, 60, shared=seed % 3 != 2)
+    requests = _fuzz_requests(rng, 40, shared=seed % 3 != 2)
     num_blocks = int(rng.choice([700, 1500])) // cfg.cache.block_size + 1
     engine_ = Cluster(cfg, requests, UnitCostModel(0.01), num_blocks)
     engine_.run()
