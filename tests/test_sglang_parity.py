@@ -1,4 +1,4 @@
-"""Replays batches SGLang 0.5.9's own scheduling classes formed (benchmarks/sglang_parity_driver.py)
+"""Replays batches SGLang 0.5.9's own scheduling classes formed (benchmarks/engines/parity_driver.py)
 against simsched's SGLang scheduler, without SGLang installed: every batch identical."""
 
 import json
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sglang_parity import first_difference, run_case
-from benchmarks.sglang_parity_cases import make_case
+from benchmarks.engines.parity import first_difference, run_case
+from benchmarks.engines.parity_cases import make_case
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sglang_parity").glob("*.json"))
 

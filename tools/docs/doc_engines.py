@@ -32,8 +32,8 @@ def engines_defaults(runs) -> str:
 
 
 def engines_parity(runs) -> str:
-    """The parity sentence, from what benchmarks/sglang_parity.py recorded."""
-    r = json.loads((ROOT / "benchmarks" / "results" / "sglang_parity.json").read_text())
+    """The parity sentence, from what benchmarks/engines/parity.py recorded."""
+    r = json.loads((ROOT / "benchmarks" / "engines" / "sglang_parity.json").read_text())
     fams = ", ".join(f"{f} {v['identical']:,}/{v['cases']:,}" for f, v in r["families"].items())
     return (f"Against SGLang {r['sglang_version']}'s own classes: {r['identical']:,} of "
             f"{r['cases']:,} seeded cases identical batch for batch ({fams}; "

@@ -1,7 +1,7 @@
 """Drive SGLang 0.5.9's own scheduling classes on CPU, no model: the reference side of parity.
 
 Run in a venv with SGLang (never simsched's): ``.venv-sglang/bin/python -m
-benchmarks.sglang_parity_driver --cases 1000 --out traces.json``. SGLang's ``RadixCache``
+benchmarks.engines.parity_driver --cases 1000 --out traces.json``. SGLang's ``RadixCache``
 (``mem_cache/radix_cache.py``), ``PrefillAdder`` and ``SchedulePolicy``
 (``managers/schedule_policy.py``) run as they are, on a token pool of CPU tensors; the GPU-only
 extension ``sgl_kernel`` is replaced by an empty stand-in (the scheduling classes import it but
@@ -26,7 +26,7 @@ import sys
 import types
 import warnings
 
-from benchmarks.sglang_parity_cases import cases, segment_chains
+from benchmarks.engines.parity_cases import cases, segment_chains
 
 
 class _Any(types.ModuleType):

@@ -1,12 +1,12 @@
 """Step-for-step parity of simsched's SGLang scheduler with SGLang 0.5.9's own classes.
 
-``benchmarks/sglang_parity_driver.py`` (run in a venv with SGLang) records the batches SGLang's
+``benchmarks/engines/parity_driver.py`` (run in a venv with SGLang) records the batches SGLang's
 ``RadixCache``, ``PrefillAdder`` and ``SchedulePolicy`` form on the seeded cases of
-:mod:`benchmarks.sglang_parity_cases`; this module runs simsched's
+:mod:`benchmarks.engines.parity_cases`; this module runs simsched's
 :class:`~simsched.engine.engines.sglang.SGLangScheduler` on the same cases, by hand (schedule,
 commit, as the GPU loop calls them) and compares batch by batch: the kind (prefill or decode),
 the requests and their new tokens, the cached prefix each prefill starts from and the requests
-retracted. ``python -m benchmarks.sglang_parity --traces traces.json`` prints the share of
+retracted. ``python -m benchmarks.engines.parity --traces traces.json`` prints the share of
 identical cases per family; ``--fixtures DIR`` writes a few cases per family for the default
 suite (tests/test_sglang_parity.py replays them without SGLang).
 """
@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.sglang_parity_cases import make_case, segment_chains
+from benchmarks.engines.parity_cases import make_case, segment_chains
 from simsched.config import SchedulerConfig
 from simsched.engine.engines.radix_cache import RadixCache
 from simsched.engine.engines.sglang import SGLangScheduler
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     p.add_argument("--fixtures", help="write a few cases per family here")
     p.add_argument("--per-family", type=int, default=6)
     p.add_argument("--record", action="store_true",
-                   help="write the result to benchmarks/results/sglang_parity.json")
+                   help="write the result to benchmarks/engines/sglang_parity.json")
     args = p.parse_args(argv)
     traces = json.loads(Path(args.traces).read_text())
     result = compare(traces)
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
         print(f"| {family} | {s} | {t} | {'' if first is None else first} |")
     print(f"| all | {same} ({same / total:.1%}) | {total} | |")
     if args.record:
-        path = Path(__file__).parent / "results" / "sglang_parity.json"
+        path = Path(__file__).parent / "sglang_parity.json"
         steps = sum(len(e.get("trace", ())) for e in traces)
         retracted = sum(len(s.get("retracted", ())) for e in traces for s in e.get("trace", ()))
         path.write_text(json.dumps({
