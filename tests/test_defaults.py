@@ -107,7 +107,7 @@ def test_a_preset_accepts_the_workload_name():
 
 def test_unknown_preset_names_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown preset 'vllm_v2'; known: \['classic', "
-                                         r"'vllm_v1'\]"):
+                                         r"'sglang', 'trtllm', 'vllm_v1'\]"):
         SimConfig.preset("vllm_v2")
 
 
