@@ -221,7 +221,7 @@ def test_vllm_v1_preset():
                             ).scheduler.victim_policy == "newest"
     assert SimConfig.preset("vllm_v1", **{"cache.watermark": 0.02}).cache.watermark == 0.02
     with pytest.raises(ValueError, match="unknown preset 'vllm_v2'; known: \\['classic', "
-                                         "'vllm_v1'\\]"):
+                                         "'sglang', 'trtllm', 'vllm_v1'\\]"):
         SimConfig.preset("vllm_v2")
 
 
