@@ -204,6 +204,9 @@ class Cluster:
         self.replica_of = array("i", [-1]) * len(self.requests)
         self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
             if n > 1 else None
+        if getattr(self.router, "handler", None) is not None:
+            raise ValueError(f"router_options.config: llm-d's {self.router.handler.TYPE} needs a "
+                             "disaggregated cluster (cluster.roles or num_prefill_replicas)")
         needs = self.router.needs if self.router is not None else ()
         self.load = ReplicaLoad(self.replicas, needs,
                                 getattr(self.router, "output_tokens", None))

@@ -199,6 +199,13 @@ class PrefixCacheScorer(Plugin):
     """``prefix-cache-scorer``: matched blocks / total blocks (0 without blocks)."""
 
     TYPE, KIND, CONSUMES = "prefix-cache-scorer", "scorer", ("prefix",)
+    # The producer's parameters, in the legacy place llm-d's own sample configs still put them
+    # (deploy/config/pd-epp-config.yaml): handed to the injected producer (see the config).
+    PARAMETERS = ApproxPrefixCacheProducer.PARAMETERS
+
+    def __init__(self, name: str = "", **params) -> None:
+        super().__init__(name, **params)
+        self.producer_params = dict(params)
 
     def score(self, m, req, cycle, cands) -> list[float]:
         match, total = cycle.get("prefix", ({}, 0))

@@ -54,9 +54,29 @@ class LlmD(Router):
         else:
             raise ValueError(f"config must be a path to an EndpointPickerConfig YAML file, a "
                              f"mapping or None, got {config!r}")
-        self.profile = self.pipeline.profiles[0]
         draws = _Uniforms(rng)
         self.draw = lambda: draws.index(1 << 53) / float(1 << 53)
+        self.tie_break = tie_break
+        # A P/D handler runs in a disaggregated cluster only (simsched.cluster.disagg), which
+        # gives the decode profile to this router and the prefill one to a sibling.
+        self.handler = self.pipeline.handler
+        self._use_profile(self.pipeline.profiles[0])
+
+    def sibling(self, profile: str, num_replicas: int) -> "LlmD":
+        """A router running this config's profile ``profile`` over ``num_replicas`` replicas,
+        sharing the plugins (the prefix index, the in-flight counters) and the random draws."""
+        twin = object.__new__(type(self))
+        Router.__init__(twin, num_replicas, self.rng)
+        twin.labels, twin.pipeline, twin.draw = self.labels, self.pipeline, self.draw
+        twin.tie_break, twin.handler = self.tie_break, self.handler
+        twin._use_profile(self.pipeline.profile(profile))
+        twin.tokens_of = self.tokens_of
+        return twin
+
+    def _use_profile(self, profile) -> None:
+        """Set up the run of ``profile``: what its plugins consume, its producers' hooks."""
+        self.profile = profile
+        tie_break = self.tie_break
         picker = self.profile.picker
         picker.draw = self.draw
         for f in self.profile.filters:
@@ -66,6 +86,9 @@ class LlmD(Router):
             picker.random_ties = tie_break == "random"
         plugins = self.profile.filters + [s for s, _ in self.profile.scorers]
         consumed = {c for p in plugins for c in p.CONSUMES}
+        decider = getattr(self.handler, "decider", None)
+        if decider is not None:
+            consumed.update(decider.CONSUMES)
         self.consumed = consumed
         self.reads_kv = "kv_use" in consumed
         prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
@@ -77,6 +100,7 @@ class LlmD(Router):
         self.precise = "precise" in consumed
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
+        self.cycle: dict = {}
         self._attached = self._live = self._replicas = None
         self._labels_of = None
 
@@ -164,11 +188,12 @@ class LlmD(Router):
             index = getattr(view, "prefix_holders", None)
             cycle["holders"] = None if index is None else set(index.candidates(req))
         if self.prefix is not None:
-            hashes, match, _ = self.prefix.produce(req, view.replicas)
+            hashes, match, size = self.prefix.produce(req, view.replicas)
             local = self._local
             cycle["prefix"] = ({local[k]: c for k, c in match.items() if k in local},
                                len(hashes))
             cycle["hashes"] = hashes
+            cycle["block_size"] = size
         cands = self.candidates
         for f in self.profile.filters:
             kept = f.filter(m, req, cycle, cands)
@@ -189,6 +214,7 @@ class LlmD(Router):
 
     def choose(self, view, req) -> int:
         cands, totals, cycle = self.scores(view, req)
+        self.cycle = cycle
         i = self.profile.picker.pick(cands, totals)[0]
         if self.prefix is not None:
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
@@ -198,6 +224,14 @@ class LlmD(Router):
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
         return i
+
+
+    def matched_blocks(self, i: int):
+        """The prefix blocks the last request matched on local replica ``i``, and the block
+        size (the P/D decider's input); ``(None, 0)`` without a prefix producer."""
+        if "prefix" not in self.cycle:
+            return None, 0
+        return self.cycle["prefix"][0].get(i, 0), self.cycle["block_size"]
 
 
 def _check_labels(labels):
