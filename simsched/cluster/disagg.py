@@ -164,6 +164,7 @@ class Disagg:
         self.pd = getattr(self.decode.router, "handler", None) if cl.router == "llm-d" else None
         if self.pd is not None:
             _pd_pools(self, cl, rng)
+        self.admit = getattr(self.decode.router, "admit", None)
         # Each replica reports its KV use to every pool it belongs to.
         for i, replica in enumerate(cluster.replicas):
             hooks = [(pool.load, pool.members.index(i)) for pool in (self.prefill, self.decode)
@@ -339,6 +340,11 @@ def disagg_request(cluster, req, process=None, done=None):
         d.grow(req.id + 1)
     if cluster.rate_limited(req):
         return
+    if d.admit is not None:             # a router's own admission control (llm-d's)
+        why = d.admit(d.decode.view, req)
+        if why is not None:
+            cluster._shed(req, why)
+            return
     planned = None
     if d.pd is None:
         local = req.num_prompt_tokens < d.min_prompt

@@ -29,24 +29,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from simsched.cluster.epp.admission import ADMISSION
 from simsched.cluster.epp.affinity import AFFINITY
 from simsched.cluster.epp.labels import LABELS
 from simsched.cluster.epp.pd import PD
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
 from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
-from simsched.cluster.epp.saturation import SATURATION
+from simsched.cluster.epp.saturation import SATURATION, UtilizationDetector
 
-PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS + PD
+PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS + PD + ADMISSION
                 + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
 DATA_LAYER_TYPES = ("metrics-data-source", "core-metrics-extractor", "models-data-source",
                     "models-data-extractor", "openai-parser")
 TOP_FIELDS = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "dataLayer",
-              "parser")
+              "parser", "saturationDetector")
 # Parts of llm-d's config simsched does not model yet: refused, so no run silently ignores them.
-NOT_BUILT = ("saturationDetector", "flowControl")
+NOT_BUILT = ("flowControl",)
 
 DEFAULT_CONFIG: dict = {
     "apiVersion": "llm-d.ai/v1alpha1",
@@ -74,10 +75,15 @@ class Pipeline:
     """The plugins of a config (by name), its profiles (the first is the primary, or the P/D
     handler's decode profile) and its P/D ``handler`` (None: single profile)."""
 
-    def __init__(self, plugins: dict, profiles: list[Profile], handler=None) -> None:
+    def __init__(self, plugins: dict, profiles: list[Profile], handler=None,
+                 detector=None) -> None:
         self.plugins = plugins
         self.profiles = profiles
         self.handler = handler
+        # Admission (simsched.cluster.epp.admission): the saturation detector legacy admission
+        # reads, and the admitter plugins (every one defined is active, as in Go).
+        self.detector = detector if detector is not None else UtilizationDetector()
+        self.admitters = [p for p in plugins.values() if p.KIND == "admitter"]
 
     def profile(self, name: str) -> Profile:
         """The profile called ``name``."""
@@ -157,7 +163,29 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
                 model=model, **(legacy[0].producer_params if legacy else {}))
         except ValueError as exc:
             raise ValueError(f"{where}: {legacy[0].name}: {exc}") from None
-    return Pipeline(plugins, profiles, handler)
+    return Pipeline(plugins, profiles, handler,
+                    _detector(data.get("saturationDetector"), plugins, where))
+
+
+def _detector(spec, plugins: dict, where: str):
+    """The ``saturationDetector`` plugin (default: the ``utilization-detector`` one, or a new
+    one with its defaults, as Go's loader injects)."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, Mapping) or set(spec) - {"pluginRef"}:
+        raise ValueError(f"{where}: saturationDetector must be a mapping of pluginRef, got "
+                         f"{spec!r}")
+    ref = spec.get("pluginRef") or UtilizationDetector.TYPE
+    plugin = plugins.get(ref)
+    if plugin is None:
+        if ref == UtilizationDetector.TYPE:
+            return UtilizationDetector()
+        raise ValueError(f"{where}: saturationDetector.pluginRef {ref!r} names no plugin; "
+                         f"defined: {sorted(plugins)}")
+    if not hasattr(plugin, "saturation"):
+        raise ValueError(f"{where}: saturationDetector.pluginRef {ref!r} ({plugin.TYPE}) is not "
+                         "a saturation detector")
+    return plugin
 
 
 def _add_plugin(plugins: dict, spec, where: str, model: str) -> None:

@@ -89,13 +89,21 @@ class LlmD(Router):
         decider = getattr(self.handler, "decider", None)
         if decider is not None:
             consumed.update(decider.CONSUMES)
+        # Admission reads its own figures, and only for sheddable requests; the snapshot
+        # scrapes them too.
+        detector = self.pipeline.detector
+        self.admission_consumes = set(detector.CONSUMES).union(
+            *(a.CONSUMES for a in self.pipeline.admitters))
+        for admitter in self.pipeline.admitters:
+            admitter.draw = self.draw
         self.consumed = consumed
-        self.reads_kv = "kv_use" in consumed
+        everything = consumed | self.admission_consumes
+        self.reads_kv = "kv_use" in everything
         prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
         self.prefix = prefix[0] if prefix and "prefix" in consumed else None
         # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
-        self.track_tokens = "inflight_tokens" in consumed
+        self.track_tokens = "inflight_tokens" in everything
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
         self.precise = "precise" in consumed
         self.uses_prefix_index = self.precise
@@ -105,13 +113,16 @@ class LlmD(Router):
         self._labels_of = None
 
     # ------------------------------------------------------------------ metrics
-    def _queues(self) -> dict:
-        """The waiting and running gauges of every replica, read now."""
+    def _queues(self, consumed=None) -> dict:
+        """The waiting and running gauges of every replica (those ``consumed``, default: all
+        the router reads), read now."""
         replicas = self._replicas
+        if consumed is None:
+            consumed = self.consumed | self.admission_consumes
         out = {}
-        if "waiting" in self.consumed:
+        if "waiting" in consumed:
             out["waiting"] = [r.num_waiting for r in replicas]
-        if "running" in self.consumed:
+        if "running" in consumed:
             out["running"] = [len(r.scheduler.running) for r in replicas]
         return out
 
@@ -134,7 +145,7 @@ class LlmD(Router):
                                for i, k in enumerate(self._keys)}
         self._labels = [self._labels_of.get(k, {}) for k in self._keys]
         self._snapshot = hasattr(view, "scrape")
-        if self._snapshot and {"waiting", "running"} & self.consumed:
+        if self._snapshot and {"waiting", "running"} & (self.consumed | self.admission_consumes):
             view.scrape = self._queues
             view.scraped = self._queues()
         if self.track_tokens:
@@ -148,15 +159,35 @@ class LlmD(Router):
                 tokens[key] = tokens.get(key, 0) - estimate(req)
             self._live.on_finished = release
 
-    def metrics(self, view, req) -> Metrics:
-        """The figures the profile's plugins read, as the router sees them at ``req``'s
-        arrival."""
+    # ------------------------------------------------------------------ admission
+    def admit(self, view, req) -> str | None:
+        """None to admit ``req``, else why it is shed (llm-d's legacy admission control and
+        admitters, :mod:`simsched.cluster.epp.admission`). Only sheddable requests (priority
+        < 0) are looked at, so others cost one comparison."""
+        if req.priority >= 0:
+            return None
+        m = self.metrics(view, req, self.admission_consumes)
+        cands = self.candidates
+        for admitter in self.pipeline.admitters:
+            why = admitter.admit(m, req, cands)
+            if why is not None:
+                return f"shed: llm-d {why}"
+        sat = self.pipeline.detector.saturation(m, cands)
+        if sat >= 1.0:
+            return (f"shed: llm-d system saturated, sheddable request dropped "
+                    f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
+        return None
+
+    def metrics(self, view, req, consumed=None) -> Metrics:
+        """The figures the profile's plugins (or ``consumed``) read, as the router sees them
+        at ``req``'s arrival."""
         if view is not self._attached or view.replicas is not self._replicas \
                 or getattr(view, "live", view) is not self._live:
             self._attach(view)
-        consumed = self.consumed
+        if consumed is None:
+            consumed = self.consumed
         if {"waiting", "running"} & consumed:
-            queues = view.scraped if self._snapshot else self._queues()
+            queues = view.scraped if self._snapshot else self._queues(consumed)
         else:
             queues = {}
         lora = None
