@@ -104,3 +104,19 @@ def test_probabilistic_admitter_sheds_earlier_than_legacy_saturation():
 def test_no_sheddable_requests_no_shedding():
     df = _run(None, _burst(sheddable_every=10**9 + 1).assign(priority=0))
     assert (df.status == "finished").all()
+
+
+def test_inlined_waiting_gauge_equals_replica_num_waiting(monkeypatch):
+    from simsched.cluster.epp.router import LlmD
+    seen = []
+    choose = LlmD.choose
+
+    def spy(self, view, req):
+        if self._replicas is not None:
+            got = self._queues({"waiting"})["waiting"]
+            seen.append((got, [r.num_waiting for r in self._replicas]))
+        return choose(self, view, req)
+    monkeypatch.setattr(LlmD, "choose", spy)
+    simulate(SimConfig().replace(num_replicas=3, router="llm-d", rate=300.0, num_requests=300))
+    assert len(seen) > 200 and all(a == b for a, b in seen)
+    assert any(sum(b) > 0 for _, b in seen)

@@ -207,6 +207,17 @@ class PrefixCacheScorer(Plugin):
         super().__init__(name, **params)
         self.producer_params = dict(params)
 
+    BOUNDED = True
+
+    def zero(self, cycle) -> bool:
+        """No blocks to match: every endpoint scores 0."""
+        return not cycle.get("prefix", ({}, 0))[1]
+
+    def sparse(self, cycle) -> dict:
+        """The endpoints that score above 0, with their scores (the others score 0)."""
+        match, total = cycle.get("prefix", ({}, 0))
+        return {i: c / total for i, c in match.items()}
+
     def score(self, m, req, cycle, cands) -> list[float]:
         match, total = cycle.get("prefix", ({}, 0))
         if not total:
