@@ -77,8 +77,9 @@ def llm_d_pd(runs) -> str:
         md_table(view), "",
         f"Decode only (threshold 0) leaves the four prefill replicas idle: p99 TTFT "
         f"{num(never.ttft_p99)} s. Disaggregating every request queues all prefills on them "
-        f"({num(always.ttft_p99)} s). A threshold of {int(best.non_cached_tokens):,} uncached "
-        f"tokens splits the work ({best.disaggregated * 100:.0f} % disaggregated): p99 TTFT "
+        f"({num(always.ttft_p99)} s). Of the thresholds tried, "
+        f"{int(best.non_cached_tokens):,} uncached tokens splits the work "
+        f"({best.disaggregated * 100:.0f} % disaggregated): p99 TTFT "
         f"{num(best.ttft_p99)} s; p99 TPOT {num(best.tpot_p99)} s against "
         f"{num(never.tpot_p99)} s decode-only, where long prefills interrupt decodes."])
 
