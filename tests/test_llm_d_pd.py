@@ -66,8 +66,8 @@ def test_yaml_profiles_handler_and_refusals():
         ({"type": "disagg-profile-handler", "parameters": {"profiles": {"decode": "dec"}}},
          "profile named 'dec'"),
         ({"type": "pd-profile-handler", "parameters": {"primaryPort": 70000}}, "primaryPort"),
-        ({"type": "disagg-profile-handler", "parameters": {"deciders": {"prefill": "queue-scorer"}}},
-         "is not a decider"),
+        ({"type": "disagg-profile-handler",
+          "parameters": {"deciders": {"prefill": "queue-scorer"}}}, "is not a decider"),
     ]
     for handler, words in bad:
         with pytest.raises(ValueError, match=words):

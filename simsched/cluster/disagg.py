@@ -26,6 +26,10 @@ decode replica itself (conditional disaggregation, as in Splitwise and vLLM's re
 threshold). With a prefix cache on the decode replica, the part of the prefix it already holds
 is not sent.
 
+With ``router = "llm-d"`` and a config holding llm-d's P/D handler, the decode replica is
+picked first and the handler's decider chooses whether a prefill replica runs the prompt
+(:mod:`simsched.cluster.epp.pd`) instead of ``disagg_min_prompt_tokens``.
+
 A request no replica can hold (no prefill replica holds its prompt, no decode replica its peak
 KV, no mixed replica all of it) is rejected at arrival with its reason (:meth:`Disagg.why_not`);
 a router's choice of a replica that can never hold the request is overridden
