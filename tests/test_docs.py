@@ -86,7 +86,8 @@ def test_every_documented_result_matches_the_code():
 
 
 EXPERIMENTS = ("policy_comparison", "load_sweep", "memory_pressure", "token_budget",
-               "starvation", "trace_replay", "policy_zoo", "calibrate_a100", "disaggregation")
+               "starvation", "trace_replay", "policy_zoo", "calibrate_a100", "disaggregation",
+               "llm_d")
 
 
 @pytest.mark.slow

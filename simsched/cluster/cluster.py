@@ -160,6 +160,7 @@ class Cluster:
         self.num_shed = 0
         self.replica_of: array | None = None
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
+        self._admit = None              # a router's own admission control (set with routing)
         cl = config.cluster
         self.disagg = self.fleet = self.autoscaler = self.work_end = None
         # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
@@ -204,6 +205,9 @@ class Cluster:
         self.replica_of = array("i", [-1]) * len(self.requests)
         self.router = make_router(cl.router, cl.router_options, n, router_rng(self.config.seed)) \
             if n > 1 else None
+        if getattr(self.router, "handler", None) is not None:
+            raise ValueError(f"router_options.config: llm-d's {self.router.handler.TYPE} needs a "
+                             "disaggregated cluster (cluster.roles or num_prefill_replicas)")
         needs = self.router.needs if self.router is not None else ()
         self.load = ReplicaLoad(self.replicas, needs,
                                 getattr(self.router, "output_tokens", None))
@@ -219,6 +223,8 @@ class Cluster:
             self.view = Snapshot(self.load)
             self.env.process(self._refresh(cl.refresh_interval))
         self._choose = self.router.choose if self.router is not None else _first
+        # A router that sheds requests itself (llm-d's admission control).
+        self._admit = getattr(self.router, "admit", None)
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
         self.queue_cap = cl.max_num_queued_per_replica
 
@@ -311,6 +317,11 @@ class Cluster:
         # (Each check called only where its admission control is on: once per request.)
         if self.bucket is not None and self.rate_limited(req):
             return -1
+        if self._admit is not None:
+            why = self._admit(self.view, req)
+            if why is not None:
+                self._shed(req, why)
+                return -1
         i = self._choose(self.view, req)
         if self.queue_cap is not None and self.queue_full(req, i):
             return -1

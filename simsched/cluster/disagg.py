@@ -26,6 +26,10 @@ decode replica itself (conditional disaggregation, as in Splitwise and vLLM's re
 threshold). With a prefix cache on the decode replica, the part of the prefix it already holds
 is not sent.
 
+With ``router = "llm-d"`` and a config holding llm-d's P/D handler, the decode replica is
+picked first and the handler's decider chooses whether a prefill replica runs the prompt
+(:mod:`simsched.cluster.epp.pd`) instead of ``disagg_min_prompt_tokens``.
+
 A request no replica can hold (no prefill replica holds its prompt, no decode replica its peak
 KV, no mixed replica all of it) is rejected at arrival with its reason (:meth:`Disagg.why_not`);
 a router's choice of a replica that can never hold the request is overridden
@@ -159,6 +163,12 @@ class Disagg:
                              cl.refresh_interval)
         self.decode = _Pool(cluster, second, cl.decode_router or cl.router, cl.router_options,
                             rng, cl.refresh_interval)
+        # llm-d's P/D handler: one config, its decode profile over the decode pool, then (when
+        # the decider says so) its prefill profile over the prefill pool (simsched.cluster.epp.pd).
+        self.pd = getattr(self.decode.router, "handler", None) if cl.router == "llm-d" else None
+        if self.pd is not None:
+            _pd_pools(self, cl, rng)
+        self.admit = getattr(self.decode.router, "admit", None)
         # Each replica reports its KV use to every pool it belongs to.
         for i, replica in enumerate(cluster.replicas):
             hooks = [(pool.load, pool.members.index(i)) for pool in (self.prefill, self.decode)
@@ -268,6 +278,43 @@ class Disagg:
                 "kv_wait_time": self.kv_wait_time.tolist()}
 
 
+ROLE_LABELS = {"prefill": "prefill", "decode": "decode", "mixed": "both"}
+
+
+def _pd_pools(d: "Disagg", cl, rng) -> None:
+    """Give the pools llm-d P/D routers: the decode profile's (even for a pool of one, whose
+    prefix match the decider reads) and its prefill-profile sibling, sharing the plugins. The
+    replicas are labelled with their roles (``llm-d.ai/role``: prefill, decode, both) over any
+    ``labels`` option (one mapping per cluster replica)."""
+    if cl.decode_router not in (None, "llm-d"):
+        raise ValueError(f"cluster.decode_router {cl.decode_router!r}: llm-d's P/D handler "
+                         "picks the decode replica itself (leave decode_router unset)")
+    if cl.disagg_min_prompt_tokens:
+        raise ValueError("cluster.disagg_min_prompt_tokens: with llm-d's P/D handler its decider "
+                         "decides which prompts are disaggregated (set nonCachedTokens instead)")
+    decode = d.decode.router
+    if decode is None:
+        decode = make_router("llm-d", cl.router_options, 1, rng)
+        d.decode.router = decode
+    given = decode.labels or ()
+    for pool, router in ((d.decode, decode),
+                         (d.prefill, decode.sibling(decode.handler.prefill_profile,
+                                                    len(d.prefill.members)))):
+        router.labels = tuple({**(given[i] if i < len(given) else {}),
+                               "llm-d.ai/role": ROLE_LABELS[d.roles[i]]} for i in pool.members)
+        pool.router = router
+    d.prefill.router.needs = d.decode.router.needs
+
+
+def _pd_choose(d: "Disagg", req):
+    """llm-d's P/D decision for ``req``: ``(local, (k, i), decode choice or None)``."""
+    kd = d.decode.router.choose(d.decode.view, req)
+    blocks, size = d.decode.router.matched_blocks(kd)
+    if d.pd.run_prefill(req.num_prompt_tokens, blocks, size):
+        return False, d.prefill.choose(req), (kd, d.decode.members[kd])
+    return True, (kd, d.decode.members[kd]), None
+
+
 def _kv_hook(hooks):
     def on_kv(_index, num_used, num_blocks):
         for load, k in hooks:
@@ -297,9 +344,20 @@ def disagg_request(cluster, req, process=None, done=None):
         d.grow(req.id + 1)
     if cluster.rate_limited(req):
         return
-    local = req.num_prompt_tokens < d.min_prompt
-    pool = d.decode if local else d.prefill
-    k, i = d.refit(pool, *pool.choose(req), req, first=not local)
+    if d.admit is not None:             # a router's own admission control (llm-d's)
+        why = d.admit(d.decode.view, req)
+        if why is not None:
+            cluster._shed(req, why)
+            return
+    planned = None
+    if d.pd is None:
+        local = req.num_prompt_tokens < d.min_prompt
+        pool = d.decode if local else d.prefill
+        k, i = d.refit(pool, *pool.choose(req), req, first=not local)
+    else:                               # llm-d: decode first, prefill if the decider says so
+        local, choice, planned = _pd_choose(d, req)
+        pool = d.decode if local else d.prefill
+        k, i = d.refit(pool, *choice, req, first=not local)
     if i < 0:
         cluster.reject(req, d.why_not(req, local))
         return
@@ -327,7 +385,7 @@ def disagg_request(cluster, req, process=None, done=None):
         return
     # Handed off: the prefill replica holds the prompt's KV until the transfer ends.
     pool.load.finished(k, req)
-    kd, j = d.refit(d.decode, *d.decode.choose(req), req, first=False)
+    kd, j = d.refit(d.decode, *(planned or d.decode.choose(req)), req, first=False)
     target = cluster.replicas[j]
     d.decode_replica[req.id] = j
     d.decode.load.routed(kd, req)

@@ -2,6 +2,8 @@
 
 :mod:`~simsched.cluster.epp.plugins` (load scorers, role filters, pickers),
 :mod:`~simsched.cluster.epp.prefix` (the approximate prefix cache producer and scorer),
+:mod:`~simsched.cluster.epp.pd` (the P/D profile handler and deciders),
+:mod:`~simsched.cluster.epp.admission` (admission of sheddable requests),
 :mod:`~simsched.cluster.epp.config` (llm-d's ``EndpointPickerConfig`` YAML) and
 :mod:`~simsched.cluster.epp.router` (the router, registered as ``llm-d``). See docs/llm_d.md.
 """

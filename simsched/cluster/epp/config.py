@@ -29,23 +29,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from simsched.cluster.epp.admission import ADMISSION
 from simsched.cluster.epp.affinity import AFFINITY
 from simsched.cluster.epp.labels import LABELS
+from simsched.cluster.epp.pd import PD
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
 from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
-from simsched.cluster.epp.saturation import SATURATION
+from simsched.cluster.epp.saturation import SATURATION, UtilizationDetector
 
-PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS
+PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS + PD + ADMISSION
                 + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
 DATA_LAYER_TYPES = ("metrics-data-source", "core-metrics-extractor", "models-data-source",
                     "models-data-extractor", "openai-parser")
 TOP_FIELDS = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "dataLayer",
-              "parser")
+              "parser", "saturationDetector")
 # Parts of llm-d's config simsched does not model yet: refused, so no run silently ignores them.
-NOT_BUILT = ("saturationDetector", "flowControl")
+NOT_BUILT = ("flowControl",)
 
 DEFAULT_CONFIG: dict = {
     "apiVersion": "llm-d.ai/v1alpha1",
@@ -70,11 +72,25 @@ class Profile:
 
 
 class Pipeline:
-    """The plugins of a config (by name) and its profiles (the first is the primary)."""
+    """The plugins of a config (by name), its profiles (the first is the primary, or the P/D
+    handler's decode profile) and its P/D ``handler`` (None: single profile)."""
 
-    def __init__(self, plugins: dict, profiles: list[Profile]) -> None:
+    def __init__(self, plugins: dict, profiles: list[Profile], handler=None,
+                 detector=None) -> None:
         self.plugins = plugins
         self.profiles = profiles
+        self.handler = handler
+        # Admission (simsched.cluster.epp.admission): the saturation detector legacy admission
+        # reads, and the admitter plugins (every one defined is active, as in Go).
+        self.detector = detector if detector is not None else UtilizationDetector()
+        self.admitters = [p for p in plugins.values() if p.KIND == "admitter"]
+
+    def profile(self, name: str) -> Profile:
+        """The profile called ``name``."""
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        raise KeyError(name)
 
     def producers(self, kind_type: str) -> list:
         """The plugins of type ``kind_type``."""
@@ -117,12 +133,59 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
         raise ValueError(f"{where}: plugins must be a list, got {specs!r}")
     for n, spec in enumerate(specs):
         _add_plugin(plugins, spec, f"{where}: plugins[{n}]", model)
-    profiles = _profiles(data.get("schedulingProfiles"), plugins, where)
+    handlers = [p for p in plugins.values() if hasattr(p, "run_prefill")]
+    if len(handlers) > 1:
+        raise ValueError(f"{where}: more than one profile handler "
+                         f"({[p.name for p in handlers]})")
+    handler = handlers[0] if handlers else None
+    profiles = _profiles(data.get("schedulingProfiles"), plugins, where, handler)
+    if handler is not None:
+        handler.bind(plugins, where)
+        names = [p.name for p in profiles]
+        for role in ("decode_profile", "prefill_profile"):
+            if getattr(handler, role) not in names:
+                raise ValueError(f"{where}: {handler.name} needs a scheduling profile named "
+                                 f"{getattr(handler, role)!r} ({role.replace('_', ' ')}); "
+                                 f"defined: {names}")
+        # The decode profile runs first: it is the primary.
+        profiles.sort(key=lambda p: p.name != handler.decode_profile)
     # Prefix-aware scorers read the producer's match info: injected when missing, as in Go.
-    if any("prefix" in p.CONSUMES for p in plugins.values()) \
-            and not any(p.TYPE == ApproxPrefixCacheProducer.TYPE for p in plugins.values()):
-        plugins[ApproxPrefixCacheProducer.TYPE] = ApproxPrefixCacheProducer(model=model)
-    return Pipeline(plugins, profiles)
+    legacy = [p for p in plugins.values() if getattr(p, "producer_params", None)]
+    has_producer = any(p.TYPE == ApproxPrefixCacheProducer.TYPE for p in plugins.values())
+    if legacy and (has_producer or len({repr(sorted(p.producer_params.items()))
+                                        for p in legacy}) > 1):
+        raise ValueError(f"{where}: {legacy[0].name} has producer parameters "
+                         f"{sorted(legacy[0].producer_params)}: give them to one "
+                         f"{ApproxPrefixCacheProducer.TYPE} instead")
+    if any("prefix" in p.CONSUMES for p in plugins.values()) and not has_producer:
+        try:
+            plugins[ApproxPrefixCacheProducer.TYPE] = ApproxPrefixCacheProducer(
+                model=model, **(legacy[0].producer_params if legacy else {}))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {legacy[0].name}: {exc}") from None
+    return Pipeline(plugins, profiles, handler,
+                    _detector(data.get("saturationDetector"), plugins, where))
+
+
+def _detector(spec, plugins: dict, where: str):
+    """The ``saturationDetector`` plugin (default: the ``utilization-detector`` one, or a new
+    one with its defaults, as Go's loader injects)."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, Mapping) or set(spec) - {"pluginRef"}:
+        raise ValueError(f"{where}: saturationDetector must be a mapping of pluginRef, got "
+                         f"{spec!r}")
+    ref = spec.get("pluginRef") or UtilizationDetector.TYPE
+    plugin = plugins.get(ref)
+    if plugin is None:
+        if ref == UtilizationDetector.TYPE:
+            return UtilizationDetector()
+        raise ValueError(f"{where}: saturationDetector.pluginRef {ref!r} names no plugin; "
+                         f"defined: {sorted(plugins)}")
+    if not hasattr(plugin, "saturation"):
+        raise ValueError(f"{where}: saturationDetector.pluginRef {ref!r} ({plugin.TYPE}) is not "
+                         "a saturation detector")
+    return plugin
 
 
 def _add_plugin(plugins: dict, spec, where: str, model: str) -> None:
@@ -160,7 +223,7 @@ def _add_plugin(plugins: dict, spec, where: str, model: str) -> None:
         raise ValueError(f"{where} ({kind}): {exc}") from None
 
 
-def _profiles(specs, plugins: dict, where: str) -> list[Profile]:
+def _profiles(specs, plugins: dict, where: str, handler=None) -> list[Profile]:
     if not specs:       # Go: one "default" profile with every filter, scorer and picker
         specs = [{"name": "default", "plugins": [
             {"pluginRef": n} for n, p in plugins.items()
@@ -201,7 +264,7 @@ def _profiles(specs, plugins: dict, where: str) -> list[Profile]:
             raise ValueError(f"{at}: more than one picker ({[p.name for p in pickers]})")
         picker = pickers[0] if pickers else MaxScorePicker()
         profiles.append(Profile(spec.get("name", f"profile-{n}"), filters, scorers, picker))
-    if len(profiles) > 1:
+    if len(profiles) > 1 and handler is None:
         raise ValueError(f"{where}: {len(profiles)} scheduling profiles need a profile handler "
-                         "other than single-profile-handler (P/D is not built yet)")
+                         "other than single-profile-handler (disagg-profile-handler)")
     return profiles

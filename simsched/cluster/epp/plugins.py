@@ -49,6 +49,11 @@ class Plugin:
     KIND = ""
     PARAMETERS: dict = {}
     CONSUMES: tuple = ()
+    BOUNDED = False     # a scorer whose scores are always within [0, 1] (no clamp needed)
+
+    def zero(self, cycle) -> bool:
+        """Whether this scorer scores every endpoint 0 in this cycle (then skipped)."""
+        return False
 
     def __init__(self, name: str = "", **params) -> None:
         self.name = name or self.TYPE
@@ -73,6 +78,12 @@ def _float_param(plugin: str, name: str, value) -> float:
 def _min_max(values, cands) -> list[float]:
     """(max - v) / (max - min) over the candidates; 1 for all when they are equal (queue- and
     running-requests-size-scorer)."""
+    if len(cands) == len(values):       # every endpoint (no filter dropped one): C builtins
+        low, high = min(values), max(values)
+        if high == low:
+            return [1.0] * len(cands)
+        span = high - low
+        return [(high - v) / span for v in values]
     low = high = values[cands[0]]
     for i in cands:
         v = values[i]
@@ -90,6 +101,7 @@ class QueueScorer(Plugin):
     """``queue-scorer``: min-max of the waiting-queue length (shortest 1, longest 0)."""
 
     TYPE, KIND, CONSUMES = "queue-scorer", "scorer", ("waiting",)
+    BOUNDED = True
 
     def score(self, m: Metrics, req, cycle, cands) -> list[float]:
         return _min_max(m.waiting, cands)
@@ -99,6 +111,7 @@ class RunningRequestsSizeScorer(Plugin):
     """``running-requests-size-scorer``: min-max of the running requests (fewest 1)."""
 
     TYPE, KIND, CONSUMES = "running-requests-size-scorer", "scorer", ("running",)
+    BOUNDED = True
 
     def score(self, m: Metrics, req, cycle, cands) -> list[float]:
         return _min_max(m.running, cands)
@@ -108,9 +121,12 @@ class KVCacheUtilizationScorer(Plugin):
     """``kv-cache-utilization-scorer``: 1 - KV-cache usage."""
 
     TYPE, KIND, CONSUMES = "kv-cache-utilization-scorer", "scorer", ("kv_use",)
+    BOUNDED = True
 
     def score(self, m: Metrics, req, cycle, cands) -> list[float]:
         kv = m.kv_use
+        if len(cands) == len(kv):
+            return [1.0 - k for k in kv]
         return [1.0 - kv[i] for i in cands]
 
 
@@ -194,6 +210,8 @@ class MaxScorePicker(_Picker):
         """The picked replicas (``maxNumOfEndpoints`` of them at most), best first."""
         if self.max_endpoints == 1:
             best = max(scores)
+            if scores.count(best) == 1:         # (in C: the common case, no tie)
+                return [cands[scores.index(best)]]
             tied = [c for c, s in zip(cands, scores) if s == best]
             if len(tied) == 1 or not self.random_ties:
                 return [tied[0]]

@@ -199,6 +199,24 @@ class PrefixCacheScorer(Plugin):
     """``prefix-cache-scorer``: matched blocks / total blocks (0 without blocks)."""
 
     TYPE, KIND, CONSUMES = "prefix-cache-scorer", "scorer", ("prefix",)
+    # The producer's parameters, in the legacy place llm-d's own sample configs still put them
+    # (deploy/config/pd-epp-config.yaml): handed to the injected producer (see the config).
+    PARAMETERS = ApproxPrefixCacheProducer.PARAMETERS
+
+    def __init__(self, name: str = "", **params) -> None:
+        super().__init__(name, **params)
+        self.producer_params = dict(params)
+
+    BOUNDED = True
+
+    def zero(self, cycle) -> bool:
+        """No blocks to match: every endpoint scores 0."""
+        return not cycle.get("prefix", ({}, 0))[1]
+
+    def sparse(self, cycle) -> dict:
+        """The endpoints that score above 0, with their scores (the others score 0)."""
+        match, total = cycle.get("prefix", ({}, 0))
+        return {i: c / total for i, c in match.items()}
 
     def score(self, m, req, cycle, cands) -> list[float]:
         match, total = cycle.get("prefix", ({}, 0))

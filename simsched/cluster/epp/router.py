@@ -54,9 +54,29 @@ class LlmD(Router):
         else:
             raise ValueError(f"config must be a path to an EndpointPickerConfig YAML file, a "
                              f"mapping or None, got {config!r}")
-        self.profile = self.pipeline.profiles[0]
         draws = _Uniforms(rng)
         self.draw = lambda: draws.index(1 << 53) / float(1 << 53)
+        self.tie_break = tie_break
+        # A P/D handler runs in a disaggregated cluster only (simsched.cluster.disagg), which
+        # gives the decode profile to this router and the prefill one to a sibling.
+        self.handler = self.pipeline.handler
+        self._use_profile(self.pipeline.profiles[0])
+
+    def sibling(self, profile: str, num_replicas: int) -> "LlmD":
+        """A router running this config's profile ``profile`` over ``num_replicas`` replicas,
+        sharing the plugins (the prefix index, the in-flight counters) and the random draws."""
+        twin = object.__new__(type(self))
+        Router.__init__(twin, num_replicas, self.rng)
+        twin.labels, twin.pipeline, twin.draw = self.labels, self.pipeline, self.draw
+        twin.tie_break, twin.handler = self.tie_break, self.handler
+        twin._use_profile(self.pipeline.profile(profile))
+        twin.tokens_of = self.tokens_of
+        return twin
+
+    def _use_profile(self, profile) -> None:
+        """Set up the run of ``profile``: what its plugins consume, its producers' hooks."""
+        self.profile = profile
+        tie_break = self.tie_break
         picker = self.profile.picker
         picker.draw = self.draw
         for f in self.profile.filters:
@@ -66,28 +86,47 @@ class LlmD(Router):
             picker.random_ties = tie_break == "random"
         plugins = self.profile.filters + [s for s, _ in self.profile.scorers]
         consumed = {c for p in plugins for c in p.CONSUMES}
+        decider = getattr(self.handler, "decider", None)
+        if decider is not None:
+            consumed.update(decider.CONSUMES)
+        # Admission reads its own figures, and only for sheddable requests; the snapshot
+        # scrapes them too.
+        detector = self.pipeline.detector
+        self.admission_consumes = set(detector.CONSUMES).union(
+            *(a.CONSUMES for a in self.pipeline.admitters))
+        for admitter in self.pipeline.admitters:
+            admitter.draw = self.draw
         self.consumed = consumed
-        self.reads_kv = "kv_use" in consumed
+        everything = consumed | self.admission_consumes
+        self.reads_kv = "kv_use" in everything
         prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
         self.prefix = prefix[0] if prefix and "prefix" in consumed else None
         # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
-        self.track_tokens = "inflight_tokens" in consumed
+        self.track_tokens = "inflight_tokens" in everything
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
         self.precise = "precise" in consumed
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
+        self.cycle: dict = {}
         self._attached = self._live = self._replicas = None
         self._labels_of = None
 
     # ------------------------------------------------------------------ metrics
-    def _queues(self) -> dict:
-        """The waiting and running gauges of every replica, read now."""
+    def _queues(self, consumed=None) -> dict:
+        """The waiting and running gauges of every replica (those ``consumed``, default: all
+        the router reads), read now."""
         replicas = self._replicas
+        if consumed is None:
+            consumed = self.consumed | self.admission_consumes
         out = {}
-        if "waiting" in self.consumed:
-            out["waiting"] = [r.num_waiting for r in replicas]
-        if "running" in self.consumed:
+        if "waiting" in consumed:
+            # Replica.num_waiting, inlined (two property calls a replica, per request with
+            # exact state, were half the router's time on 64 replicas); the equality is tested.
+            parts = self._wait_parts
+            out["waiting"] = [r.num_waiting for r in replicas] if parts is None else \
+                [len(s._waiting) + len(s._requeue) + len(s._unseen) + len(p) for s, p in parts]
+        if "running" in consumed:
             out["running"] = [len(r.scheduler.running) for r in replicas]
         return out
 
@@ -96,6 +135,9 @@ class LlmD(Router):
         release in-flight tokens when a request ends. O(replicas), when the view changes."""
         self._attached = view
         self._replicas = view.replicas
+        self._wait_parts = [(r.scheduler, r.pending) for r in view.replicas] \
+            if all(hasattr(r, "pending") and hasattr(getattr(r, "scheduler", None), "_unseen")
+                   for r in view.replicas) else None
         self._live = getattr(view, "live", view)
         self._keys = [id(r) for r in view.replicas]
         self._local = {k: i for i, k in enumerate(self._keys)}
@@ -110,7 +152,7 @@ class LlmD(Router):
                                for i, k in enumerate(self._keys)}
         self._labels = [self._labels_of.get(k, {}) for k in self._keys]
         self._snapshot = hasattr(view, "scrape")
-        if self._snapshot and {"waiting", "running"} & self.consumed:
+        if self._snapshot and {"waiting", "running"} & (self.consumed | self.admission_consumes):
             view.scrape = self._queues
             view.scraped = self._queues()
         if self.track_tokens:
@@ -124,15 +166,35 @@ class LlmD(Router):
                 tokens[key] = tokens.get(key, 0) - estimate(req)
             self._live.on_finished = release
 
-    def metrics(self, view, req) -> Metrics:
-        """The figures the profile's plugins read, as the router sees them at ``req``'s
-        arrival."""
+    # ------------------------------------------------------------------ admission
+    def admit(self, view, req) -> str | None:
+        """None to admit ``req``, else why it is shed (llm-d's legacy admission control and
+        admitters, :mod:`simsched.cluster.epp.admission`). Only sheddable requests (priority
+        < 0) are looked at, so others cost one comparison."""
+        if req.priority >= 0:
+            return None
+        m = self.metrics(view, req, self.admission_consumes)
+        cands = self.candidates
+        for admitter in self.pipeline.admitters:
+            why = admitter.admit(m, req, cands)
+            if why is not None:
+                return f"shed: llm-d {why}"
+        sat = self.pipeline.detector.saturation(m, cands)
+        if sat >= 1.0:
+            return (f"shed: llm-d system saturated, sheddable request dropped "
+                    f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
+        return None
+
+    def metrics(self, view, req, consumed=None) -> Metrics:
+        """The figures the profile's plugins (or ``consumed``) read, as the router sees them
+        at ``req``'s arrival."""
         if view is not self._attached or view.replicas is not self._replicas \
                 or getattr(view, "live", view) is not self._live:
             self._attach(view)
-        consumed = self.consumed
+        if consumed is None:
+            consumed = self.consumed
         if {"waiting", "running"} & consumed:
-            queues = view.scraped if self._snapshot else self._queues()
+            queues = view.scraped if self._snapshot else self._queues(consumed)
         else:
             queues = {}
         lora = None
@@ -163,12 +225,16 @@ class LlmD(Router):
         if self.precise:
             index = getattr(view, "prefix_holders", None)
             cycle["holders"] = None if index is None else set(index.candidates(req))
-        if self.prefix is not None:
-            hashes, match, _ = self.prefix.produce(req, view.replicas)
+        if self.prefix is not None and getattr(req, "content", None) is None:
+            # No content identity: no blocks, nothing matched (what produce gives, cheaper).
+            cycle["prefix"], cycle["hashes"], cycle["block_size"] = ({}, 0), [], 0
+        elif self.prefix is not None:
+            hashes, match, size = self.prefix.produce(req, view.replicas)
             local = self._local
             cycle["prefix"] = ({local[k]: c for k, c in match.items() if k in local},
                                len(hashes))
             cycle["hashes"] = hashes
+            cycle["block_size"] = size
         cands = self.candidates
         for f in self.profile.filters:
             kept = f.filter(m, req, cycle, cands)
@@ -177,10 +243,26 @@ class LlmD(Router):
             cands = kept if kept else cands
         # Each score clamped to [0, 1] times its weight, summed in the profile's order (Go adds
         # to 0; 0 + x is x, so starting from the first scorer's terms gives the same floats).
+        # Scorers whose scores are within [0, 1] by construction (BOUNDED) skip the clamp, and
+        # one that scores every endpoint 0 this time (zero) adds nothing: t + 0.0 is t, so
+        # both give the same floats as the plain sum.
         totals = None
         for scorer, w in self.profile.scorers:
+            if scorer.zero(cycle):
+                continue
+            if totals is not None and len(cands) == len(self.candidates) \
+                    and hasattr(scorer, "sparse"):
+                # Only the few endpoints scoring above 0 change the sums (t + 0 * w is t).
+                for i, v in scorer.sparse(cycle).items():
+                    totals[i] = totals[i] + v * w
+                continue
             scores = scorer.score(m, req, cycle, cands)
-            if totals is None:
+            if scorer.BOUNDED:
+                if totals is None:
+                    totals = [s * w for s in scores]
+                else:
+                    totals = [t + s * w for t, s in zip(totals, scores)]
+            elif totals is None:
                 totals = [(0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w for s in scores]
             else:
                 totals = [t + (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) * w
@@ -189,6 +271,7 @@ class LlmD(Router):
 
     def choose(self, view, req) -> int:
         cands, totals, cycle = self.scores(view, req)
+        self.cycle = cycle
         i = self.profile.picker.pick(cands, totals)[0]
         if self.prefix is not None:
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
@@ -198,6 +281,14 @@ class LlmD(Router):
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
         return i
+
+
+    def matched_blocks(self, i: int):
+        """The prefix blocks the last request matched on local replica ``i``, and the block
+        size (the P/D decider's input); ``(None, 0)`` without a prefix producer."""
+        if "prefix" not in self.cycle:
+            return None, 0
+        return self.cycle["prefix"][0].get(i, 0), self.cycle["block_size"]
 
 
 def _check_labels(labels):

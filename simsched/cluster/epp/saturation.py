@@ -2,14 +2,15 @@
 
 ``utilization-detector`` and ``concurrency-detector`` (``pkg/epp/framework/plugins/flowcontrol/
 saturationdetector/{utilization,concurrency}`` of llm-d/llm-d-inference-scheduler, commit
-520af47896e5f06e43d09aca281a1149187b0ffd). Their other role, the pool saturation gradient that
-drives flow control's backpressure, is not built (flow control is not): see docs/llm_d.md.
+520af47896e5f06e43d09aca281a1149187b0ffd). Their other role, the pool's saturation that admission
+control reads, is in :mod:`simsched.cluster.epp.admission`.
 """
 
 from __future__ import annotations
 
 import re
 
+from simsched.cluster.epp.admission import concurrency_saturation, utilization_saturation
 from simsched.cluster.epp.plugins import Plugin, _float_param, _int_param
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -53,7 +54,12 @@ class UtilizationDetector(Plugin):
             raise ValueError(f"{t}: headroom must be a non-negative value, got {head}")
         self.queue_limit = q * (1.0 + head)
         self.kv_limit = kv * (1.0 + head)
+        self.queue_threshold, self.kv_threshold = float(q), kv
         self.staleness = stale
+
+    def saturation(self, m, cands) -> float:
+        """The pool's saturation (admission's input; :mod:`simsched.cluster.epp.admission`)."""
+        return utilization_saturation(self, m, cands)
 
     def filter(self, m, req, cycle, cands) -> list[int]:
         waiting, kv, age = m.waiting, m.kv_use, m.age
@@ -89,6 +95,11 @@ class ConcurrencyDetector(Plugin):
         self.mode = mode
         self.CONSUMES = ("inflight_tokens",) if mode == "tokens" else ("inflight_requests",)
         self.limit = int((tokens if mode == "tokens" else most) * (1.0 + head))
+        self.max_requests, self.max_tokens = most, tokens
+
+    def saturation(self, m, cands) -> float:
+        """The pool's saturation (admission's input; :mod:`simsched.cluster.epp.admission`)."""
+        return concurrency_saturation(self, m, cands)
 
     def filter(self, m, req, cycle, cands) -> list[int]:
         load = m.inflight_tokens if self.mode == "tokens" else m.inflight_requests
