@@ -71,14 +71,16 @@ def _measured_run(tmp_path, terms, n=160, seed=3):
         workload=WorkloadConfig(num_requests=n, rate=5.0, arrival="poisson", lengths="fixed",
                                 prompt_len=500, output_len=200))
     res = simulate(cfg, cost_model=factory.adjusted_cost_model(cfg.hardware, terms))
-    res.to_vllm_bench(tmp_path / "bench.json")
+    res.to_vllm_bench(tmp_path / "bench.json", percentiles=(90, 99))
     res.to_openmetrics(tmp_path / "metrics.txt")
     bench = read_vllm_bench(tmp_path / "bench.json")
     scrape = prometheus_text.run_metrics(
         prometheus_text.scrapes(prometheus_text.read(tmp_path / "metrics.txt"))[-1])
-    metrics = dict(bench.metrics, ttft_p90=scrape["ttft_p90"])
+    # The scrape's histogram means are the run's exactly (its quantiles are bucket-coarse).
+    for m in ("ttft_mean", "e2el_mean", "itl_mean"):
+        assert scrape[m] == pytest.approx(bench.metrics[m], rel=1e-9)
     settings = dict(bench.settings, model="llama-2-7b", gpu="h100-sxm")
-    return Measured(bench.source, metrics, settings)
+    return Measured(bench.source, bench.metrics, settings)
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +132,52 @@ def test_profile_file_loads_through_hardware_profile(round_trip, tmp_path):
 
 
 def test_one_run_moves_the_terms_less_than_many(tmp_path):
-    runs = [_measured_run(tmp_path / f"r{k}", TRUTH, n=60, seed=k) for k in range(3)]
-    one, three = calibrate(runs[:1]), calibrate(runs)
+    runs = [_measured_run(tmp_path / f"r{k}", TRUTH, n=50, seed=k) for k in range(2)]
+    one, two = calibrate(runs[:1]), calibrate(runs)
 
     def width(c):   # 90 % interval widths, each in units of its prior's
         prior = np.sqrt(np.array(c.document["prior"]["sigma"]) ** 2)
         return np.sqrt(np.diag(np.array(c.document["covariance"]))) / prior
 
     assert width(one).max() <= 1.0 + 1e-9          # data never widen the prior
-    assert width(three).mean() < width(one).mean()
+    assert width(two).mean() < width(one).mean()
+
+
+def test_ensemble_gives_every_metric_an_interval(round_trip):
+    tmp, _, _ = round_trip
+    cfg = SimConfig().replace(model="llama-2-7b", gpu="h100-sxm", profile=str(tmp / "profile.json"),
+                              workload=WorkloadConfig(num_requests=30, rate=5.0, lengths="fixed",
+                                                      prompt_len=500, output_len=200))
+    ens = simulate(cfg, ensemble=3)
+    assert list(ens.runs["seed"]) == [0, 1, 2] and len(set(ens.runs["term_gemm_scale"])) == 3
+    mean, low, high = ens.interval("e2el_mean")
+    assert low < mean < high
+    # Wider than the draws alone: the profile's unexplained E2E scatter is added.
+    row = ens.intervals.set_index("metric").loc["e2el_mean"]
+    assert high - low > 2 * row["std"]
+    again = simulate(cfg, ensemble=3)
+    pd.testing.assert_frame_equal(ens.intervals, again.intervals)
+    with pytest.raises(ValueError, match="ensemble needs hardware.profile"):
+        simulate(cfg.replace(profile=None), ensemble=3)
+    with pytest.raises(ValueError, match="ensemble must be an integer >= 2"):
+        simulate(cfg, ensemble=1)
+
+
+def test_cli_calibrate_and_run_ensemble(round_trip, tmp_path, capsys):
+    from simsched.cli import main
+
+    tmp, _, cal = round_trip
+    out = tmp_path / "p.json"
+    assert main(["calibrate", "--bench", str(tmp / "bench.json"), "--scrape",
+                 str(tmp / "metrics.txt"), "--serve", "vllm serve meta-llama/Llama-2-7b-hf "
+                 "--max-num-seqs 256", "--model", "llama-2-7b", "--gpu", "h100-sxm",
+                 "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "gemm_scale" in text and str(out) in text
+    assert deployment.load(out).gpus == ("h100-sxm",)
+    assert main(["run", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--profile", str(out),
+                 "--ensemble", "2", "--num-requests", "20", "--rate", "4",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "intervals.csv").is_file()
+    assert main(["calibrate", "--runs", str(tmp / "bench.json")]) == 2
+    assert "--runs and --measured go together" in capsys.readouterr().err

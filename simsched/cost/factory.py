@@ -23,7 +23,9 @@ def _cached_parallel_model(spec, gpu, tp: int, model: str, engine_overhead: str,
     return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead)
 
 
-@functools.lru_cache(maxsize=64)
+# Few: a fit or an ensemble uses each term set for a handful of runs, and a long-context
+# model's tables take ~100 MB.
+@functools.lru_cache(maxsize=4)
 def _cached_adjusted(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
                      terms: tuple):
     adjust = dict(terms)
