@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from simsched.analysis.replicate import prediction_intervals
+from simsched.analysis.stats import prediction_intervals
 from simsched.cost import deployment, factory
 
 FAMILIES = {"ttft": ("ttft_mean", "ttft_p90"), "queue_time": ("ttft_mean",),
@@ -62,10 +62,10 @@ def relative_sd(discrepancy: dict, metrics) -> dict:
     return out
 
 
-def ensemble(config, num_draws: int, confidence: float = 0.9, requests=None, **options):
-    """Run ``config`` once per coefficient set drawn from its ``hardware.profile``."""
-    from simsched.analysis.runner import simulate
-
+def ensemble(simulate, config, num_draws: int, confidence: float = 0.9, requests=None,
+             **options):
+    """Run ``config`` with ``simulate`` (:func:`simsched.analysis.runner.simulate`, passed in
+    by it) once per coefficient set drawn from its ``hardware.profile``."""
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
         raise ValueError(f"ensemble must be an integer >= 2 (draws), got {num_draws!r}")
     if not 0 < confidence < 1:

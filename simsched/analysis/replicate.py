@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simsched.analysis.stats import t_cdf, t_quantile  # noqa: F401  (re-exported)
+from simsched.analysis.stats import (prediction_intervals, t_cdf,  # noqa: F401
+                                     t_quantile)  # (re-exported)
 
 
 @dataclass(frozen=True)
@@ -84,28 +85,3 @@ def replicate(config, seeds=5, confidence: float = 0.95, requests=None, **simula
     runs = pd.DataFrame(rows)
     return Replicates(runs, intervals_of(runs, confidence), confidence, first)
 
-
-def prediction_intervals(runs: pd.DataFrame, confidence: float = 0.9,
-                         relative_sd: dict | None = None, skip=("seed", "draw")) -> pd.DataFrame:
-    """Where one more draw of each numeric column of ``runs`` would fall: the mean and the
-    Student-t prediction interval ``mean +- t sqrt(s^2 (1 + 1/n) + (r mean)^2)``, with ``r`` a
-    column's relative scatter not in the draws (``relative_sd``: column -> r, e.g. what a
-    calibration leaves unexplained; 0 for the others). One row per column: ``metric``,
-    ``mean``, ``std``, ``low``, ``high``, ``num_draws``, ``confidence``."""
-    relative_sd = relative_sd or {}
-    rows = []
-    for col in runs.columns:
-        if col in skip or not pd.api.types.is_numeric_dtype(runs[col]) \
-                or pd.api.types.is_bool_dtype(runs[col]):
-            continue
-        values = runs[col].to_numpy(dtype=float)
-        values = values[np.isfinite(values)]
-        n = len(values)
-        mean = float(values.mean()) if n else math.nan
-        std = float(values.std(ddof=1)) if n > 1 else 0.0
-        extra = relative_sd.get(col, 0.0) * abs(mean) if n else math.nan
-        spread = math.sqrt(std * std * (1 + 1 / n) + extra * extra) if n else math.nan
-        half = t_quantile(0.5 + confidence / 2, max(n - 1, 1)) * spread if n else math.nan
-        rows.append({"metric": col, "mean": mean, "std": std, "low": mean - half,
-                     "high": mean + half, "num_draws": n, "confidence": confidence})
-    return pd.DataFrame(rows)

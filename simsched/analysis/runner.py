@@ -170,7 +170,7 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
         if cost_model is not None or stream_to is not None:
             raise ValueError("ensemble draws its own cost models and returns summaries: it "
                              "takes neither cost_model nor stream_to")
-        return run_ensemble(config or SimConfig(), ensemble, confidence, requests,
+        return run_ensemble(simulate, config or SimConfig(), ensemble, confidence, requests,
                             progress=progress, record_steps=record_steps)
     return run(config, requests, cost_model, progress=progress, record_steps=record_steps,
                stream_to=stream_to)[0]
