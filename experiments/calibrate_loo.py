@@ -116,7 +116,7 @@ def loo_summary(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for m in HEADLINE:
         t = table[table.metric == m]
-        rows.append({"figure": f"median |error| {m} (%)", "shipped": t.shipped_error.abs()
+        rows.append({"figure": f"median abs. error {m} (%)", "shipped": t.shipped_error.abs()
                      .median(), "calibrated": t.error.abs().median(),
                      "target": 5.0 if m == "e2el_mean" else 10.0})
     rows.append({"figure": "90% interval coverage (%)", "shipped": math.nan,
