@@ -10,9 +10,10 @@ from simsched.analysis.metrics import Results
 from simsched.analysis.replicate import Replicates, replicate
 from simsched.analysis.sweep import SweepResult, sweep
 from simsched.workloads.workload import WorkloadConfig
+from simsched.fit.profile import Calibration, calibrate
 
 __all__ = ["simulate", "make_requests", "replicate", "Replicates", "SimConfig", "SchedulerConfig", "CacheConfig",
            "HardwareConfig", "WorkloadConfig", "ClusterConfig", "Batch", "LinearCostModel",
            "UnitCostModel", "Results", "sweep", "SweepResult", "SLO", "SLOTarget",
-           "capacity_search", "plan", "Candidate"]
+           "capacity_search", "plan", "Candidate", "calibrate", "Calibration"]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "simsched"
 # catalogs below it, so every layer above may read it).
 LAYERS = {
     "request": 0, "workloads": 0, "policies": 1, "cost": 1,
-    "config": 1.5, "engine": 2, "cluster": 3, "analysis": 4, "api": 6, "cli": 7, "__main__": 8,
+    "config": 1.5, "engine": 2, "cluster": 3, "analysis": 4, "fit": 5, "api": 6, "cli": 7, "__main__": 8,
     "__init__": 9,
 }
 SIMPY_MODULES = {"simsched.engine.replica", "simsched.engine.simpy_fast", "simsched.cluster.cluster",

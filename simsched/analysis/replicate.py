@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simsched.analysis.stats import t_cdf, t_quantile  # noqa: F401  (re-exported)
+from simsched.analysis.stats import (prediction_intervals, t_cdf,  # noqa: F401
+                                     t_quantile)  # (re-exported)
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,4 @@ def replicate(config, seeds=5, confidence: float = 0.95, requests=None, **simula
         first = res if first is None else first
     runs = pd.DataFrame(rows)
     return Replicates(runs, intervals_of(runs, confidence), confidence, first)
+

@@ -143,7 +143,7 @@ def _joined(step_ends: list) -> np.ndarray:
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
              cost_model=None, progress: bool = False, record_steps: bool = False,
-             stream_to=None):
+             stream_to=None, ensemble: int | None = None, confidence: float = 0.9):
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
@@ -158,7 +158,20 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     ``stream_to`` (a directory) streams the run's records to Parquet as it goes and returns a
     :class:`~simsched.analysis.stream.StreamedRun` instead of Results (see
     :mod:`simsched.analysis.stream`; plain workloads only).
+
+    ``ensemble`` (N >= 2, with ``hardware.profile`` a calibrated profile) runs N coefficient
+    sets drawn from the profile's posterior, each with its own seed, and returns an
+    :class:`~simsched.analysis.ensemble.Ensemble`: every summary metric with its mean and a
+    ``confidence`` prediction interval (:mod:`simsched.analysis.ensemble`).
     """
+    if ensemble is not None:
+        from simsched.analysis.ensemble import ensemble as run_ensemble
+
+        if cost_model is not None or stream_to is not None:
+            raise ValueError("ensemble draws its own cost models and returns summaries: it "
+                             "takes neither cost_model nor stream_to")
+        return run_ensemble(simulate, config or SimConfig(), ensemble, confidence, requests,
+                            progress=progress, record_steps=record_steps)
     return run(config, requests, cost_model, progress=progress, record_steps=record_steps,
                stream_to=stream_to)[0]
 

@@ -1,9 +1,13 @@
 """Student's t distribution without SciPy: its CDF (regularised incomplete beta function by
-continued fraction) and quantiles (by bisection), for intervals over seeds."""
+continued fraction) and quantiles (by bisection), for intervals over seeds; prediction
+intervals of one more draw (ensembles of calibrated coefficient sets)."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
+import pandas as pd
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -63,3 +67,29 @@ def t_quantile(p: float, df: float) -> float:
         if hi - lo < 1e-12:
             break
     return 0.5 * (lo + hi)
+
+
+def prediction_intervals(runs: pd.DataFrame, confidence: float = 0.9,
+                         relative_sd: dict | None = None, skip=("seed", "draw")) -> pd.DataFrame:
+    """Where one more draw of each numeric column of ``runs`` would fall: the mean and the
+    Student-t prediction interval ``mean +- t sqrt(s^2 (1 + 1/n) + (r mean)^2)``, with ``r`` a
+    column's relative scatter not in the draws (``relative_sd``: column -> r, e.g. what a
+    calibration leaves unexplained; 0 for the others). One row per column: ``metric``,
+    ``mean``, ``std``, ``low``, ``high``, ``num_draws``, ``confidence``."""
+    relative_sd = relative_sd or {}
+    rows = []
+    for col in runs.columns:
+        if col in skip or not pd.api.types.is_numeric_dtype(runs[col]) \
+                or pd.api.types.is_bool_dtype(runs[col]):
+            continue
+        values = runs[col].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        n = len(values)
+        mean = float(values.mean()) if n else math.nan
+        std = float(values.std(ddof=1)) if n > 1 else 0.0
+        extra = relative_sd.get(col, 0.0) * abs(mean) if n else math.nan
+        spread = math.sqrt(std * std * (1 + 1 / n) + extra * extra) if n else math.nan
+        half = t_quantile(0.5 + confidence / 2, max(n - 1, 1)) * spread if n else math.nan
+        rows.append({"metric": col, "mean": mean, "std": std, "low": mean - half,
+                     "high": mean + half, "num_draws": n, "confidence": confidence})
+    return pd.DataFrame(rows)

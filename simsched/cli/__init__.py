@@ -17,6 +17,7 @@ from typing import Sequence
 
 # The subcommands live in commands.py; feature_figures and SUMMARY_COLUMNS stay importable here.
 from simsched.cli.client_flags import add_client_flags
+from simsched.cli.calibrate import add_calibrate_parser, cmd_calibrate
 from simsched.cli.commands import (SUMMARY_COLUMNS, cmd_capacity, cmd_plan,  # noqa: F401
                                    cmd_report, cmd_run, cmd_sweep, feature_figures)
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
@@ -103,6 +104,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, help="token budget per iteration")
     g.add_argument("--max-num-seqs", type=int, help="most sequences in a batch")
     g.add_argument("--num-blocks", type=int, help="KV cache blocks (default: derived from GPU)")
+    g.add_argument("--profile", metavar="PATH",
+                   help="calibrated profile (simsched calibrate) correcting the cost model")
     g = p.add_argument_group("workload")
     g.add_argument("--workload", metavar="NAME", help="workload preset: " + ", ".join(WORKLOADS))
     g.add_argument("--rate", type=float, help="mean arrival rate, requests/s")
@@ -142,6 +145,10 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=_positive_int, metavar="N",
                      help="run N seeds (the config's seed, +1, ...) and print each metric's mean "
                           "and 95%% t-interval; writes seeds.csv and intervals.csv")
+    run.add_argument("--ensemble", type=_positive_int, metavar="N",
+                     help="with --profile: run N coefficient sets drawn from the profile's "
+                          "posterior and print each metric's mean and 90%% prediction interval; "
+                          "writes ensemble.csv and intervals.csv")
     run.add_argument("--energy", action="store_true",
                      help="add the power model's energy figures to the summary and write "
                           "energy.csv (per replica)")
@@ -184,6 +191,7 @@ def make_parser() -> argparse.ArgumentParser:
                      help="stop when the bracket is narrower than this share of the rate")
     _add_parallel(cap)
     _add_plan_parser(sub)
+    add_calibrate_parser(sub)
     return p
 
 
@@ -227,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simsched`` command; returns the exit status."""
     args = make_parser().parse_args(argv)
     commands = {"run": cmd_run, "sweep": cmd_sweep, "capacity": cmd_capacity, "plan": cmd_plan,
-                "report": cmd_report}
+                "report": cmd_report, "calibrate": cmd_calibrate}
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _WarningPrinter()

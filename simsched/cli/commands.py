@@ -55,6 +55,12 @@ def cmd_run(args) -> int:
         raise ValueError(f"--power-cap must be positive watts, got {args.power_cap}")
     if not args.metrics_interval > 0:
         raise ValueError(f"--metrics-interval must be positive, got {args.metrics_interval}")
+    if args.seeds and args.ensemble:
+        raise ValueError("--seeds and --ensemble: give one (an ensemble varies the seeds too)")
+    if args.ensemble:
+        from simsched.cli.calibrate import run_ensemble
+
+        return run_ensemble(args, config)
     if args.seeds:
         return _run_seeds(args, config)
     if args.stream:

@@ -28,7 +28,8 @@ FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "po
                "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                "num_blocks": "cache.num_blocks", "workload": "name", "rate": "rate",
                "num_requests": "num_requests", "duration": "duration", "seed": "seed",
-               "max_sim_time": "max_sim_time", "cost_model": "cost_model", **CLIENT_FLAG_FIELDS}
+               "max_sim_time": "max_sim_time", "cost_model": "cost_model",
+               "profile": "hardware.profile", **CLIENT_FLAG_FIELDS}
 
 def parse_value(text: str) -> Any:
     """A flag value as Python: int, float, true/false, none, or the string itself."""

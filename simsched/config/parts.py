@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -232,6 +233,10 @@ class HardwareConfig:
     :func:`simsched.cost.hardware.describe`) or ``"aiconfigurator"`` (that GPU's measured
     AIConfigurator vLLM kernel tables; the B200, B300, GB200, GB300 and RTX Pro 6000 use them
     already).
+
+    ``profile``: None (default: the shipped coefficients) or the path of a calibrated
+    deployment profile (a JSON file ``simsched calibrate`` writes, :mod:`simsched.cost.deployment`):
+    the shipped model corrected by terms fitted to measured runs of this GPU (docs/calibration.md).
     """
 
     model: str = "llama-2-7b"
@@ -250,6 +255,8 @@ class HardwareConfig:
     # Where kernel times come from: None, the GPU's catalog default (GPUSpec.kernels), or
     # "aiconfigurator", the GPU's measured AIConfigurator vLLM tables (docs/gpus.md).
     kernel_profile: str | None = None
+    # A calibrated deployment profile's path (simsched calibrate; None: the shipped fits).
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         from simsched.config.parallel import as_parallel, check_layout
@@ -272,6 +279,18 @@ class HardwareConfig:
             check_int(o, "max_model_len", self.max_model_len, 1)
         hardware.validate(self)
         hardware.max_model_len(self)  # at most the model's context length
+        if isinstance(self.profile, os.PathLike):
+            object.__setattr__(self, "profile", os.fspath(self.profile))
+        if self.profile is not None:
+            if not isinstance(self.profile, str) or not self.profile:
+                raise ValueError(f"{o}.profile must be the path of a calibrated profile (a "
+                                 f"string) or None, got {self.profile!r}")
+            if self.cost_model != "calibrated":
+                raise ValueError(f"{o}.profile corrects the calibrated cost model; "
+                                 f"{o}.cost_model is {self.cost_model!r}")
+            from simsched.cost import deployment
+
+            deployment.check_for(self.profile, self.gpu, self.engine_overhead, f"{o}.profile")
         object.__setattr__(self, "parallel", as_parallel(self.parallel))
         if self.parallel is not None:
             check_layout(self.parallel, hardware.model_spec(self), self.tensor_parallel_size,

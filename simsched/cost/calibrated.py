@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cost import calibration as cal
-from simsched.cost import overhead
+from simsched.cost import deployment, overhead
 from simsched.cost import engine_profiles, serving, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
@@ -55,6 +55,8 @@ class CalibratedCostModel:
     ``parallel``: a :class:`simsched.config.parallel.ParallelConfig` whose expert-parallel and
     data-parallel settings shape the MoE layers (:mod:`simsched.cost.moe`); the pipeline and
     data-parallel batch split is :class:`simsched.cost.parallel.ParallelCostModel`'s.
+    ``adjust``: the terms of a calibrated deployment profile (:mod:`simsched.cost.deployment`:
+    kernel-class scales, host time per step and per sequence, output delay); None: as shipped.
     """
 
     #: The time depends on the batch alone (quiet decode steps may be planned ahead).
@@ -63,9 +65,14 @@ class CalibratedCostModel:
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
                  coefficients: dict | None = None, table_tokens: int | None = None,
                  engine_overhead: str = overhead.DEFAULT_ENGINE_OVERHEAD,
-                 engine_terms: dict | None = None, parallel=None) -> None:
+                 engine_terms: dict | None = None, parallel=None,
+                 adjust: dict | None = None) -> None:
         overhead.check(engine_overhead)
         k = KernelTables(spec, gpu, tp, model_name, coefficients, table_tokens, parallel)
+        if adjust is not None:      # a calibrated deployment profile (simsched.cost.deployment)
+            adjust = deployment.check_terms(adjust, "adjust")
+            deployment.scale_kernels(k, adjust)
+        self.adjust = adjust
         self.spec, self.gpu, self.tp, self.model_name = spec, gpu, tp, model_name
         self.engine_overhead = engine_overhead
         self.kernels = k
@@ -120,6 +127,10 @@ class CalibratedCostModel:
             floor = np.full_like(n, spec.num_layers * terms["floor_per_layer"])
             per_seq = lm_head
             serial = terms["serial_per_seq"] * n
+        if adjust is not None:
+            # The deployment's host time per step and per sequence (never below zero).
+            serial = np.maximum(serial + adjust["step_time"] + adjust["seq_time"] * n, 0.0)
+            self.output_delay = adjust["output_delay"]
         floor[0] = serial[0] = 0.0
         self._floor, self._serial = floor.tolist(), serial.tolist()
 
@@ -128,6 +139,8 @@ class CalibratedCostModel:
             comm = comm + big  # the large-message term is collective time too
         if k.moe_comm is not None:
             comm = comm + k.moe_comm  # expert-parallel all-to-alls (simsched.cost.moe)
+        if adjust is not None:
+            comm = comm * adjust["comm_scale"]
         self._comm = comm.tolist()
         self._lm_head, self._cpu = lm_head.tolist(), cpu.tolist()
         self._per_token = (k.linear + comm + k.emb).tolist()

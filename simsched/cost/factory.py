@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from simsched.cost import deployment
 from simsched.cost.base import LinearCostModel, UnitCostModel
 from simsched.cost.calibrated import CalibratedCostModel
 from simsched.cost.hardware import gpu_spec, model_spec
@@ -22,8 +23,32 @@ def _cached_parallel_model(spec, gpu, tp: int, model: str, engine_overhead: str,
     return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead)
 
 
+# Few: a fit or an ensemble uses each term set for a handful of runs, and a long-context
+# model's tables take ~100 MB.
+@functools.lru_cache(maxsize=4)
+def _cached_adjusted(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
+                     terms: tuple):
+    adjust = dict(terms)
+    if parallel is not None:
+        return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead,
+                                 adjust=adjust)
+    return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead,
+                               adjust=adjust)
+
+
+def adjusted_cost_model(hw, terms: dict):
+    """The calibrated cost model of ``hw`` corrected by deployment ``terms``
+    (:mod:`simsched.cost.deployment`), cached per term set."""
+    return _cached_adjusted(model_spec(hw), gpu_spec(hw), hw.tensor_parallel_size, hw.model,
+                            hw.engine_overhead, getattr(hw, "parallel", None),
+                            tuple(sorted(deployment.check_terms(terms).items())))
+
+
 def _calibrated(hw) -> CalibratedCostModel:
     spec = model_spec(hw)   # the config's own shape, or the catalog's
+    if getattr(hw, "profile", None) is not None:    # a calibrated deployment profile
+        prof = deployment.check_for(hw.profile, hw.gpu, hw.engine_overhead)
+        return adjusted_cost_model(hw, prof.terms)
     if getattr(hw, "parallel", None) is not None:   # pipeline / data-parallel / expert layout
         return _cached_parallel_model(spec, gpu_spec(hw), hw.tensor_parallel_size, hw.model,
                                       hw.engine_overhead, hw.parallel)

@@ -71,15 +71,20 @@ class ParallelCostModel:
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int, parallel, model_name=None,
-                 engine_overhead: str = "vllm_v1", engine_terms: dict | None = None) -> None:
+                 engine_overhead: str = "vllm_v1", engine_terms: dict | None = None,
+                 adjust: dict | None = None) -> None:
         self.parallel, self.spec, self.gpu, self.tp = parallel, spec, gpu, tp
         self.pp, self.dp = parallel.pipeline_parallel_size, parallel.data_parallel_size
         self.micro_batches = parallel.num_micro_batches
         stage = stage_spec(spec, self.pp)
         self.last = CalibratedCostModel(stage, gpu, tp, model_name, engine_overhead=engine_overhead,
-                                        engine_terms=engine_terms, parallel=parallel)
+                                        engine_terms=engine_terms, parallel=parallel,
+                                        adjust=adjust)
+        # Inner stages: kernels only, so only the kernel-class scales apply to them.
+        inner_adjust = None if adjust is None else {**adjust, "step_time": 0.0, "seq_time": 0.0}
         self.inner = None if self.pp == 1 else CalibratedCostModel(
-            stage, gpu, tp, model_name, engine_overhead="none", parallel=parallel)
+            stage, gpu, tp, model_name, engine_overhead="none", parallel=parallel,
+            adjust=inner_adjust)
         self.engine_overhead = engine_overhead
         self.output_delay = self.last.output_delay
         self._cross = tp * self.pp > parallel.gpus_per_node
