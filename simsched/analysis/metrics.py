@@ -66,6 +66,8 @@ class Results:
         self.sim_time = sim_time
         self.info = info or {}
         self.fleet = None   # an autoscaled run's FleetResults (simsched.analysis.fleet_metrics)
+        # One row per attempt where clients time out, cancel or retry (simsched.analysis.attempts).
+        self.attempts = None
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -218,6 +220,8 @@ class Results:
             out["steps"] = self.steps
         if self.fleet is not None:
             out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
+        if self.attempts is not None:
+            out["attempts"] = self.attempts
         return out
 
     def resolved_config(self) -> dict:

@@ -16,6 +16,8 @@ from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.retries import ATTEMPT_COLUMNS
+from simsched.analysis.attempts import split_attempts
 from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis import stream
@@ -206,8 +208,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     elif is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
-    elif config.check_invariants or keep_engine:
-        reqs = make_requests(frame, block)     # the checks read every request object
+    elif config.check_invariants or keep_engine or config.faults.clients:
+        # The checks read every request object; retries copy theirs.
+        reqs = make_requests(frame, block)
     else:
         columns = request_columns(frame, block, lazy=True)
         if columns[-1] is None:
@@ -269,6 +272,10 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         removed, moves = removal_info(engine.fleet)
         info.update(removed)
     disagg = engine.disagg.columns() if engine.disagg is not None else None
+    clients = engine.clients
+    if clients is not None:
+        info.update(num_retries=clients.num_retries,
+                    num_retries_refused=clients.num_budget_refusals)
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if lora:
         info.update(lora_info(engine.replicas))
@@ -316,10 +323,16 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):
             req_df.insert(2 + k, name, np.asarray(values)[ids])
+    attempts = None
+    if clients is not None:
+        # One row per attempt, and the user's view: one row per request (its deciding attempt).
+        req_df, attempts = split_attempts(req_df, clients.attempts, ATTEMPT_COLUMNS)
+        del clients
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described),
                       steps=steps)
     results.fleet = fleet
+    results.attempts = attempts
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -121,6 +121,8 @@ class Fleet:
 
     def _hook(self, replica) -> None:
         replica.on_first_token = self.first_token
+        if self.cluster.clients is not None:    # the run's end waits for its iterations
+            replica.on_idle = lambda r: self.cluster.work_end.idle(r)
         if self.router.reads_kv:
             replica.on_kv = self.kv_changed
 
@@ -159,7 +161,8 @@ class Fleet:
 
     def _refresh(self, interval: float):
         env, cluster, total = self.env, self.cluster, len(self.cluster.requests)
-        while cluster.num_arrived < total:
+        # With retries requests are sent until the work ends (the run stops there).
+        while cluster.num_arrived < total or cluster.clients is not None:
             yield env.timeout(interval)
             self.snapshot.refresh(env.now)
 
@@ -194,6 +197,17 @@ class Fleet:
             self.inner.finished(k, req)
         elif self.outstanding[i] == 0 and self.state[i] == "draining":
             self._stop(i)
+
+    def aborted(self, i: int, req) -> None:
+        """``req`` left replica ``i`` unfinished (its client gave up, or the replica failed):
+        off its figures, its prompt too if its first token never came."""
+        if req.first_token_at != req.first_token_at:        # NaN: its prompt was still due
+            self.tokens[i] -= req.num_prompt_tokens
+            self.pending_prompt[i] -= req.num_prompt_tokens
+            k = self.local[i]
+            if k >= 0:
+                self.inner.first_token(k, req)
+        self.finished(i, req)
 
     def _finished_at_owner(self, i: int, req) -> None:
         """:meth:`finished` with migrations: ``req`` finished where it is now, not at ``i``

@@ -13,7 +13,8 @@ import math
 from simsched.request import Status
 
 _OPEN = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
-_CLOSED = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+_CLOSED = (Status.FINISHED, Status.REJECTED, Status.ABORTED, Status.TIMED_OUT, Status.CANCELLED,
+           Status.FAILED)
 
 
 class InvariantError(AssertionError):

@@ -46,6 +46,7 @@ from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler.quiet import QuietSteps
 from simsched.engine import removal
+from simsched.engine.abort import NOTHING, AbortedWork, abort_request
 from simsched.engine.scheduler.core import Scheduler
 from simsched.engine.scheduler.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -101,6 +102,9 @@ class Replica:
         self.on_iteration = on_iteration
         self.on_kv = None
         self.on_first_token = None
+        # Called as on_idle(replica) when the GPU loop falls idle (a run that ends with its
+        # work waits for the iterations in flight: simsched.cluster.work_end).
+        self.on_idle = None
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
@@ -251,6 +255,8 @@ class Replica:
             if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
+                if self.on_idle is not None:
+                    self.on_idle(self)
                 yield from self._sleep()
                 now = env.now
                 continue
@@ -382,6 +388,23 @@ class Replica:
         for victim, cause in self.scheduler.preempted:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
+
+    def abort(self, req: Request) -> AbortedWork:
+        """Abort unfinished ``req`` here now (its client gave up): it leaves the engine
+        wherever it is, its KV blocks freed at once; the work it loses
+        (:mod:`simsched.engine.abort`). Its handles are dropped: the caller wakes its process."""
+        pending = self.pending      # (the GPU loop holds this deque: changed in place)
+        entry = next((e for e in pending if e[1] is req), None) \
+            if pending and req.status is Status.WAITING else None
+        if entry is not None:
+            pending.remove(entry)
+            work = NOTHING
+        else:
+            work = abort_request(self.scheduler, req)
+        self._live.pop(req.id, None)
+        if work.num_kv_tokens:
+            self.notify_memory()
+        return work
 
     def remove_requests(self, step_ends=None) -> list[tuple]:
         """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration
