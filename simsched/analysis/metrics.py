@@ -68,6 +68,8 @@ class Results:
         self.fleet = None   # an autoscaled run's FleetResults (simsched.analysis.fleet_metrics)
         # One row per attempt where clients time out, cancel or retry (simsched.analysis.attempts).
         self.attempts = None
+        # One row per replica failure (simsched.cluster.failures), where replicas fail.
+        self.failures = None
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -222,6 +224,8 @@ class Results:
             out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
         if self.attempts is not None:
             out["attempts"] = self.attempts
+        if self.failures is not None:
+            out["failures"] = self.failures
         return out
 
     def resolved_config(self) -> dict:

@@ -16,6 +16,7 @@ from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.autoscaler import TIMELINE_COLUMNS
 from simsched.cluster.retries import ATTEMPT_COLUMNS
 from simsched.analysis.attempts import split_attempts
 from simsched.cluster.records import LORA_FIELDS
@@ -265,14 +266,19 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     sim_time = engine.env.now
     fleet = moves = None
     if engine.fleet is not None:
-        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
-                             sim_time)
+        # (A fixed cluster whose replicas fail has a fleet but no autoscaler: no timeline.)
+        timeline = engine.autoscaler.frame() if engine.autoscaler is not None \
+            else pd.DataFrame(columns=list(TIMELINE_COLUMNS))
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), timeline, sim_time)
         info["fleet_cost"] = fleet.cost
         info["fleet_replica_hours"] = fleet.replica_hours
         removed, moves = removal_info(engine.fleet)
         info.update(removed)
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     clients = engine.clients
+    failures = engine.failures.frame() if engine.failures is not None else None
+    if failures is not None:
+        info["num_replica_failures"] = len(failures)
     if clients is not None:
         info.update(num_retries=clients.num_retries,
                     num_retries_refused=clients.num_budget_refusals)
@@ -284,6 +290,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
         owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
+        if len(owner) < len(reqs):
+            # Attempts sent late (retries) and never routed (shed, or no replica up).
+            owner = np.concatenate([owner, np.full(len(reqs) - len(owner), -1)])
     if plan is not None:
         # The ready check and the warm-ups (the first requests sent) are not measured.
         skip = plan.num_warmup_requests
@@ -333,6 +342,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
                       steps=steps)
     results.fleet = fleet
     results.attempts = attempts
+    results.failures = failures
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

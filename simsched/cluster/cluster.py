@@ -43,6 +43,7 @@ from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.clients import run_client
+from simsched.cluster.failures import Failures
 from simsched.cluster.retries import Clients
 from simsched.cluster.sessions import run_sessions
 from simsched.cluster.work_end import WorkEnd
@@ -166,7 +167,7 @@ class Cluster:
         # Client deadlines, cancellations, retries (simsched.cluster.retries): they replace
         # each request's life, before anything wraps it.
         faults = config.faults
-        self.clients = Clients(self, faults, config.seed) if faults.clients else None
+        self.clients = Clients(self, faults, config.seed) if faults.enabled else None
         # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
         # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
         self.on_replica_added = None
@@ -178,11 +179,18 @@ class Cluster:
             # The run, its bill and its timeline end with the work, not with a provisioning
             # timer or the autoscaler's next sample (simsched.cluster.work_end).
             self.work_end = WorkEnd(self, self.autoscaler.close)
+        elif faults.replicas:
+            # Failing replicas leave and rejoin the routing set: a fleet's (no autoscaler).
+            self.fleet = fleet.fixed_fleet(self, router_rng(config.seed))
         elif cl.disaggregated:
             self._setup_disagg(cl)
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
+        self.failures = None
+        if faults.replicas:
+            self.failures = self.fleet.failures = Failures(self, self.fleet, self.clients,
+                                                           faults, config.seed)
         if self.clients is not None and self.work_end is None:
             # Timers of attempts that ended early stay on the clock: the run ends with the
             # work (simsched.cluster.work_end), not when the last stale timer fires.

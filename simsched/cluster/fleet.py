@@ -60,6 +60,18 @@ def prepare(config, specs: list, build) -> tuple[list[dict], list[int]]:
     return pools, pool_of
 
 
+def fixed_fleet(cluster, router_rng) -> "Fleet":
+    """A fleet for a fixed cluster whose replicas fail (:mod:`simsched.cluster.failures`): its
+    replicas as they are, one pool, the autoscaling defaults and no autoscaler."""
+    from simsched.config.autoscaling import AutoscalingConfig
+
+    n = len(cluster.replicas)
+    auto = AutoscalingConfig(min_replicas=n, max_replicas=max(n, 1))
+    pools = [{"name": "default", "price_per_hour": 0.0, "min_replicas": n, "max_replicas": n,
+              "overrides": {}, "spec": cluster.specs[0]}]
+    return Fleet(cluster, pools, [0] * n, router_rng, None, auto)
+
+
 class Fleet:
     """The replicas of an autoscaled cluster, their routing set, load and bill.
 
@@ -67,10 +79,14 @@ class Fleet:
     ``pools`` come from :func:`pool_specs` and ``pool_of`` gives the initial replicas' pools.
     """
 
-    def __init__(self, cluster, pools, pool_of: list[int], router_rng, rng) -> None:
+    def __init__(self, cluster, pools, pool_of: list[int], router_rng, rng,
+                 auto=None) -> None:
         cl = cluster.config.cluster
         self.cluster, self.env, self.pools = cluster, cluster.env, pools
-        self.auto = cl.autoscaling
+        # ``auto``: a fixed cluster whose replicas fail routes through a fleet too (with the
+        # autoscaling defaults, and no autoscaler).
+        self.auto = cl.autoscaling if auto is None else auto
+        self.failures = None    # simsched.cluster.failures, where replicas fail
         self.rng = rng                      # delays
         self.replicas = cluster.replicas    # grows: new replicas are appended
         self.pool_of = list(pool_of)
@@ -250,7 +266,10 @@ class Fleet:
                 sum(1 for s in self.state if s == "draining"))
 
     def target(self) -> int:
-        """Replicas the fleet is heading for: routable plus provisioning."""
+        """Replicas the fleet is heading for: routable plus provisioning (plus restarting after
+        a failure)."""
+        if self.failures is not None:
+            return len(self.routable) + len(self.provisioning) + len(self.failures.restarting)
         return len(self.routable) + len(self.provisioning)
 
     def _pool_count(self, k: int) -> int:
@@ -320,6 +339,8 @@ class Fleet:
         old = list(self.routable)
         self.routable.append(g)
         self._routing_changed(old)
+        if self.failures is not None:
+            self.failures.watch(g)
 
     def _remove_one(self) -> bool:
         """Cancel the newest provisioning unit of the dearest pool above its minimum, else drain

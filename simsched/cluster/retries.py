@@ -90,6 +90,9 @@ class Clients:
         self.lost: dict[int, int] = {}          # replica -> KV tokens aborts threw away
         self.user_of: dict[int, int] = {}       # retry/hedge attempt id -> user request id
         self.num_first = 0                      # user requests sent
+        # The workload's requests, given before the run (sessions' turns are appended, with
+        # the retries, as they are sent).
+        self.num_given = len(cluster.requests)
         self.num_retries = 0                    # attempts after the first (hedges too)
         self.num_open = 0                       # user requests not yet over
         self.num_budget_refusals = 0
@@ -176,6 +179,12 @@ class Clients:
         self.attempts.append(row)
         cluster.num_arrived += 1
         load = cluster.load
+        fleet = cluster.fleet
+        if fleet is not None and not fleet.routable:
+            # Every replica is down (simsched.cluster.failures): the send fails at once.
+            req.status = FAILED
+            req.reject_reason = f"failed: no replica up at t={now:g} s"
+            return self._ended(row, req, "failed")
         i = 0 if load is None else cluster._route(req)
         if i < 0:
             return self._ended(row, req, "shed")

@@ -88,10 +88,13 @@ class Replica:
         if sched_cfg.plan_ahead is None and pipeline.plan_ahead(config, cost_model):
             # plan_ahead follows the engine profile: the scheduler is told the answer.
             sched_cfg = dataclasses.replace(sched_cfg, plan_ahead=True, async_scheduling=None)
-        self.scheduler = make_scheduler(
-            sched_cfg, self.kv, max_model_len, rng,
-            kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
-            swap_space_bytes=cache.swap_space_gib * 2**30)
+        # What the scheduler is made from (a restart after a failure makes it again).
+        self._made = (make_scheduler, sched_cfg, max_model_len, rng,
+                      hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
+                      cache.swap_space_gib * 2**30)
+        self.scheduler = make_scheduler(sched_cfg, self.kv, max_model_len, rng,
+                                        kv_bytes_per_block=self._made[4],
+                                        swap_space_bytes=self._made[5])
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
         if getattr(cache, "kv_tiers", None) is not None:
@@ -405,6 +408,23 @@ class Replica:
         if work.num_kv_tokens:
             self.notify_memory()
         return work
+
+    def restart(self) -> None:
+        """Start this replica again after a failure (:mod:`simsched.cluster.failures`): an
+        empty KV cache (its prefix cache lost), a new scheduler and GPU loop. Decode steps go
+        on being counted from the old scheduler's (the iteration log stays one log)."""
+        old = self.scheduler
+        if self.gpu_process.is_alive or old.has_work() or self._live:
+            raise SimulationError(f"replica {self.index} restarted while it still runs")
+        make, sched_cfg, max_model_len, rng, kv_bytes, swap_bytes = self._made
+        self.kv = make_kv_cache(self.kv.num_blocks, self.config.cache)
+        sched = make(sched_cfg, self.kv, max_model_len, rng, kv_bytes_per_block=kv_bytes,
+                     swap_space_bytes=swap_bytes)
+        sched.step = sched._grown_step = old.step
+        sched.step_ended_at = old.step_ended_at
+        self.scheduler = sched
+        self._idle = None
+        self.gpu_process = self.env.process(self._gpu())
 
     def remove_requests(self, step_ends=None) -> list[tuple]:
         """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration
