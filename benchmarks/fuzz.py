@@ -12,7 +12,12 @@ own stream, so a case index means the same base case with or without it. Every r
 checked against what the replicas' sizes and roles allow (:func:`servable`), and some cases check
 that a config refuses a snapshot interval below the bound. Usage::
 
-    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3]
+    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3] [--faults 0.5]
+
+With ``--faults P`` a share P of the cases (not disaggregated ones) also get client deadlines,
+cancellations, retries, hedges and replica failures (:func:`faults_variant`), from a stream of
+their own; every attempt must then end exactly once, every request be finished, given up after
+its last attempt, cancelled or rejected, and KV and work balance through aborts and failures.
 
 Prints the number of configurations run, the failures (with the case index to reproduce with
 ``--only``) and the wall time.
@@ -33,6 +38,7 @@ from simsched.cluster.routers import ROUTERS
 from simsched.config import (LINK_PRESETS, PREEMPTION_MODES, ROLES, SCHEDULER_STYLES,
                              CacheConfig, HardwareConfig, SchedulerConfig, SimConfig)
 from simsched.config.cluster import MIN_REFRESH_INTERVAL
+from simsched.config.faults import FaultsConfig
 from simsched.api import simulate_checked
 from simsched.engine.invariants import check_final_state
 from simsched.engine.result_checks import check_results
@@ -207,6 +213,67 @@ def _roles(rng: np.random.Generator, n: int) -> dict:
     return out
 
 
+def faults_variant(rng: np.random.Generator, cfg: SimConfig,
+                   requests: list[tuple]) -> SimConfig:
+    """The case with things going wrong: client deadlines (TTFT, total), cancellations, retries
+    with backoff, jitter and a budget, hedges, and replica failures scheduled or drawn, on
+    the case's time scale (an iteration: 1 s with the unit cost model, ~10 ms linear)."""
+    step = 1.0 if cfg.hardware.cost_model == "unit" else 8e-3
+    last = max(t for t, *_ in requests)
+
+    def span(low: float, high: float) -> float:
+        return float(step * rng.uniform(low, high))
+
+    f: dict = {}
+    if rng.random() < 0.5:
+        f["ttft_timeout"] = span(0.5, 60)
+    if rng.random() < 0.4:
+        f["request_timeout"] = span(1, 300)
+    if rng.random() < 0.3:
+        f["cancel_fraction"] = float(rng.uniform(0, 0.6))
+        f["cancel_time"] = ("exponential", span(1, 100)) if rng.random() < 0.5 \
+            else span(0, 50)
+    if rng.random() < 0.6:
+        f["max_num_attempts"] = int(rng.integers(2, 5))
+        f["backoff_base_time"] = span(0, 10)
+        f["backoff_multiplier"] = float(rng.uniform(1, 3))
+        f["backoff_max_time"] = span(0, 40)
+        f["backoff_jitter"] = float(rng.uniform(0, 1))
+        f["retry_on"] = tuple(o for o in ("failed", "timed_out", "shed") if rng.random() < 0.7)
+        if rng.random() < 0.3:
+            f["retry_budget"] = float(rng.uniform(0, 1))
+        if rng.random() < 0.3:
+            f["hedge_delay"] = span(0.5, 40)
+    n = cfg.cluster.num_replicas
+    if rng.random() < 0.5:
+        k = int(rng.integers(1, 4))
+        f["replica_failures"] = tuple((float(np.round(rng.uniform(0, last + 50 * step) * 1024)
+                                             / 1024), int(rng.integers(n))) for _ in range(k))
+    if rng.random() < 0.25:
+        f["mtbf"] = span(20, 400)
+    if "replica_failures" in f or "mtbf" in f:
+        f["restart_time"] = span(0, 30) if rng.random() < 0.7 else ("exponential", span(1, 30))
+        f["model_load_time"] = span(0, 20)
+        f["bill_while_down"] = bool(rng.random() < 0.5)
+    if not f:
+        f["ttft_timeout"] = span(0.5, 60)
+    return cfg.replace(faults=FaultsConfig(**f))
+
+
+def faults_margin(cfg: SimConfig) -> float:
+    """Simulated time retries, hedges and restarts may add to a run's livelock guard."""
+    f = cfg.faults
+    timeouts = max(f.ttft_timeout or 0.0, f.request_timeout or 0.0, f.hedge_delay or 0.0)
+    restart = _longest(f.restart_time) + _longest(f.model_load_time or ("fixed", 60.0))
+    return 10 * f.max_num_attempts * (f.backoff_max_time + timeouts + restart) \
+        + 10 * restart * (len(f.replica_failures) + 1)
+
+
+def _longest(spec: tuple) -> float:
+    kind, *params = spec
+    return params[1] if kind == "uniform" else 10 * params[0] if kind != "fixed" else params[0]
+
+
 def check_refusals(rng: np.random.Generator, cfg: SimConfig) -> None:
     """Values a config must refuse with a ValueError naming the field: snapshot intervals below
     the bound (1e-9 s hung a run, 1e-17 s stopped the clock)."""
@@ -237,7 +304,10 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
     """
     unlimited = math.isinf(cfg.max_sim_time)
     if unlimited:
-        cfg = cfg.replace(max_sim_time=livelock_guard(cfg, requests))
+        guard = livelock_guard(cfg, requests)
+        if cfg.faults.enabled:
+            guard += faults_margin(cfg)
+        cfg = cfg.replace(max_sim_time=guard)
     results, engine = simulate_checked(cfg, requests if table is None else table)
     if unlimited:
         if results.summary()["num_unfinished"]:
@@ -254,11 +324,14 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
             raise AssertionError(f"request {row.request_id} ({row.num_prompt_tokens}+"
                                  f"{row.num_output_tokens}) fits but was rejected: "
                                  f"{row.reject_reason}")
+        if row.status == "failed" and row.reject_reason.startswith("failed: no replica up"):
+            continue        # every replica was down when it was sent
         if row.status not in ("rejected", "pending") and not servable(engine, row, False):
             raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
     summary = results.summary()
+    given_up = sum(summary.get(f"num_{s}", 0) for s in ("timed_out", "cancelled", "failed"))
     if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] \
-            + summary["num_not_arrived"] != len(df):
+            + summary["num_not_arrived"] + given_up != len(df):
         raise AssertionError(f"summary counts do not add up: {summary}")
 
 
@@ -309,7 +382,7 @@ def servable(engine, row, comfortably: bool) -> bool:
 def run_one(args: tuple) -> tuple[int, str]:
     """Run case ``index`` of seed ``seed`` (a cluster with probability ``cluster``); return
     (index, error text or '')."""
-    seed, index, cluster = args
+    seed, index, cluster, faults = args
     rng = np.random.default_rng([seed, index])
     table = None
     try:
@@ -319,6 +392,11 @@ def run_one(args: tuple) -> tuple[int, str]:
             cfg, table = cluster_variant(more, cfg, requests)
             if more.random() < 0.1:
                 check_refusals(more, cfg)
+        # Faults from a stream of their own (a case index names the same base case), where
+        # they are supported (not with prefill/decode roles).
+        wrong = np.random.default_rng([seed, index, 2])
+        if wrong.random() < faults and not cfg.cluster.disaggregated:
+            cfg = faults_variant(wrong, cfg, requests)
     except Exception:  # a generator bug, not a simulator bug, but report it all the same
         return index, "case generation failed:\n" + traceback.format_exc()
     try:
@@ -339,12 +417,15 @@ def main(argv=None) -> int:
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
     parser.add_argument("--cluster", type=float, default=0.0,
                         help="share of cases also run as clusters with shared prefixes (0)")
+    parser.add_argument("--faults", type=float, default=0.0,
+                        help="share of cases with client timeouts, cancellations, retries, "
+                             "hedges and replica failures (0)")
     add_record_option(parser)     # variants: full (no clusters), cluster (--cluster > 0)
     args = parser.parse_args(argv)
     if args.record and args.only is not None:
         parser.error("--record keeps a campaign's figures: drop --only")
     indices = [args.only] if args.only is not None else range(args.n)
-    tasks = [(args.seed, i, args.cluster) for i in indices]
+    tasks = [(args.seed, i, args.cluster, args.faults) for i in indices]
     started = time.perf_counter()
     failures = []
     if args.workers > 1 and len(tasks) > 1:
@@ -369,9 +450,11 @@ def main(argv=None) -> int:
           + (f" (cases {[i for i, _ in failures[:50]]})" if failures else "")
           + f"; time: {elapsed:.1f} s")
     if args.record:
-        record("fuzz", "cluster" if args.cluster > 0 else "full",
+        record("fuzz", "faults" if args.faults > 0 else "cluster" if args.cluster > 0
+               else "full",
                {"cases": len(tasks), "failures": len(failures), "wall_s": elapsed,
-                "seed": args.seed, "workers": args.workers, "cluster_share": args.cluster})
+                "seed": args.seed, "workers": args.workers, "cluster_share": args.cluster,
+                "faults_share": args.faults})
     return 1 if failures else 0
 
 

@@ -172,3 +172,16 @@ def test_faults_config_round_trips_and_names_bad_fields():
         SimConfig().replace(num_replicas=2, faults=FaultsConfig(replica_failures=((1, 2),)))
     assert FaultsConfig(backoff_multiplier=1e300, backoff_max_time=1e308).backoff(900, 0.0) \
         == 1e308
+
+
+def test_fuzz_faults_slice():
+    """A slice of the fuzz campaign with faults (timeouts, cancellations, retries, hedges,
+    replica failures), every invariant and result check on, none failing."""
+    import warnings
+
+    from benchmarks.fuzz import run_one
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        errors = [run_one((11, index, 0.5, 1.0)) for index in range(12)]
+    assert [e for e in errors if e[1]] == []

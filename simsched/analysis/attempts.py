@@ -14,7 +14,8 @@ row per attempt, then :func:`split_attempts` turns it into
   attempt (the first to finish, else the last sent), with ``arrival_at`` the first attempt's
   send, so TTFT, E2E latency and queue time, and with them goodput and SLO attainment, are the
   user's (the first successful attempt's latency from the first attempt's send);
-  ``num_attempts`` and the wasted tokens of all its attempts added.
+  ``num_attempts`` and the wasted tokens of all its attempts added (a request the run ended
+  before it was sent keeps its own row, status ``pending``, no attempt).
 
 Inter-token gaps stay pooled over every attempt's tokens (the user saw the tokens of a stream
 that broke off too).
@@ -45,7 +46,7 @@ def split_attempts(req_df: pd.DataFrame, rows: list, columns) -> tuple[pd.DataFr
     attempts.insert(1, "request_id", rows_df["request_id"].to_numpy())
     attempts.insert(2, "attempt", rows_df["attempt"].to_numpy())
     # A run cut by max_sim_time leaves attempts open: their engine status says where.
-    outcome = rows_df["outcome"].to_numpy(dtype=object)
+    outcome = rows_df["outcome"].to_numpy(dtype=object, copy=True)
     open_ = outcome == ""
     outcome[open_] = attempts["status"].to_numpy(dtype=object)[open_]
     attempts.insert(3, "outcome", outcome)
@@ -76,5 +77,13 @@ def split_attempts(req_df: pd.DataFrame, rows: list, columns) -> tuple[pd.DataFr
     requests["num_attempts"] = grouped["attempt"].count().loc[user_ids].to_numpy()
     for name in WASTED:
         requests[name] = grouped[name].sum().loc[user_ids].to_numpy()
+    # Requests never sent (the run ended before their arrival): their own rows, no attempt.
+    unsent = req_df[~req_df["request_id"].isin(attempts["attempt_id"])].copy()
+    if len(unsent):
+        unsent["num_attempts"] = 0
+        for name in WASTED:
+            unsent[name] = 0
+        requests = unsent[requests.columns] if not len(requests) else pd.concat(
+            [requests, unsent[requests.columns]], ignore_index=True)
     requests = requests.sort_values("request_id", kind="stable").reset_index(drop=True)
     return requests, attempts.reset_index(drop=True)

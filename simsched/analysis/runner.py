@@ -180,6 +180,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
+    if stream_to is not None and config.faults.enabled:
+        raise ValueError("stream_to: a run with faults (client timeouts, retries, replica "
+                         "failures) is not streamed yet; run it without stream_to")
     if stream_to is not None:
         stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload

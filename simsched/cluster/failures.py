@@ -106,6 +106,12 @@ class Failures:
         taken = replica.remove_requests(kept(g, replica.iteration_rows) if kept else None)
         fleet.kv_use[g] = 0.0
         clients, reason = self.clients, f"failed: replica {g} failed at t={now:g} s"
+        # Aborts during the iteration the failure cut short counted its tokens as computed.
+        logged = len(replica.iteration_rows.values)
+        for at, work in replica.in_flight_aborts:
+            if at == logged:
+                clients.took_back(g, work)
+        replica.in_flight_aborts.clear()
         for req, handles, dropped in taken:
             decode = min(dropped, max(0, req.num_generated - 1))
             hits = req.num_cached_tokens if req.num_preemptions == 0 else 0

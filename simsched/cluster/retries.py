@@ -219,6 +219,17 @@ class Clients:
             self._cancel_others(user, req)
         return self._ended(row, req, req.status.value)
 
+    def took_back(self, i: int, work) -> None:
+        """Replica ``i`` failed before the iteration ``work``'s abort counted ended: it was
+        never computed (its attempt's row is corrected)."""
+        n = work.take_back_in_flight()
+        self.lost[i] -= n
+        for row in self.attempts[::-1]:
+            if self.wasted.get(row[0]) is work:
+                row[7], row[8], row[9] = (work.num_kv_tokens, work.num_prefill_tokens,
+                                          work.num_decode_tokens)
+                break
+
     def _ended(self, row: list, req: Request, outcome: str) -> str:
         row[4] = outcome
         row[6] = self.env.now

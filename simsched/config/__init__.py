@@ -195,8 +195,9 @@ class SimConfig:
                                {f.name for f in dataclasses.fields(getattr(self, p))})
             parts[section][name] = value
         try:
+            # (Faults are the cluster's: a replica's own config has none.)
             return dataclasses.replace(
-                self, cluster=ClusterConfig(),
+                self, cluster=ClusterConfig(), faults=FaultsConfig(),
                 **{p: dataclasses.replace(getattr(self, p), **c) for p, c in parts.items() if c})
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None

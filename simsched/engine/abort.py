@@ -25,13 +25,29 @@ RUNNING, SWAPPED, WAITING = Status.RUNNING, Status.SWAPPED, Status.WAITING
 class AbortedWork:
     """What an aborted request had computed (see the module docstring)."""
 
-    __slots__ = ("num_kv_tokens", "num_prefill_tokens", "num_decode_tokens")
+    __slots__ = ("num_kv_tokens", "num_prefill_tokens", "num_decode_tokens", "in_flight",
+                 "in_flight_decode")
 
     def __init__(self, num_kv_tokens: int = 0, num_prefill_tokens: int = 0,
-                 num_decode_tokens: int = 0) -> None:
+                 num_decode_tokens: int = 0, in_flight: int = 0,
+                 in_flight_decode: bool = False) -> None:
         self.num_kv_tokens = num_kv_tokens
         self.num_prefill_tokens = num_prefill_tokens
         self.num_decode_tokens = num_decode_tokens
+        # Of them, the tokens of the iteration in flight (a decode token, or a prefill chunk).
+        self.in_flight = in_flight
+        self.in_flight_decode = in_flight_decode
+
+    def take_back_in_flight(self) -> int:
+        """The iteration in flight was lost after all (its replica failed before it ended, so
+        it is never logged): its tokens were not computed. Returns them."""
+        n, self.in_flight = self.in_flight, 0
+        self.num_kv_tokens -= n
+        if self.in_flight_decode:
+            self.num_decode_tokens -= n
+        else:
+            self.num_prefill_tokens = max(0, self.num_prefill_tokens - n)
+        return n
 
     def __repr__(self) -> str:
         return (f"AbortedWork(kv={self.num_kv_tokens}, prefill={self.num_prefill_tokens}, "
@@ -81,7 +97,8 @@ def _stop_running(sched, req: Request) -> AbortedWork:
     # Prefix-cache hits of its first admission were served, not computed; a request admitted
     # again after a preemption (whose hits are not kept) counts its whole re-prefill.
     hits = req.num_cached_tokens if req.num_preemptions == 0 else 0
-    return AbortedWork(kv_tokens, max(0, kv_tokens - num_decode - hits), num_decode)
+    return AbortedWork(kv_tokens, max(0, kv_tokens - num_decode - hits), num_decode, in_flight,
+                       decoding)
 
 
 def _drop_swapped(sched, req: Request) -> AbortedWork:

@@ -111,6 +111,7 @@ class Replica:
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
+        self.in_flight_aborts: list = []     # see abort()
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
         self.async_scheduling = pipeline.arrival_rule(config, cost_model)
         self.pending: deque = deque()
@@ -405,6 +406,13 @@ class Replica:
         else:
             work = abort_request(self.scheduler, req)
         self._live.pop(req.id, None)
+        if work.in_flight:
+            # Counted as computed by the iteration in flight, which a failure may yet lose:
+            # (log length now, the work) lets the failure take it back (cluster.failures).
+            logged, claims = len(self.iteration_rows.values), self.in_flight_aborts
+            if claims and claims[-1][0] != logged:
+                claims.clear()          # their iterations were logged: settled
+            claims.append((logged, work))
         if work.num_kv_tokens:
             self.notify_memory()
         return work
