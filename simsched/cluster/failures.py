@@ -39,6 +39,18 @@ DEFAULT_MODEL_LOAD_TIME = ("fixed", 60.0)       # the autoscaler's default
 FAILURE_STREAM = 8
 
 
+def _lost_admissions(replica) -> tuple[set, int]:
+    """The requests of the iteration in flight on ``replica`` (lost if it fails now) and the
+    prefix-cache hits its admissions counted, which its lost log row would have held."""
+    sched = replica.scheduler
+    if not replica.kv.prefix_caching or not sched.planned:
+        return set(), 0
+    log = replica.iteration_rows
+    logged = int(np.frombuffer(log.values, dtype=log.dtype)["num_cached_tokens"].sum()) \
+        if log.values else 0
+    return set(sched.planned), sched.num_cached_tokens - logged
+
+
 class Failures:
     """The failures of a run's replicas (see the module docstring); ``fleet`` is the run's
     :class:`~simsched.cluster.fleet.Fleet`, ``clients`` its :class:`~simsched.cluster.retries.
@@ -102,6 +114,7 @@ class Failures:
         fleet.state[g] = "failed"
         fleet.units[fleet.unit_of[g]][6] = now      # this lifecycle's bill ends
         replica = fleet.replicas[g]
+        in_flight, lost_hits = _lost_admissions(replica)
         kept = getattr(self.cluster.requests, "step_ends", None)
         taken = replica.remove_requests(kept(g, replica.iteration_rows) if kept else None)
         fleet.kv_use[g] = 0.0
@@ -113,6 +126,11 @@ class Failures:
                 clients.took_back(g, work)
         replica.in_flight_aborts.clear()
         for req, handles, dropped in taken:
+            if lost_hits and req.id in in_flight:
+                # Admitted by the lost iteration: its prefix-cache hits were never logged.
+                took = min(lost_hits, dropped)
+                dropped -= took
+                lost_hits -= took
             decode = min(dropped, max(0, req.num_generated - 1))
             hits = req.num_cached_tokens if req.num_preemptions == 0 else 0
             clients.wasted[req.id] = AbortedWork(dropped, max(0, dropped - decode - hits),
