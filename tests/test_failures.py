@@ -106,3 +106,22 @@ def test_drawn_failures_are_seeded():
     b, _ = _run(**kwargs)
     assert len(a.failures) > 0 and a.failures.equals(b.failures)
     assert a.attempts.equals(b.attempts)
+
+
+@pytest.mark.parametrize("on_failure", ["stop", "continue"])
+def test_a_session_stops_or_continues_after_a_failed_turn(on_failure):
+    cfg = BASE.replace(num_replicas=1)
+    table = [{"arrival_at": 0.0, "session_id": 0, "think_time": 0.0, "num_prompt_tokens": 32,
+              "num_output_tokens": 5},
+             {"arrival_at": 0.0, "session_id": 0, "think_time": 0.1, "num_prompt_tokens": 64,
+              "num_output_tokens": 50},
+             {"arrival_at": 0.0, "session_id": 0, "think_time": 0.3, "num_prompt_tokens": 160,
+              "num_output_tokens": 5}]
+    res, _ = _run(table, cfg, replica_failures=((0.3, 0),), restart_time=0.1,
+                  model_load_time=0.1, session_on_failure=on_failure)
+    status = res.requests["status"].tolist()
+    if on_failure == "stop":
+        assert status == ["finished", "failed"]
+    else:
+        assert status == ["finished", "failed", "finished"]
+        assert res.requests["arrival_at"].iloc[2] == pytest.approx(0.6)

@@ -46,9 +46,11 @@ def _lost_admissions(replica) -> tuple[set, int]:
     if not replica.kv.prefix_caching or not sched.planned:
         return set(), 0
     log = replica.iteration_rows
-    logged = int(np.frombuffer(log.values, dtype=log.dtype)["num_cached_tokens"].sum()) \
-        if log.values else 0
-    return set(sched.planned), sched.num_cached_tokens - logged
+    # Rows since the GPU loop last started (a restart counts hits from 0 again).
+    rows = memoryview(log.values)[getattr(replica, "restart_row", 0):]
+    logged = int(np.frombuffer(rows, dtype=log.dtype)["num_cached_tokens"].sum()) \
+        if len(rows) else 0
+    return set(sched.planned), max(0, sched.num_cached_tokens - logged)
 
 
 class Failures:

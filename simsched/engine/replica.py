@@ -431,6 +431,8 @@ class Replica:
         sched.step = sched._grown_step = old.step
         sched.step_ended_at = old.step_ended_at
         self.scheduler = sched
+        # The new loop counts cache hits from 0: the log rows before this are the old one's.
+        self.restart_row = len(self.iteration_rows.values)
         self._idle = None
         self.gpu_process = self.env.process(self._gpu())
 
