@@ -10,7 +10,7 @@ start of the busiest window and is back a minute later (30 s restart, 30 s model
 latencies, the failure's downtime, client timeouts, backoffs and the autoscaler's delays are
 real seconds (only the load's shape is compressed). SLO: TTFT <= 2 s and TPOT <= 100 ms, per user request from its first send::
 
-    python -m experiments.incidents [--out out/incidents] [--quick] [--quiet]
+    python -m experiments.incidents [--out out/incidents] [--quick] [--quiet] [--img docs/img]
 
 Scenarios: ``no retries`` (a failed request is lost), ``retries, 30 s timeout`` and
 ``retries, 10 s timeout`` (clients give an attempt up 30 s or 10 s after its send without a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ from simsched.workloads.workload import WorkloadConfig
 
 NUM_REPLICAS = 16
 PEAK_LOAD = 0.85
-STORM_LOAD = 1.0
+STORM_LOAD = 1.25
 TTFT_SLO, TPOT_SLO = 2.0, 0.1
 HOUR, WINDOW = 3600.0, 600.0
 DOWN_TIME = (30.0, 30.0)        # restart, model load (seconds, not compressed)
@@ -146,7 +147,7 @@ def run(name: str, cfg: SimConfig, faults: FaultsConfig, auto, times: dict):
     for b in range(NUM_BINS):
         mask = bins == b
         finite = ttft[mask & np.isfinite(ttft)]
-        rows.append({"scenario": name, "minute": edges[b] * times["compress"] / 60.0,
+        rows.append({"scenario": name, "at": edges[b],
                      "num_requests": int(mask.sum()),
                      "attainment": float(met[mask].mean()) if mask.any() else math.nan,
                      "ttft_p99": float(np.percentile(finite, 99)) if len(finite) else math.nan,
@@ -158,15 +159,15 @@ def _plot(timeline: pd.DataFrame, names: list, times: dict, title: str):
     fig, axes = _figure(None, 2, (10, 6.5), nrows=2, ncols=1, sharex=True)
     for name in names:
         t = timeline[timeline["scenario"] == name]
-        axes[0].plot(t["minute"], t["ttft_p99"], label=name, drawstyle="steps-post")
-        axes[1].plot(t["minute"], t["attainment"] * 100, label=name, drawstyle="steps-post")
-    minute = times["compress"] / 60.0
+        axes[0].plot(t["at"], t["ttft_p99"], label=name, drawstyle="steps-post")
+        axes[1].plot(t["at"], t["attainment"] * 100, label=name, drawstyle="steps-post")
     for ax in axes:
-        ax.axvspan(times["fail_at"] * minute, times["back_at"] * minute, color="0.9", zorder=0)
+        ax.axvspan(times["fail_at"], times["back_at"], color="0.9", zorder=0)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("TTFT p99 (s, user's view)")
     axes[1].set_ylabel("SLO attainment (%)")
-    axes[1].set_xlabel("minute of the hour (shaded: replica 0 down)")
+    axes[1].set_xlabel(f"first send, simulated s (the hour's load compressed "
+                       f"{times['compress']:g}x; shaded: replica 0 down)")
     axes[0].set_title(title)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
@@ -175,8 +176,9 @@ def _plot(timeline: pd.DataFrame, names: list, times: dict, title: str):
 
 def main(argv=None) -> dict[str, pd.DataFrame]:
     """Run every scenario; return ``runs`` (one row each) and ``timeline`` (per bin)."""
-    args = parser("incidents", __doc__, "the hour compressed into 1 minute, not 6") \
-        .parse_args(argv)
+    p = parser("incidents", __doc__, "the hour compressed into 2 minutes, not 10")
+    p.add_argument("--img", default=None, help="also copy the plots here (docs/img)")
+    args = p.parse_args(argv)
     out = Path(args.out)
     compress = settings(args.quick)["compress"]
     base = SimConfig().replace(workload=lengths())
@@ -203,12 +205,17 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     print_table(runs)
     write_frames(out, runs=runs, timeline=timeline)
     names = list(scenarios(times))
-    try_plots(lambda: [
-        save_plot(out / "incident.png", lambda: _plot(timeline, names, times,
-                                                      "one replica of 16 fails at the peak")),
-        save_plot(out / "retry_storm.png", lambda: _plot(
+    plots = try_plots(lambda: [
+        save_plot(out / "incidents_failure.png", lambda: _plot(
+            timeline, names, times, "one replica of 16 fails at the peak")),
+        save_plot(out / "incidents_retry_storm.png", lambda: _plot(
             timeline, list(storm_scenarios(storm_times)), storm_times,
             f"a retry storm at {STORM_LOAD:.0%} load"))])
+    if args.img:
+        Path(args.img).mkdir(parents=True, exist_ok=True)
+        for path in plots:
+            if path is not None:
+                shutil.copy(path, Path(args.img) / path.name)
     return {"runs": runs, "timeline": timeline}
 
 
