@@ -212,7 +212,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     elif is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
-    elif config.check_invariants or keep_engine or config.faults.clients:
+    elif config.check_invariants or keep_engine or config.faults.enabled:
         # The checks read every request object; retries copy theirs.
         reqs = make_requests(frame, block)
     else:
