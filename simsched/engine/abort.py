@@ -13,10 +13,14 @@ autoscaler's abort), of which ``num_prefill_tokens`` came from prefill chunks an
 ``num_decode_tokens`` from decode steps, the in-flight iteration's share included (that
 iteration still runs and is logged: the GPU computes the token, its result is thrown away).
 Tokens served from the prefix cache at its first admission are not counted as prefill work.
+
+:func:`abort_on_replica` and :func:`restart` are a replica's side of an abort and of a restart
+after a failure (:mod:`simsched.cluster.failures`).
 """
 
 from __future__ import annotations
 
+from simsched.engine.kv.factory import make_kv_cache
 from simsched.request import Request, Status
 
 RUNNING, SWAPPED, WAITING = Status.RUNNING, Status.SWAPPED, Status.WAITING
@@ -127,3 +131,46 @@ def _unqueue(sched, req: Request) -> bool:
     if queue.remove(req):
         return True
     return False
+
+
+def abort_on_replica(replica, req: Request) -> AbortedWork:
+    """:meth:`simsched.engine.replica.Replica.abort`: ``req`` leaves ``replica`` now, from the
+    arrivals its next plan has not seen yet or from its scheduler."""
+    pending = replica.pending      # (the GPU loop holds this deque: changed in place)
+    entry = next((e for e in pending if e[1] is req), None) \
+        if pending and req.status is WAITING else None
+    if entry is not None:
+        pending.remove(entry)
+        work = NOTHING
+    else:
+        work = abort_request(replica.scheduler, req)
+    replica._live.pop(req.id, None)
+    if work.in_flight:
+        # Counted as computed by the iteration in flight, which a failure may yet lose:
+        # (log length now, the work) lets the failure take it back (cluster.failures).
+        logged, claims = len(replica.iteration_rows.values), replica.in_flight_aborts
+        if claims and claims[-1][0] != logged:
+            claims.clear()          # their iterations were logged: settled
+        claims.append((logged, work))
+    if work.num_kv_tokens:
+        replica.notify_memory()
+    return work
+
+
+def restart(replica) -> None:
+    """A failed ``replica``'s engine made again (:meth:`~simsched.engine.replica.Replica.
+    restart` then starts its GPU loop): an empty KV cache, prefix cache included, and a new
+    scheduler whose decode steps go on from the old one's (the iteration log stays one log)."""
+    old = replica.scheduler
+    if replica.gpu_process.is_alive or old.has_work() or replica._live:
+        raise RuntimeError(f"replica {replica.index} restarted while it still runs")
+    make, sched_cfg, max_model_len, rng, kv_bytes, swap_bytes = replica._made
+    replica.kv = make_kv_cache(replica.kv.num_blocks, replica.config.cache)
+    sched = make(sched_cfg, replica.kv, max_model_len, rng, kv_bytes_per_block=kv_bytes,
+                 swap_space_bytes=swap_bytes)
+    sched.step = sched._grown_step = old.step
+    sched.step_ended_at = old.step_ended_at
+    replica.scheduler = sched
+    # The new loop counts cache hits from 0: the log rows before this are the old one's.
+    replica.restart_row = len(replica.iteration_rows.values)
+    replica._idle = None

@@ -46,7 +46,7 @@ from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler.quiet import QuietSteps
 from simsched.engine import removal
-from simsched.engine.abort import NOTHING, AbortedWork, abort_request
+from simsched.engine.abort import AbortedWork, abort_on_replica, restart
 from simsched.engine.scheduler.core import Scheduler
 from simsched.engine.scheduler.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -396,44 +396,14 @@ class Replica:
     def abort(self, req: Request) -> AbortedWork:
         """Abort unfinished ``req`` here now (its client gave up): it leaves the engine
         wherever it is, its KV blocks freed at once; the work it loses
-        (:mod:`simsched.engine.abort`). Its handles are dropped: the caller wakes its process."""
-        pending = self.pending      # (the GPU loop holds this deque: changed in place)
-        entry = next((e for e in pending if e[1] is req), None) \
-            if pending and req.status is Status.WAITING else None
-        if entry is not None:
-            pending.remove(entry)
-            work = NOTHING
-        else:
-            work = abort_request(self.scheduler, req)
-        self._live.pop(req.id, None)
-        if work.in_flight:
-            # Counted as computed by the iteration in flight, which a failure may yet lose:
-            # (log length now, the work) lets the failure take it back (cluster.failures).
-            logged, claims = len(self.iteration_rows.values), self.in_flight_aborts
-            if claims and claims[-1][0] != logged:
-                claims.clear()          # their iterations were logged: settled
-            claims.append((logged, work))
-        if work.num_kv_tokens:
-            self.notify_memory()
-        return work
+        (:func:`simsched.engine.abort.abort_on_replica`). Its handles are dropped: the caller
+        wakes its process."""
+        return abort_on_replica(self, req)
 
     def restart(self) -> None:
-        """Start this replica again after a failure (:mod:`simsched.cluster.failures`): an
-        empty KV cache (its prefix cache lost), a new scheduler and GPU loop. Decode steps go
-        on being counted from the old scheduler's (the iteration log stays one log)."""
-        old = self.scheduler
-        if self.gpu_process.is_alive or old.has_work() or self._live:
-            raise SimulationError(f"replica {self.index} restarted while it still runs")
-        make, sched_cfg, max_model_len, rng, kv_bytes, swap_bytes = self._made
-        self.kv = make_kv_cache(self.kv.num_blocks, self.config.cache)
-        sched = make(sched_cfg, self.kv, max_model_len, rng, kv_bytes_per_block=kv_bytes,
-                     swap_space_bytes=swap_bytes)
-        sched.step = sched._grown_step = old.step
-        sched.step_ended_at = old.step_ended_at
-        self.scheduler = sched
-        # The new loop counts cache hits from 0: the log rows before this are the old one's.
-        self.restart_row = len(self.iteration_rows.values)
-        self._idle = None
+        """Start this replica again after a failure: an empty KV cache (its prefix cache
+        lost), a new scheduler and GPU loop (:func:`simsched.engine.abort.restart`)."""
+        restart(self)
         self.gpu_process = self.env.process(self._gpu())
 
     def remove_requests(self, step_ends=None) -> list[tuple]:
