@@ -12,7 +12,12 @@ own stream, so a case index means the same base case with or without it. Every r
 checked against what the replicas' sizes and roles allow (:func:`servable`), and some cases check
 that a config refuses a snapshot interval below the bound. Usage::
 
-    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3]
+    python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3] [--faults 0.5]
+
+With ``--faults P`` a share P of the cases (not disaggregated ones) also get client deadlines,
+cancellations, retries, hedges and replica failures (:func:`faults_variant`), from a stream of
+their own; every attempt must then end exactly once, every request be finished, given up after
+its last attempt, cancelled or rejected, and KV and work balance through aborts and failures.
 
 Prints the number of configurations run, the failures (with the case index to reproduce with
 ``--only``) and the wall time.
@@ -40,6 +45,7 @@ from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 
 from benchmarks.common import add_record_option, record
+from benchmarks.fuzz_faults import faults_margin, faults_variant
 
 MODEL_CONTEXT = 4096  # llama-2-7b, the default model
 
@@ -237,7 +243,10 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
     """
     unlimited = math.isinf(cfg.max_sim_time)
     if unlimited:
-        cfg = cfg.replace(max_sim_time=livelock_guard(cfg, requests))
+        guard = livelock_guard(cfg, requests)
+        if cfg.faults.enabled:
+            guard += faults_margin(cfg)
+        cfg = cfg.replace(max_sim_time=guard)
     results, engine = simulate_checked(cfg, requests if table is None else table)
     if unlimited:
         if results.summary()["num_unfinished"]:
@@ -254,11 +263,14 @@ def check_case(cfg: SimConfig, requests: list[tuple], table: pd.DataFrame | None
             raise AssertionError(f"request {row.request_id} ({row.num_prompt_tokens}+"
                                  f"{row.num_output_tokens}) fits but was rejected: "
                                  f"{row.reject_reason}")
+        if row.status == "failed" and row.reject_reason.startswith("failed: no replica up"):
+            continue        # every replica was down when it was sent
         if row.status not in ("rejected", "pending") and not servable(engine, row, False):
             raise AssertionError(f"request {row.request_id} can never fit but ended {row.status}")
     summary = results.summary()
+    given_up = sum(summary.get(f"num_{s}", 0) for s in ("timed_out", "cancelled", "failed"))
     if summary["num_finished"] + summary["num_rejected"] + summary["num_unfinished"] \
-            + summary["num_not_arrived"] != len(df):
+            + summary["num_not_arrived"] + given_up != len(df):
         raise AssertionError(f"summary counts do not add up: {summary}")
 
 
@@ -309,7 +321,7 @@ def servable(engine, row, comfortably: bool) -> bool:
 def run_one(args: tuple) -> tuple[int, str]:
     """Run case ``index`` of seed ``seed`` (a cluster with probability ``cluster``); return
     (index, error text or '')."""
-    seed, index, cluster = args
+    seed, index, cluster, faults = args
     rng = np.random.default_rng([seed, index])
     table = None
     try:
@@ -319,6 +331,11 @@ def run_one(args: tuple) -> tuple[int, str]:
             cfg, table = cluster_variant(more, cfg, requests)
             if more.random() < 0.1:
                 check_refusals(more, cfg)
+        # Faults from a stream of their own (a case index names the same base case), where
+        # they are supported (not with prefill/decode roles).
+        wrong = np.random.default_rng([seed, index, 2])
+        if wrong.random() < faults and not cfg.cluster.disaggregated:
+            cfg = faults_variant(wrong, cfg, requests)
     except Exception:  # a generator bug, not a simulator bug, but report it all the same
         return index, "case generation failed:\n" + traceback.format_exc()
     try:
@@ -339,12 +356,15 @@ def main(argv=None) -> int:
     parser.add_argument("--show", type=int, default=5, help="failures to print in full")
     parser.add_argument("--cluster", type=float, default=0.0,
                         help="share of cases also run as clusters with shared prefixes (0)")
+    parser.add_argument("--faults", type=float, default=0.0,
+                        help="share of cases with client timeouts, cancellations, retries, "
+                             "hedges and replica failures (0)")
     add_record_option(parser)     # variants: full (no clusters), cluster (--cluster > 0)
     args = parser.parse_args(argv)
     if args.record and args.only is not None:
         parser.error("--record keeps a campaign's figures: drop --only")
     indices = [args.only] if args.only is not None else range(args.n)
-    tasks = [(args.seed, i, args.cluster) for i in indices]
+    tasks = [(args.seed, i, args.cluster, args.faults) for i in indices]
     started = time.perf_counter()
     failures = []
     if args.workers > 1 and len(tasks) > 1:
@@ -369,9 +389,11 @@ def main(argv=None) -> int:
           + (f" (cases {[i for i, _ in failures[:50]]})" if failures else "")
           + f"; time: {elapsed:.1f} s")
     if args.record:
-        record("fuzz", "cluster" if args.cluster > 0 else "full",
+        record("fuzz", "faults" if args.faults > 0 else "cluster" if args.cluster > 0
+               else "full",
                {"cases": len(tasks), "failures": len(failures), "wall_s": elapsed,
-                "seed": args.seed, "workers": args.workers, "cluster_share": args.cluster})
+                "seed": args.seed, "workers": args.workers, "cluster_share": args.cluster,
+                "faults_share": args.faults})
     return 1 if failures else 0
 
 

@@ -18,6 +18,10 @@ class Status(str, Enum):
     FINISHED = "finished"
     REJECTED = "rejected"      # can never be served (too long for the model or the KV cache)
     ABORTED = "aborted"        # ended unfinished: its replica was removed (autoscaling's abort)
+    # An attempt given up by its client or lost with its replica (simsched.config.faults).
+    TIMED_OUT = "timed_out"    # its client's deadline (TTFT or total) passed first
+    CANCELLED = "cancelled"    # its user cancelled it (or a hedged copy won)
+    FAILED = "failed"          # its replica failed while it was there
 
 
 class Request:

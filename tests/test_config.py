@@ -150,6 +150,7 @@ SIM_BAD = [
     ("workload", 3, "WorkloadConfig"),
     ("cluster", {"num_replicas": 2}, "ClusterConfig"),
     ("client", "vllm", "ClientConfig"),     # its fields: tests/test_clients.py
+    ("faults", {"ttft_timeout": 1.0}, "FaultsConfig"),     # its fields: tests/test_faults.py
 ]
 
 

@@ -95,5 +95,5 @@ def test_fuzz_cluster_slice():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        errors = [run_one((7, index, 1.0)) for index in range(60)]
+        errors = [run_one((7, index, 1.0, 0.0)) for index in range(60)]
     assert [e for e in errors if e[1]] == []

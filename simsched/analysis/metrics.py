@@ -66,6 +66,10 @@ class Results:
         self.sim_time = sim_time
         self.info = info or {}
         self.fleet = None   # an autoscaled run's FleetResults (simsched.analysis.fleet_metrics)
+        # One row per attempt where clients time out, cancel or retry (simsched.analysis.attempts).
+        self.attempts = None
+        # One row per replica failure (simsched.cluster.failures), where replicas fail.
+        self.failures = None
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -121,7 +125,10 @@ class Results:
         ``num_aborted`` where an autoscaled fleet aborts a removed replica's requests: the
         summary has that key, and ``num_migrations``, only where removed replicas abort or
         migrate). Aborted requests count like unfinished ones everywhere else: in TTFT and
-        queue time if they got that far, never in E2EL, TPOT, throughput or goodput.
+        queue time if they got that far, never in E2EL, TPOT, throughput or goodput. With client
+        timeouts, retries or replica failures (``Results.attempts``) the rows are user requests
+        and ``num_timed_out``, ``num_cancelled`` and ``num_failed`` join the sum (their last
+        attempt was given up), with ``num_attempts`` and the wasted tokens.
         """
         df = self.requests
         finished = (df["status"] == Status.FINISHED.value).to_numpy(dtype=bool)
@@ -134,6 +141,14 @@ class Results:
                           Status.SWAPPED.value]).sum()),
                      # Arrival after the run ended (max_sim_time): neither served nor unserved.
                      "num_not_arrived": int((df["status"] == Status.PENDING.value).sum())}
+        if self.attempts is not None:
+            # Client timeouts, cancellations, retries or replica failures: the user requests
+            # given up (after their last attempt), and the attempts' totals.
+            for status in (Status.TIMED_OUT, Status.CANCELLED, Status.FAILED):
+                out[f"num_{status.value}"] = int((df["status"] == status.value).sum())
+            out["num_attempts"] = len(self.attempts)
+            for name in ("num_wasted_prefill_tokens", "num_wasted_decode_tokens"):
+                out[name] = int(df[name].sum())
         for name in ("ttft", "tpot", "e2el", "queue_time"):
             column = df[name].to_numpy()
             keep = ~np.isnan(column)
@@ -218,6 +233,10 @@ class Results:
             out["steps"] = self.steps
         if self.fleet is not None:
             out.update(fleet_units=self.fleet.units, fleet_timeline=self.fleet.timeline)
+        if self.attempts is not None:
+            out["attempts"] = self.attempts
+        if self.failures is not None:
+            out["failures"] = self.failures
         return out
 
     def resolved_config(self) -> dict:

@@ -16,6 +16,9 @@ from simsched.config import SimConfig
 from simsched.cost import hardware
 from simsched.cluster.cluster import Cluster, replica_specs
 from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.autoscaler import TIMELINE_COLUMNS
+from simsched.cluster.retries import ATTEMPT_COLUMNS
+from simsched.analysis.attempts import split_attempts
 from simsched.cluster.records import LORA_FIELDS
 from simsched.cluster.sessions import build_sessions, is_closed_loop
 from simsched.analysis import stream
@@ -190,6 +193,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     return_freed_buffers()
     if not isinstance(config, SimConfig):
         raise ValueError(f"config must be a SimConfig, got {type(config).__name__}")
+    if stream_to is not None and config.faults.enabled:
+        raise ValueError("stream_to: a run with faults (client timeouts, retries, replica "
+                         "failures) is not streamed yet; run it without stream_to")
     if stream_to is not None:
         stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload
@@ -219,8 +225,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     elif is_closed_loop(frame):
         # Closed-loop sessions: turns are created as they arrive (appended to reqs).
         sessions, reqs = build_sessions(validated_sessions(frame), block), []
-    elif config.check_invariants or keep_engine:
-        reqs = make_requests(frame, block)     # the checks read every request object
+    elif config.check_invariants or keep_engine or config.faults.enabled:
+        # The checks read every request object; retries copy theirs.
+        reqs = make_requests(frame, block)
     else:
         columns = request_columns(frame, block, lazy=True)
         if columns[-1] is None:
@@ -275,13 +282,22 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     sim_time = engine.env.now
     fleet = moves = None
     if engine.fleet is not None:
-        fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
-                             sim_time)
+        # (A fixed cluster whose replicas fail has a fleet but no autoscaler: no timeline.)
+        timeline = engine.autoscaler.frame() if engine.autoscaler is not None \
+            else pd.DataFrame(columns=list(TIMELINE_COLUMNS))
+        fleet = FleetResults(engine.fleet.units_frame(sim_time), timeline, sim_time)
         info["fleet_cost"] = fleet.cost
         info["fleet_replica_hours"] = fleet.replica_hours
         removed, moves = removal_info(engine.fleet)
         info.update(removed)
     disagg = engine.disagg.columns() if engine.disagg is not None else None
+    clients = engine.clients
+    failures = engine.failures.frame() if engine.failures is not None else None
+    if failures is not None:
+        info["num_replica_failures"] = len(failures)
+    if clients is not None:
+        info.update(num_retries=clients.num_retries,
+                    num_retries_refused=clients.num_budget_refusals)
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
     if lora:
         info.update(lora_info(engine.replicas))
@@ -290,6 +306,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         owner = np.zeros(len(reqs), dtype=np.int64)
     else:
         owner = np.frombuffer(engine.replica_of, dtype=np.int32).astype(np.int64)
+        if len(owner) < len(reqs):
+            # Attempts sent late (retries) and never routed (shed, or no replica up).
+            owner = np.concatenate([owner, np.full(len(reqs) - len(owner), -1)])
     if plan is not None:
         # The ready check and the warm-ups (the first requests sent) are not measured.
         skip = plan.num_warmup_requests
@@ -329,10 +348,17 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         ids = req_df["request_id"].to_numpy()
         for k, (name, values) in enumerate(disagg.items()):
             req_df.insert(2 + k, name, np.asarray(values)[ids])
+    attempts = None
+    if clients is not None:
+        # One row per attempt, and the user's view: one row per request (its deciding attempt).
+        req_df, attempts = split_attempts(req_df, clients.attempts, ATTEMPT_COLUMNS)
+        del clients
     results = Results(req_df, iterations, itl, causes, config=config, sim_time=sim_time,
                       info=info, replicas=build_replicas_frame(req_df, iterations, described),
                       steps=steps)
     results.fleet = fleet
+    results.attempts = attempts
+    results.failures = failures
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -18,6 +18,7 @@ from typing import Sequence
 # The subcommands live in commands.py; feature_figures and SUMMARY_COLUMNS stay importable here.
 from simsched.cli.client_flags import add_client_flags
 from simsched.cli.calibrate import add_calibrate_parser, cmd_calibrate
+from simsched.cli.fault_flags import add_fault_flags
 from simsched.cli.commands import (SUMMARY_COLUMNS, cmd_capacity, cmd_plan,  # noqa: F401
                                    cmd_report, cmd_run, cmd_sweep, feature_figures)
 from simsched.cli.configs import (FLAG_FIELDS, SECTIONS, build_config, config_from_args,
@@ -112,6 +113,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-requests", type=int, help="number of requests")
     g.add_argument("--duration", type=float, help="arrival window, seconds")
     add_client_flags(p)
+    add_fault_flags(p)
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, help="random seed of the run")
     g.add_argument("--max-sim-time", type=float, help="stop the simulation at this time (s)")

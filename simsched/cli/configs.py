@@ -15,13 +15,15 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
 
 from simsched.analysis.slo import SLO
 from simsched.cli.client_flags import CLIENT_FLAG_FIELDS
+from simsched.cli.fault_flags import FAULT_FLAG_FIELDS
 from simsched.config import (CacheConfig, ClusterConfig, HardwareConfig, SchedulerConfig,
                              SimConfig, field_names)
 from simsched.config.client import ClientConfig
+from simsched.config.faults import FaultsConfig
 from simsched.config.presets import preset_changes
 from simsched.workloads.workload import WorkloadConfig
 
-SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster", "client")
+SECTIONS = ("scheduler", "cache", "hardware", "workload", "cluster", "client", "faults")
 # flag destination -> config field
 FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "policy": "policy",
                "victim_policy": "victim_policy", "preemption": "preemption",
@@ -29,7 +31,7 @@ FLAG_FIELDS = {"model": "model", "gpu": "gpu", "tp": "tensor_parallel_size", "po
                "num_blocks": "cache.num_blocks", "workload": "name", "rate": "rate",
                "num_requests": "num_requests", "duration": "duration", "seed": "seed",
                "max_sim_time": "max_sim_time", "cost_model": "cost_model",
-               "profile": "hardware.profile", **CLIENT_FLAG_FIELDS}
+               "profile": "hardware.profile", **CLIENT_FLAG_FIELDS, **FAULT_FLAG_FIELDS}
 
 def parse_value(text: str) -> Any:
     """A flag value as Python: int, float, true/false, none, or the string itself."""
@@ -62,6 +64,9 @@ STRUCTURED_EXAMPLES = {
     "autoscaling": '{"policy":"threshold","target":16,"max_replicas":8}',
     "speculative": '{"method":"eagle","num_speculative_tokens":3}',
     "stages": "[[8,600],[20,600]]",
+    "retry_on": '["failed","timed_out"]', "replica_failures": "[[300,2]]",
+    "cancel_time": '["exponential",10]', "restart_time": '["uniform",20,40]',
+    "model_load_time": '["fixed",60]',
 }
 # --set takes these as JSON
 _MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")
@@ -71,7 +76,7 @@ def _structured_fields() -> dict[str, str]:
     """Field name -> its type, for the fields holding tuples or mappings."""
     out = {}
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig,
-                ClientConfig):
+                ClientConfig, FaultsConfig):
         for f in dataclasses.fields(cls):
             kind = str(f.type)
             if "tuple" in kind or "Mapping" in kind or f.name in _MAPPINGS:

@@ -43,6 +43,8 @@ from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.clients import run_client
+from simsched.cluster.failures import Failures
+from simsched.cluster.retries import Clients
 from simsched.cluster.sessions import run_sessions
 from simsched.cluster.work_end import WorkEnd
 from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
@@ -163,6 +165,10 @@ class Cluster:
         self._admit = None              # a router's own admission control (set with routing)
         cl = config.cluster
         self.disagg = self.fleet = self.autoscaler = self.work_end = None
+        # Client deadlines, cancellations, retries (simsched.cluster.retries): they replace
+        # each request's life, before anything wraps it.
+        faults = config.faults
+        self.clients = Clients(self, faults, config.seed) if faults.enabled else None
         # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
         # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
         self.on_replica_added = None
@@ -174,13 +180,30 @@ class Cluster:
             # The run, its bill and its timeline end with the work, not with a provisioning
             # timer or the autoscaler's next sample (simsched.cluster.work_end).
             self.work_end = WorkEnd(self, self.autoscaler.close)
+        elif faults.replicas:
+            # Failing replicas leave and rejoin the routing set: a fleet's (no autoscaler).
+            self.fleet = fleet.fixed_fleet(self, router_rng(config.seed))
         elif cl.disaggregated:
             self._setup_disagg(cl)
         elif len(self.replicas) > 1 or cl.max_num_queued_per_replica is not None \
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
-        # Requests created at arrival (simsched.cluster.lazy) are recorded when done.
-        Arrivals(self.env, self.requests, request_starter(
+        self.failures = None
+        if faults.replicas:
+            self.failures = self.fleet.failures = Failures(self, self.fleet, self.clients,
+                                                           faults, config.seed)
+        if self.clients is not None and self.work_end is None:
+            # Timers of attempts that ended early stay on the clock: the run ends with the
+            # work (simsched.cluster.work_end), not when the last stale timer fires.
+            self.work_end = WorkEnd(self, settle=True)
+        if self.clients is not None:
+            self.work_end.settle = True
+            for replica in self.replicas:
+                replica.on_idle = self.work_end.idle
+        # Requests created at arrival (simsched.cluster.lazy) are recorded when done. (Retries
+        # are appended to the request list as they are sent: arrivals walk a copy.)
+        Arrivals(self.env, self.requests if self.clients is None else list(self.requests),
+                 request_starter(
             self.env, self._request, getattr(self.requests, "record", None)))
         if sessions:
             if self.work_end is not None:
@@ -190,7 +213,8 @@ class Cluster:
         if client is not None:
             self.env.process(run_client(self, client))
         if self.fleet is None and self.disagg is None and not sessions and client is None \
-                and self.remote_tier is None and math.isinf(config.max_sim_time):
+                and self.remote_tier is None and math.isinf(config.max_sim_time) \
+                and not faults.enabled:
             # Nothing outside a replica reads its state or reaches it between arrivals: quiet
             # decode steps may share one clock event (simsched.engine.scheduler.quiet).
             for replica in self.replicas:
@@ -277,7 +301,8 @@ class Cluster:
         env, view = self.env, self.view
         # A client creates its requests as it sends them: count what it will send.
         total = len(self.requests) if self.client is None else self.client.num_requests
-        while self.num_arrived < total:
+        # With retries requests are sent until the work ends (the run stops there).
+        while self.num_arrived < total or self.clients is not None:
             yield env.timeout(interval)
             view.refresh(env.now)
 

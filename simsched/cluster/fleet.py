@@ -60,6 +60,18 @@ def prepare(config, specs: list, build) -> tuple[list[dict], list[int]]:
     return pools, pool_of
 
 
+def fixed_fleet(cluster, router_rng) -> "Fleet":
+    """A fleet for a fixed cluster whose replicas fail (:mod:`simsched.cluster.failures`): its
+    replicas as they are, one pool, the autoscaling defaults and no autoscaler."""
+    from simsched.config.autoscaling import AutoscalingConfig
+
+    n = len(cluster.replicas)
+    auto = AutoscalingConfig(min_replicas=n, max_replicas=max(n, 1))
+    pools = [{"name": "default", "price_per_hour": 0.0, "min_replicas": n, "max_replicas": n,
+              "overrides": {}, "spec": cluster.specs[0]}]
+    return Fleet(cluster, pools, [0] * n, router_rng, None, auto)
+
+
 class Fleet:
     """The replicas of an autoscaled cluster, their routing set, load and bill.
 
@@ -67,10 +79,14 @@ class Fleet:
     ``pools`` come from :func:`pool_specs` and ``pool_of`` gives the initial replicas' pools.
     """
 
-    def __init__(self, cluster, pools, pool_of: list[int], router_rng, rng) -> None:
+    def __init__(self, cluster, pools, pool_of: list[int], router_rng, rng,
+                 auto=None) -> None:
         cl = cluster.config.cluster
         self.cluster, self.env, self.pools = cluster, cluster.env, pools
-        self.auto = cl.autoscaling
+        # ``auto``: a fixed cluster whose replicas fail routes through a fleet too (with the
+        # autoscaling defaults, and no autoscaler).
+        self.auto = cl.autoscaling if auto is None else auto
+        self.failures = None    # simsched.cluster.failures, where replicas fail
         self.rng = rng                      # delays
         self.replicas = cluster.replicas    # grows: new replicas are appended
         self.pool_of = list(pool_of)
@@ -121,6 +137,8 @@ class Fleet:
 
     def _hook(self, replica) -> None:
         replica.on_first_token = self.first_token
+        if self.cluster.clients is not None:    # the run's end waits for its iterations
+            replica.on_idle = lambda r: self.cluster.work_end.idle(r)
         if self.router.reads_kv:
             replica.on_kv = self.kv_changed
 
@@ -159,7 +177,8 @@ class Fleet:
 
     def _refresh(self, interval: float):
         env, cluster, total = self.env, self.cluster, len(self.cluster.requests)
-        while cluster.num_arrived < total:
+        # With retries requests are sent until the work ends (the run stops there).
+        while cluster.num_arrived < total or cluster.clients is not None:
             yield env.timeout(interval)
             self.snapshot.refresh(env.now)
 
@@ -194,6 +213,17 @@ class Fleet:
             self.inner.finished(k, req)
         elif self.outstanding[i] == 0 and self.state[i] == "draining":
             self._stop(i)
+
+    def aborted(self, i: int, req) -> None:
+        """``req`` left replica ``i`` unfinished (its client gave up, or the replica failed):
+        off its figures, its prompt too if its first token never came."""
+        if req.first_token_at != req.first_token_at:        # NaN: its prompt was still due
+            self.tokens[i] -= req.num_prompt_tokens
+            self.pending_prompt[i] -= req.num_prompt_tokens
+            k = self.local[i]
+            if k >= 0:
+                self.inner.first_token(k, req)
+        self.finished(i, req)
 
     def _finished_at_owner(self, i: int, req) -> None:
         """:meth:`finished` with migrations: ``req`` finished where it is now, not at ``i``
@@ -236,7 +266,10 @@ class Fleet:
                 sum(1 for s in self.state if s == "draining"))
 
     def target(self) -> int:
-        """Replicas the fleet is heading for: routable plus provisioning."""
+        """Replicas the fleet is heading for: routable plus provisioning (plus restarting after
+        a failure)."""
+        if self.failures is not None:
+            return len(self.routable) + len(self.provisioning) + len(self.failures.restarting)
         return len(self.routable) + len(self.provisioning)
 
     def _pool_count(self, k: int) -> int:
@@ -306,6 +339,8 @@ class Fleet:
         old = list(self.routable)
         self.routable.append(g)
         self._routing_changed(old)
+        if self.failures is not None:
+            self.failures.watch(g)
 
     def _remove_one(self) -> bool:
         """Cancel the newest provisioning unit of the dearest pool above its minimum, else drain

@@ -171,5 +171,9 @@ def _turns(cluster, plan: SessionPlan):
         cluster.requests.append(req)
         yield env.process(cluster._request(req))
         if req.status is not Status.FINISHED:
-            return      # rejected: the conversation cannot go on
+            clients = getattr(cluster, "clients", None)
+            if clients is None or req.status is Status.REJECTED \
+                    or clients.cfg.session_on_failure == "stop":
+                if clients is None or not clients.succeeded(req.id):
+                    return      # rejected (or failed): the conversation cannot go on
         prev = req

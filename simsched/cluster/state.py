@@ -142,6 +142,13 @@ class ReplicaLoad:
         if self.on_finished is not None:
             self.on_finished(i, req)
 
+    def aborted(self, i: int, req) -> None:
+        """``req`` left replica ``i`` unfinished (its client gave up, or the replica failed):
+        off its figures, its prompt too if its first token never came."""
+        if req.first_token_at != req.first_token_at:        # NaN: its prompt was still due
+            self.first_token(i, req)
+        self.finished(i, req)
+
     def kv_changed(self, i: int, num_used: int, num_blocks: int) -> None:
         """Replica ``i`` now holds ``num_used`` of its ``num_blocks`` KV blocks."""
         use = num_used / num_blocks

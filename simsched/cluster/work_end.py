@@ -24,8 +24,11 @@ class WorkEnd:
     called once, at the end, before the event fires (the autoscaler's last timeline row).
     """
 
-    def __init__(self, cluster, on_end=None) -> None:
+    def __init__(self, cluster, on_end=None, settle: bool = False) -> None:
         self.cluster, self.env, self.on_end = cluster, cluster.env, on_end
+        # settle: the work's end also waits for the iterations in flight (an aborted request's
+        # last iteration still runs and is logged); each replica reports falling idle.
+        self.settle = settle
         self.event = cluster.env.event()
         self.num_ended = 0
         self.sessions_left = 0
@@ -43,10 +46,19 @@ class WorkEnd:
         self.sessions_left -= 1
         self.check()
 
-    def check(self) -> None:
-        """Fire the event if the work is over: every request ended, every session closed."""
+    def idle(self, replica) -> None:
+        """``replica`` falls idle (with ``settle``): the work may be over now."""
+        self.check(replica)
+
+    def _busy(self, idle) -> bool:
+        return any(r is not idle and r._idle is None and r.gpu_process.is_alive
+                   for r in self.cluster.replicas)
+
+    def check(self, idle=None) -> None:
+        """Fire the event if the work is over: every request ended, every session closed
+        (with ``settle``: and no iteration in flight; ``idle`` is a replica falling idle)."""
         if self.num_ended == len(self.cluster.requests) and self.sessions_left <= 0 \
-                and not self.event.triggered:
+                and not self.event.triggered and not (self.settle and self._busy(idle)):
             if self.on_end is not None:
                 self.on_end()
             self.event.succeed()

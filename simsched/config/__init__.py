@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from simsched.config import serialize
 from simsched.config.checks import check_bool, check_float, check_int, plain
 from simsched.config.client import ClientConfig
+from simsched.config.faults import FaultsConfig
 from simsched.config.cluster import LINK_PRESETS, REPLICA_SECTIONS, ROLES, ClusterConfig
 from simsched.config.parts import (COST_MODELS, PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig,
                                    HardwareConfig, SchedulerConfig)
@@ -30,7 +31,7 @@ from simsched.workloads.workload import WorkloadConfig
 
 __all__ = ["COST_MODELS", "LINK_PRESETS", "PREEMPTION_MODES", "REPLICA_SECTIONS", "ROLES",
            "SCHEDULER_STYLES", "CacheConfig", "ClientConfig", "ClusterConfig", "HardwareConfig",
-           "SchedulerConfig",
+           "FaultsConfig", "SchedulerConfig",
            "SimConfig", "WorkloadConfig", "field_names"]
 
 
@@ -50,6 +51,8 @@ class SimConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Who sends the requests (simsched.config.client); the default: the workload's own times.
     client: ClientConfig = field(default_factory=ClientConfig)
+    # When things go wrong (simsched.config.faults); the default: nothing does.
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     seed: int = 0
     max_sim_time: float = math.inf
     check_invariants: bool = False
@@ -58,7 +61,8 @@ class SimConfig:
         plain(self)
         for name, cls in (("scheduler", SchedulerConfig), ("cache", CacheConfig),
                           ("hardware", HardwareConfig), ("workload", WorkloadConfig),
-                          ("cluster", ClusterConfig), ("client", ClientConfig)):
+                          ("cluster", ClusterConfig), ("client", ClientConfig),
+                          ("faults", FaultsConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         check_int("config", "seed", self.seed, 0, 2**63 - 1)
@@ -99,7 +103,33 @@ class SimConfig:
             raise ValueError("cluster.kv_remote_tier needs cache.kv_tiers (the replicas' tier "
                              "config; its tier list may be empty)")
 
-    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster", "client")
+        if self.faults.enabled:
+            self._check_faults()
+
+    _PARTS = ("scheduler", "cache", "hardware", "workload", "cluster", "client", "faults")
+
+    def _check_faults(self) -> None:
+        """What ``faults`` may be combined with (the rest is checked by its own section)."""
+        faults, cl = self.faults, self.cluster
+        if cl.disaggregated:
+            raise ValueError("faults: client timeouts, cancellations, retries and replica "
+                             "failures are not supported with disaggregated prefill/decode "
+                             "(cluster.roles or num_prefill/num_decode_replicas) yet")
+        if faults.clients and not self.client.is_open:
+            raise ValueError("faults: client timeouts, cancellations and retries are not "
+                             "supported with a benchmark client (client.client_type "
+                             f"{self.client.client_type!r}) yet; use the open client")
+        for at, replica in faults.replica_failures:
+            if replica >= cl.num_replicas:
+                raise ValueError(f"faults.replica_failures: replica {replica} (at t={at:g} s) "
+                                 f"is not one of the {cl.num_replicas} replicas of "
+                                 "cluster.num_replicas")
+        if faults.replicas and self.cache.kv_tiers is not None:
+            raise ValueError("faults: replica failures are not supported with cache.kv_tiers "
+                             "yet (a failed replica's tiers would have to be emptied too)")
+        if faults.replicas and self.scheduler.lora is not None:
+            raise ValueError("faults: replica failures are not supported with scheduler.lora "
+                             "yet")
 
     def replica_configs(self) -> list["SimConfig"]:
         """One config per replica: this one with the replica's scheduler, cache and hardware.
@@ -172,8 +202,9 @@ class SimConfig:
                                {f.name for f in dataclasses.fields(getattr(self, p))})
             parts[section][name] = value
         try:
+            # (Faults are the cluster's: a replica's own config has none.)
             return dataclasses.replace(
-                self, cluster=ClusterConfig(),
+                self, cluster=ClusterConfig(), faults=FaultsConfig(),
                 **{p: dataclasses.replace(getattr(self, p), **c) for p, c in parts.items() if c})
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
@@ -271,6 +302,6 @@ def field_names() -> set[str]:
     """Every flat field name :meth:`SimConfig.replace` accepts."""
     names = {f.name for f in dataclasses.fields(SimConfig)} - set(SimConfig._PARTS)
     for cls in (SchedulerConfig, CacheConfig, HardwareConfig, WorkloadConfig, ClusterConfig,
-                ClientConfig):
+                ClientConfig, FaultsConfig):
         names |= {f.name for f in dataclasses.fields(cls)}
     return names

@@ -13,7 +13,8 @@ import math
 from simsched.request import Status
 
 _OPEN = (Status.WAITING, Status.RUNNING, Status.SWAPPED)
-_CLOSED = (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+_CLOSED = (Status.FINISHED, Status.REJECTED, Status.ABORTED, Status.TIMED_OUT, Status.CANCELLED,
+           Status.FAILED)
 
 
 class InvariantError(AssertionError):
@@ -267,7 +268,8 @@ def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) ->
         _check_one_place(scheds, now)
     members = {Status.WAITING: set(waiting_ids), Status.RUNNING: running,
                Status.SWAPPED: swapped}
-    for req in engine.requests[:engine.num_arrived]:
+    arrived, unsent = _arrived(engine)
+    for req in arrived:
         counts[req.status] += 1
         if req.status in members and req.id not in members[req.status]:
             raise InvariantError("nothing_lost", now,
@@ -289,11 +291,14 @@ def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) ->
                                  f"{req.num_prompt_tokens}-token prompt", req.id)
         if req.status is Status.REJECTED and not req.reject_reason:
             raise InvariantError("rejected_has_reason", now, "rejected without a reason", req.id)
-    for req in engine.requests[engine.num_arrived:]:
+    for req in unsent:
         if req.status is not Status.PENDING:
             raise InvariantError("nothing_lost", now,
                                  f"not arrived but status {req.status.value}", req.id)
     accounted = sum(counts[s] for s in _OPEN + _CLOSED)
+    if len(arrived) != engine.num_arrived:
+        raise InvariantError("nothing_lost", now, f"{engine.num_arrived} arrivals counted, "
+                             f"{len(arrived)} requests sent")
     # plan_ahead: finished requests whose blocks wait for the next plan are in running.
     num_zombies = sum(len(sched._zombies) for sched in scheds)
     if accounted != engine.num_arrived or counts[Status.WAITING] != len(waiting_ids) \
@@ -303,6 +308,18 @@ def _check_requests(engine, scheds: list, waiting_ids: list[int], now: float) ->
                              f"arrived {engine.num_arrived}, statuses "
                              f"{ {s.value: n for s, n in counts.items() if n} }, "
                              f"queue {len(waiting_ids)}, running {len(running)}")
+
+
+def _arrived(engine) -> tuple[list, list]:
+    """The requests that have arrived and those still to come. With client retries
+    (simsched.cluster.retries) the list holds the workload's requests, which arrive in order,
+    then every retry or hedge, appended as it is sent."""
+    requests, clients = engine.requests, getattr(engine, "clients", None)
+    if clients is None:
+        return requests[:engine.num_arrived], requests[engine.num_arrived:]
+    n0 = clients.num_given
+    first = min(clients.num_first, n0)
+    return requests[:first] + requests[n0:], requests[first:n0]
 
 
 def _check_timestamps(req, now: float) -> None:

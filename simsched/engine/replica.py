@@ -47,6 +47,7 @@ from simsched.engine.lora import attach_lora
 from simsched.engine.log import ITERATION_COLUMNS, PREFIX_COLUMNS, IterationLog
 from simsched.engine.scheduler.quiet import QuietSteps
 from simsched.engine import removal
+from simsched.engine.abort import AbortedWork, abort_on_replica, restart
 from simsched.engine.scheduler.core import Scheduler
 from simsched.engine.scheduler.speculative import SpeculativeScheduler
 from simsched.engine.simpy_fast import LATE, iteration_clock, late
@@ -93,10 +94,13 @@ class Replica:
         if sched_cfg.plan_ahead is None and pipeline.plan_ahead(config, cost_model):
             # plan_ahead follows the engine profile: the scheduler is told the answer.
             sched_cfg = dataclasses.replace(sched_cfg, plan_ahead=True, async_scheduling=None)
-        self.scheduler = make_scheduler(
-            sched_cfg, self.kv, max_model_len, rng,
-            kv_bytes_per_block=hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
-            swap_space_bytes=cache.swap_space_gib * 2**30)
+        # What the scheduler is made from (a restart after a failure makes it again).
+        self._made = (make_scheduler, sched_cfg, max_model_len, rng,
+                      hardware.kv_bytes_per_token(config.hardware) * cache.block_size,
+                      cache.swap_space_gib * 2**30)
+        self.scheduler = make_scheduler(sched_cfg, self.kv, max_model_len, rng,
+                                        kv_bytes_per_block=self._made[4],
+                                        swap_space_bytes=self._made[5])
         self.swap_bytes_per_second = cache.swap_bandwidth_gbps * 1e9
         self.cost_model = cost_model
         if getattr(cache, "kv_tiers", None) is not None:
@@ -107,9 +111,13 @@ class Replica:
         self.on_iteration = on_iteration
         self.on_kv = None
         self.on_first_token = None
+        # Called as on_idle(replica) when the GPU loop falls idle (a run that ends with its
+        # work waits for the iterations in flight: simsched.cluster.work_end).
+        self.on_idle = None
         self._idle: simpy.Event | None = None
         self._live: dict[int, tuple] = {}    # request id -> (process, first-token, done events)
         self.kv_waiters: list = []           # events of transfers waiting for free KV blocks
+        self.in_flight_aborts: list = []     # see abort()
         # Async scheduling: (arrived at, request) not yet visible to a plan, in arrival order.
         self.async_scheduling = pipeline.arrival_rule(config, cost_model)
         self.pending: deque = deque()
@@ -257,6 +265,8 @@ class Replica:
             if not sched.running and not has_work():
                 if self.on_kv is not None:
                     self.on_kv(self.index, self.kv.num_used, self.kv.num_blocks)
+                if self.on_idle is not None:
+                    self.on_idle(self)
                 yield from self._sleep()
                 now = env.now
                 continue
@@ -388,6 +398,19 @@ class Replica:
         for victim, cause in self.scheduler.preempted:
             self._live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
+
+    def abort(self, req: Request) -> AbortedWork:
+        """Abort unfinished ``req`` here now (its client gave up): it leaves the engine
+        wherever it is, its KV blocks freed at once; the work it loses
+        (:func:`simsched.engine.abort.abort_on_replica`). Its handles are dropped: the caller
+        wakes its process."""
+        return abort_on_replica(self, req)
+
+    def restart(self) -> None:
+        """Start this replica again after a failure: an empty KV cache (its prefix cache
+        lost), a new scheduler and GPU loop (:func:`simsched.engine.abort.restart`)."""
+        restart(self)
+        self.gpu_process = self.env.process(self._gpu())
 
     def remove_requests(self, step_ends=None) -> list[tuple]:
         """Stop this replica now (it is removed from a fleet): the GPU loop ends (an iteration

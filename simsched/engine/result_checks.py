@@ -10,8 +10,52 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from simsched.engine.invariants import InvariantError
 from simsched.request import Status
+
+
+# Attempts given up by their client or lost with their replica (simsched.config.faults).
+GIVEN_UP = (Status.TIMED_OUT.value, Status.CANCELLED.value, Status.FAILED.value)
+UNFINISHED = (Status.ABORTED.value,) + GIVEN_UP
+# How a user request can end (its deciding attempt's status).
+USER_ENDS = (Status.FINISHED.value, Status.REJECTED.value) + UNFINISHED
+
+
+def _check_attempts(requests, attempts, now: float) -> None:
+    """Every attempt ended exactly once, with the outcome its status says; every user request
+    ended finished (by one of its attempts), given up after its last attempt, or rejected."""
+    if attempts["attempt_id"].duplicated().any():
+        rid = int(attempts.loc[attempts["attempt_id"].duplicated(), "attempt_id"].iloc[0])
+        raise InvariantError("attempt_ends_once", now, "two rows for one attempt", rid)
+    status = attempts["status"].to_numpy()
+    outcome = attempts["outcome"].to_numpy()
+    shed = (outcome == "shed") & (status == Status.REJECTED.value)
+    bad = (outcome != status) & ~shed
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InvariantError("attempt_ends_once", now, f"outcome {outcome[k]!r} but status "
+                             f"{status[k]!r}", int(attempts["attempt_id"].iloc[k]))
+    ended = attempts["ended_at"].to_numpy()
+    if (ended < attempts["sent_at"].to_numpy()).any() or (ended > now).any():
+        k = int(np.argmax((ended < attempts["sent_at"].to_numpy()) | (ended > now)))
+        raise InvariantError("attempt_ends_once", now, f"ends at {ended[k]} before its send "
+                             "or after the run", int(attempts["attempt_id"].iloc[k]))
+    counts = attempts.groupby("request_id")["attempt"].agg(["count", "max"])
+    if (counts["count"] != counts["max"]).any() or len(counts) != len(requests):
+        raise InvariantError("attempt_numbers", now, "attempts of a request are not numbered "
+                             "1..n, or a request has no attempt")
+    for row in requests.itertuples(index=False):
+        finished = row.status == Status.FINISHED.value
+        if row.status not in USER_ENDS or row.num_attempts != counts["count"].get(
+                row.request_id, 0):
+            raise InvariantError("request_closed", now, f"ends {row.status} after "
+                                 f"{row.num_attempts} attempts", int(row.request_id))
+        if not finished and (attempts.loc[attempts["request_id"] == row.request_id, "status"]
+                             == Status.FINISHED.value).any():
+            raise InvariantError("request_closed", now, "an attempt finished but the request "
+                                 f"ends {row.status}", int(row.request_id))
 
 
 def check_results(results) -> None:
@@ -22,10 +66,15 @@ def check_results(results) -> None:
     token total equals what the finished requests needed, recomputation included (and the work
     aborted requests lost), on every replica unless requests migrated; no iteration is empty.
     """
-    df, it = results.requests, results.iterations
-    now = results.sim_time
+    it, now = results.iterations, results.sim_time
+    attempts = getattr(results, "attempts", None)
+    # With client retries the engine's requests are the attempts (one row each).
+    df = results.requests if attempts is None else attempts
+    if attempts is not None:
+        _check_attempts(results.requests, attempts, now)
+    ids = "request_id" if attempts is None else "attempt_id"
     for row in df.itertuples(index=False):
-        rid = int(row.request_id)
+        rid = int(getattr(row, ids))
         if row.status == Status.REJECTED.value:
             if not row.reject_reason or not math.isnan(row.first_scheduled_at) \
                     or row.num_generated_tokens != 0:
@@ -38,6 +87,14 @@ def check_results(results) -> None:
                     or row.num_generated_tokens >= row.num_output_tokens:
                 raise InvariantError("aborted_unfinished", now,
                                      f"reason {row.reject_reason!r}, generated "
+                                     f"{row.num_generated_tokens}", rid)
+            continue
+        if row.status in GIVEN_UP:
+            # Timed out, cancelled or failed: closed unfinished, with a reason naming why.
+            if not row.reject_reason.startswith(f"{row.status}:") \
+                    or row.num_generated_tokens >= row.num_output_tokens:
+                raise InvariantError("given_up_unfinished", now,
+                                     f"{row.status}: reason {row.reject_reason!r}, generated "
                                      f"{row.num_generated_tokens}", rid)
             continue
         if row.status != Status.FINISHED.value:
@@ -57,8 +114,10 @@ def check_results(results) -> None:
                 + done["num_recomputed_tokens"]).sum())
     # An aborted request's computed KV was all dropped: what its preemptions dropped (in its
     # num_recomputed_tokens) and what the abort threw away (the run's info).
-    need += int(df.loc[df["status"] == Status.ABORTED.value, "num_recomputed_tokens"].sum()) \
+    need += int(df.loc[df["status"].isin(UNFINISHED), "num_recomputed_tokens"].sum()) \
         + results.info.get("num_aborted_kv_tokens", 0)
+    if attempts is not None:    # what the attempts' aborts threw away
+        need += int(attempts["num_aborted_kv_tokens"].sum())
     if "num_cached_tokens" in it:     # tokens the prefix cache served were not computed
         need -= int(it["num_cached_tokens"].sum())
     spec = results.info.get("speculative")
@@ -97,9 +156,13 @@ def _check_replica_work(df, it, now: float, spec: dict | None = None,
     done = df[df["status"] == Status.FINISHED.value]
     need = (done["num_prompt_tokens"] + done["num_output_tokens"] - 1
             + done["num_recomputed_tokens"]).groupby(done["replica"]).sum()
-    aborted = df[df["status"] == Status.ABORTED.value]
+    aborted = df[df["status"].isin(UNFINISHED)]
     if len(aborted):
         need = need.add(aborted["num_recomputed_tokens"].groupby(aborted["replica"]).sum(),
+                        fill_value=0)
+    if "num_aborted_kv_tokens" in df:
+        lost = df[df["num_aborted_kv_tokens"] > 0]
+        need = need.add(lost["num_aborted_kv_tokens"].groupby(lost["replica"]).sum(),
                         fill_value=0)
     for replica, tokens in (aborted_kv or {}).items():
         need[replica] = need.get(replica, 0) + tokens

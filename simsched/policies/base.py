@@ -91,6 +91,19 @@ class QueuePolicy(ABC):
         queued, which gives it its key again when the key depends on that time only)."""
         self.push(req, req.queued_at)
 
+    def remove(self, req: Request) -> bool:
+        """Take ``req`` out of the queue (its client gave up: an abort); False if it is not
+        queued here. The default pops every request and puts back the others with
+        :meth:`restore` (O(n log n), and only ever called on an abort); a queue that can do
+        better overrides it."""
+        if not any(other is req for other in self):
+            return False
+        others = [self.pop() for _ in range(len(self))]
+        for other in others:
+            if other is not req:
+                self.restore(other)
+        return True
+
     def bind(self, scheduler) -> None:
         """Called once with the scheduler that owns this queue (default: nothing)."""
 

@@ -150,6 +150,18 @@ class VTCQueue(QueuePolicy):
             self._last_left = self.counter(t)
         return req
 
+    def remove(self, req: Request) -> bool:
+        """Take ``req`` out of its tenant's queue (an abort)."""
+        q = self._queues.get(req.tenant)
+        if not q or not any(e[2] is req for e in q):
+            return False
+        q[:] = [e for e in q if e[2] is not req]
+        heapq.heapify(q)
+        self._len -= 1
+        if not q:
+            self._last_left = self.counter(req.tenant)
+        return True
+
     def ranks_below(self, req: Request, other: Request) -> bool:
         """Whether ``req``'s tenant has received more service (ties: ``req`` arrived later)."""
         return ((self.counter(req.tenant), req.arrival_at, req.id)

@@ -90,6 +90,14 @@ class HeapQueue(QueuePolicy):
                 i -= 1
             fifo.insert(i, (req.queued_at, tb, req))
 
+    def remove(self, req: Request) -> bool:
+        """Take ``req`` out (an abort): its entries are dropped lazily, as a popped one's are."""
+        live = self._live
+        if req.id not in live:
+            return False
+        del live[req.id]
+        return True
+
     def update(self, now: float) -> None:
         """Set the time at which waiting times are judged (called once per iteration)."""
         self.now = now

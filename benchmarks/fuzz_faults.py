@@ -1,0 +1,70 @@
+"""The fuzz campaign's faults (``python -m benchmarks.fuzz --faults P``): client deadlines,
+cancellations, retries, hedges and replica failures drawn on a case's time scale."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simsched.config import SimConfig
+from simsched.config.faults import FaultsConfig
+
+
+def faults_variant(rng: np.random.Generator, cfg: SimConfig,
+                   requests: list[tuple]) -> SimConfig:
+    """The case with things going wrong: client deadlines (TTFT, total), cancellations, retries
+    with backoff, jitter and a budget, hedges, and replica failures scheduled or drawn, on
+    the case's time scale (an iteration: 1 s with the unit cost model, ~10 ms linear)."""
+    step = 1.0 if cfg.hardware.cost_model == "unit" else 8e-3
+    last = max(t for t, *_ in requests)
+
+    def span(low: float, high: float) -> float:
+        return float(step * rng.uniform(low, high))
+
+    f: dict = {}
+    if rng.random() < 0.5:
+        f["ttft_timeout"] = span(0.5, 60)
+    if rng.random() < 0.4:
+        f["request_timeout"] = span(1, 300)
+    if rng.random() < 0.3:
+        f["cancel_fraction"] = float(rng.uniform(0, 0.6))
+        f["cancel_time"] = ("exponential", span(1, 100)) if rng.random() < 0.5 \
+            else span(0, 50)
+    if rng.random() < 0.6:
+        f["max_num_attempts"] = int(rng.integers(2, 5))
+        f["backoff_base_time"] = span(0, 10)
+        f["backoff_multiplier"] = float(rng.uniform(1, 3))
+        f["backoff_max_time"] = span(0, 40)
+        f["backoff_jitter"] = float(rng.uniform(0, 1))
+        f["retry_on"] = tuple(o for o in ("failed", "timed_out", "shed") if rng.random() < 0.7)
+        if rng.random() < 0.3:
+            f["retry_budget"] = float(rng.uniform(0, 1))
+        if rng.random() < 0.3:
+            f["hedge_delay"] = span(0.5, 40)
+    n = cfg.cluster.num_replicas
+    if rng.random() < 0.5:
+        k = int(rng.integers(1, 4))
+        f["replica_failures"] = tuple((float(np.round(rng.uniform(0, last + 50 * step) * 1024)
+                                             / 1024), int(rng.integers(n))) for _ in range(k))
+    if rng.random() < 0.25:
+        f["mtbf"] = span(20, 400)
+    if "replica_failures" in f or "mtbf" in f:
+        f["restart_time"] = span(0, 30) if rng.random() < 0.7 else ("exponential", span(1, 30))
+        f["model_load_time"] = span(0, 20)
+        f["bill_while_down"] = bool(rng.random() < 0.5)
+    if not f:
+        f["ttft_timeout"] = span(0.5, 60)
+    return cfg.replace(faults=FaultsConfig(**f))
+
+
+def faults_margin(cfg: SimConfig) -> float:
+    """Simulated time retries, hedges and restarts may add to a run's livelock guard."""
+    f = cfg.faults
+    timeouts = max(f.ttft_timeout or 0.0, f.request_timeout or 0.0, f.hedge_delay or 0.0)
+    restart = _longest(f.restart_time) + _longest(f.model_load_time or ("fixed", 60.0))
+    return 10 * f.max_num_attempts * (f.backoff_max_time + timeouts + restart) \
+        + 10 * restart * (len(f.replica_failures) + 1)
+
+
+def _longest(spec: tuple) -> float:
+    kind, *params = spec
+    return params[1] if kind == "uniform" else 10 * params[0] if kind != "fixed" else params[0]
