@@ -179,12 +179,6 @@ def run_vllm(case: Case, max_steps: int = 200_000) -> tuple[list, list]:
     rec = _Recorder(sched)
     run = _run_async if case.async_scheduling else _run_sync
     run(sched, requests, rec, max_steps)
-    # The async scheduler may preempt a request whose last token is still in flight (it then
-    # drops it as finished): that frees its blocks early but is no preemption of unfinished work.
-    done: set[int] = set()
-    for step in rec.steps:
-        step[2] = [r for r in step[2] if r not in done]
-        done.update(step[3])
     return rec.steps, rec.free_blocks
 
 
@@ -251,4 +245,8 @@ def _run_async(sched, requests, rec: _Recorder, max_steps: int) -> None:
         outputs = sched.update_from_output(out, model_out)
         if step is not None:
             step[3] = sorted(_finished(outputs))
+        if queue and queue[-1][2] is not None and queue[-1][2] is rec.steps[-1]:
+            # The plan's blocks once the batch it overlapped has ended (its finished requests'
+            # blocks back): as simsched's iteration log reads them.
+            rec.free_blocks[-1] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     raise StuckError(f"over {max_steps} steps")

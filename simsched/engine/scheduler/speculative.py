@@ -236,7 +236,7 @@ class SpeculativeScheduler(Scheduler):
         if self.meter is not None:
             self.meter.stop_decoding(req, last_step)
 
-    def _stop(self, victim: Request, cached: int) -> None:
+    def _stop(self, victim: Request, cached: int, scheduled: bool = False) -> None:
         """Preemption: a victim granted tokens this step gives them back to the budget (its KV
         slots, proposals' included, go with its blocks); its cacheable tokens lag as vLLM's."""
         grant = self._grants.pop(victim.id, None)
@@ -249,14 +249,15 @@ class SpeculativeScheduler(Scheduler):
         # cached (a victim granted slots in this step had them cached first).
         super()._stop(victim, cached - lag if cached else 0)
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, in_flight: bool = False) -> None:
         """A finished request's slot and blocks go back; as vLLM caches blocks at allocation,
         the tokens its last verification accepted are not cached (released first with the
         shorter count: the plain release then finds nothing left to free)."""
         lag = self._lag.pop(req.id, 0)
         if lag and req.content is not None:
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - lag)
-        super()._release(req)
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - lag
+                         - in_flight)
+        super()._release(req, in_flight)
 
     def _take(self, req: Request, n: int) -> None:
         """Grant ``req`` ``n`` tokens this step; the caller made sure their KV blocks are free.
