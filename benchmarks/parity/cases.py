@@ -264,6 +264,8 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
         # (its null block included), so these are where the rounding decides.
         watermark = float(_pick(rng, (0.01, 0.02, 0.05, 0.1))) if rng.random() < 0.5 \
             else int(rng.integers(1, 4)) / (blocks + 1)
+        if watermark > 0.5:         # a cache of a few blocks: past what either engine accepts
+            watermark = 0.0
     if family == "preemption_storm":
         arrivals = [0] * n
     elif family == "bursts":
