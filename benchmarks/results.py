@@ -173,10 +173,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "family, step by step (docs/parity.md); `--ablate`: each vLLM rule set back to "
         "simsched's classic value",
         "every case identical",
-        "seed 0: {seed0[sync][identical]:,} of {seed0[sync][cases]:,} (sync) and "
-        "{seed0[async][identical]:,} of {seed0[async][cases]:,} (async) cases identical "
-        "({seed0[sync][steps]:,} and {seed0[async][steps]:,} steps); seed 1: "
-        "{seed1[sync][identical]:,} and {seed1[async][identical]:,} of {seed1[sync][cases]:,}",
+        "seed 4041: {seed4041[sync][identical]:,} of {seed4041[sync][cases]:,} (sync) and "
+        "{seed4041[async][identical]:,} of {seed4041[async][cases]:,} (async) cases identical, "
+        "steps and effects ({seed4041[sync][steps]:,} and {seed4041[async][steps]:,} steps); "
+        "seed 4042: {seed4042[sync][identical]:,} and {seed4042[async][identical]:,} of "
+        "{seed4042[sync][cases]:,}",
         lambda r: _met(all(v[m]["identical"] == v[m]["cases"] for v in r.values()
                            for m in ("sync", "async")))),
     "fleet_day": Benchmark(
@@ -340,7 +341,8 @@ def parity_summary() -> str:
         parts.append(f"seed {v['seed']}: {v['sync']['identical']:,} of {v['sync']['cases']:,} "
                      f"cases identical against `Scheduler` ({v['sync']['steps']:,} steps) and "
                      f"{v['async']['identical']:,} of {v['async']['cases']:,} against "
-                     f"`AsyncScheduler` ({v['async']['steps']:,} steps)")
+                     f"`AsyncScheduler` ({v['async']['steps']:,} steps), steps and effects "
+                     f"(free KV blocks, evictions, preemptions per request) alike")
     versions = sorted({v["vllm_version"] for v in r.values()})
     return f"Against vLLM {', '.join(versions)}: " + "; ".join(parts) + ".\n"
 

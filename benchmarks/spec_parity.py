@@ -7,7 +7,9 @@ tokens of ``update_from_output`` (1 + accepted tokens); simsched runs its ``vllm
 ``scheduler.speculative`` and an acceptance trace holding the same accepted counts (request i's
 v-th verification accepts ``accepted(i, v)``), so both sides see identical acceptances. Compared
 per step: which requests are scheduled with how many tokens (prefill, decode and spec tokens
-together), who is preempted, who finishes. Needs vLLM on CPU (see benchmarks/vllm_parity.py)::
+together), who is preempted, who finishes; and their effects: free KV blocks after each step
+(vLLM keeps the blocks of rejected proposals and fills them with the next step's tokens; so
+does simsched), cached blocks evicted per step, each request's preemptions. Needs vLLM on CPU (see benchmarks/vllm_parity.py)::
 
     VLLM_TARGET_DEVICE=cpu python -m benchmarks.spec_parity --cases 60 --k 3
 
@@ -31,11 +33,11 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from benchmarks.parity.cases import MAX_MODEL_LEN, make_case  # noqa: E402
 from benchmarks.parity.compare import compare  # noqa: E402
 from benchmarks.parity.engine import (OUTPUT_BASE, StuckError, _Recorder,  # noqa: E402
-                                      _run_sync, make_requests, make_scheduler)
-from benchmarks.parity.sim import run_sim  # noqa: E402
+                                      _run_sync, effects_of, make_requests, make_scheduler)
+from benchmarks.parity.sim import run_sim_effects  # noqa: E402
 
 from benchmarks.parity.cases import FAMILIES  # noqa: E402
-from benchmarks.parity.compare import pack  # noqa: E402
+from benchmarks.parity.compare import effects, pack, pack_effects  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "spec_parity" \
     / "sync.json"
@@ -108,34 +110,58 @@ class _SpecRecorder(_Recorder):
                                  sampled_token_ids=sampled)
 
 
-def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
-    """vLLM's steps for ``case`` with K proposals per decoder (see the module docstring)."""
+def run_vllm_spec_effects(case, k: int, max_steps: int = 100_000) -> tuple[list, dict]:
+    """vLLM's steps for ``case`` with K proposals per decoder (see the module docstring) and
+    their effects (:func:`benchmarks.parity.engine.effects_of`)."""
     sched = make_scheduler(case)
     requests = make_requests(case)
     rec = _SpecRecorder(sched, k, {r.request_id: r.max_tokens for r in requests})
     _run_sync(sched, requests, rec, max_steps)
-    return rec.steps
+    return rec.steps, effects_of(rec, requests)
+
+
+def run_vllm_spec(case, k: int, max_steps: int = 100_000) -> list:
+    """vLLM's steps for ``case`` with K proposals per decoder."""
+    return run_vllm_spec_effects(case, k, max_steps)[0]
+
+
+def sim_steps_effects(case, k: int, trace_dir: Path) -> tuple[list, dict]:
+    """simsched's steps for ``case`` with K proposals and :func:`accepted`'s acceptances, and
+    their effects (:func:`benchmarks.parity.sim.effects_of`)."""
+    trace = trace_dir / f"accepted-{case.case_id}-{k}.csv"
+    write_trace(trace, len(case.requests), k)
+    return run_sim_effects(case, speculative={"method": "ngram", "num_speculative_tokens": k,
+                                              "acceptance_trace": str(trace)})
 
 
 def sim_steps(case, k: int, trace_dir: Path) -> list:
     """simsched's steps for ``case`` with K proposals and :func:`accepted`'s acceptances."""
-    trace = trace_dir / f"accepted-{case.case_id}-{k}.csv"
-    write_trace(trace, len(case.requests), k)
-    return run_sim(case, speculative={"method": "ngram", "num_speculative_tokens": k,
-                                      "acceptance_trace": str(trace)})
+    return sim_steps_effects(case, k, trace_dir)[0]
+
+
+# Whole cases where issue 40's rules decide, found with this command: (seed, family, case
+# index, K). vLLM keeps a verification's rejected slots' blocks (its block table only grows) and
+# the next steps fill them, which a trimmed grant makes visible (kv_bound 7 and 30); a victim
+# granted slots earlier in the step keeps its blocks of every known token cached
+# (tiny_kv_priority 0).
+WITNESSES = ((4053, "kv_bound", 7, 5), (4053, "kv_bound", 30, 5),
+             (4051, "tiny_kv_priority", 0, 3))
 
 
 def record_fixture(version: str, cases_per_family: int) -> Path:
-    """vLLM's steps for small cases of every family, K cycling through FIXTURE_KS."""
+    """vLLM's steps and effects for small cases of every family, K cycling through FIXTURE_KS,
+    and the :data:`WITNESSES`."""
     from benchmarks.vllm_parity import small_case
 
+    runs = [(small_case(make_case(i, FIXTURE_SEED, family=family)),
+             FIXTURE_KS[i % len(FIXTURE_KS)])
+            for family in FAMILIES for i in range(cases_per_family)]
+    runs += [(make_case(i, seed, family=family), k) for seed, family, i, k in WITNESSES]
     records = []
-    for family in FAMILIES:
-        for i in range(cases_per_family):
-            case = small_case(make_case(i, FIXTURE_SEED, family=family))
-            k = FIXTURE_KS[i % len(FIXTURE_KS)]
-            records.append({"k": k, "case": case.to_json(),
-                            "steps": pack(run_vllm_spec(case, k))})
+    for case, k in runs:
+        steps, eff = run_vllm_spec_effects(case, k)
+        records.append({"k": k, "case": case.to_json(), "steps": pack(steps),
+                        "effects": pack_effects(eff)})
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     FIXTURE.write_text(json.dumps({"vllm_version": version, "scheduler": "Scheduler",
                                    "regenerate": "python -m benchmarks.spec_parity --fixtures",
@@ -149,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=50, help="cases per family")
     p.add_argument("--k", type=int, default=3, help="proposals per decoder")
     p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--seed", type=int, default=27)
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--show", type=int, default=2, help="differences to print per family")
     p.add_argument("--fixtures", action="store_true",
                    help="record vLLM's steps for small cases into tests/fixtures/spec_parity/")
@@ -163,27 +191,36 @@ def main(argv=None) -> int:
         print(f"wrote {record_fixture(vllm_version(), 10)}")
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="spec-parity-"))
+    figures = {}
     for family in args.families.split(","):
-        cases_same = steps_same = steps_all = shown = 0
+        cases_same = steps_same = steps_all = effects_same = shown = 0
         for i in range(args.cases):
-            case = make_case(i, seed=27, family=family)
+            case = make_case(i, seed=args.seed, family=family)
             try:
-                ours = sim_steps(case, args.k, tmp)
-                theirs = run_vllm_spec(case, args.k)
+                ours, our_effects = sim_steps_effects(case, args.k, tmp)
+                theirs, their_effects = run_vllm_spec_effects(case, args.k)
             except StuckError as exc:
                 print(f"{family} case {i}: vLLM stuck ({exc})")
                 continue
             outcome = compare(theirs, ours)
+            effects_diff = effects(their_effects, our_effects)
             steps_all += outcome.num_steps
             steps_same += outcome.num_same
-            if outcome.first_diff is None:
+            effects_same += not effects_diff
+            if outcome.first_diff is None and not effects_diff:
                 cases_same += 1
             elif shown < args.show:
                 shown += 1
-                print(f"{family} case {i} ({case.label()}): {outcome.diff}\n")
+                print(f"{family} case {i} ({case.label()}): {outcome.diff or 'steps identical'}"
+                      + (f"\n  effects differ:\n{effects_diff}" if effects_diff else "") + "\n")
         print(f"{family}: {cases_same}/{args.cases} cases identical, "
-              f"{steps_same}/{steps_all} steps identical", flush=True)
-    return 0
+              f"{steps_same}/{steps_all} steps identical, effects in {effects_same}", flush=True)
+        figures[family] = {"cases": args.cases, "identical": cases_same, "steps": steps_all,
+                           "identical_steps": steps_same, "identical_effects": effects_same}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"k": args.k, "seed": args.seed,
+                                               "families": figures}, indent=1) + "\n")
+    return 0 if all(f["identical"] == f["cases"] for f in figures.values()) else 1
 
 
 if __name__ == "__main__":

@@ -117,6 +117,14 @@ class Request:
                 f"priority={self.priority}, status={self.status.value})")
 
 
+def awaits_release(req: Request) -> bool:
+    """Whether ``req`` finished but still holds its KV blocks and slot until its replica's next
+    plan (``scheduler.plan_ahead``), which may yet preempt it as vLLM's async scheduler does:
+    the request frame's stores copy it only once that plan is made (its ``num_preemptions`` may
+    still change). The scheduler's release of a finished request drops its ``sort_key``."""
+    return req.status is Status.FINISHED and req.sort_key is not None
+
+
 class PreemptionCause:
     """Why a request's process was interrupted: victim, preemptor or reason, time, lost work."""
 

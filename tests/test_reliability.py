@@ -260,11 +260,11 @@ def test_heavy_memory_pressure_always_makes_progress(monkeypatch, victim, cap):
     original = Scheduler._preempt
     events = []
 
-    def preempt(self, victim_req, reason, by):
+    def preempt(self, victim_req, reason, by, **kwargs):
         capped = victim_req.num_preemptions >= cap
         all_capped = all(r.num_preemptions >= cap for r in self.running.values())
         events.append((reason, capped, all_capped))
-        original(self, victim_req, reason, by)
+        original(self, victim_req, reason, by, **kwargs)
     monkeypatch.setattr(Scheduler, "_preempt", preempt)
     cfg = small_config(policy=policy, victim_policy=victim, preemption=True,
                        max_num_preemptions=cap, num_blocks=24, max_num_seqs=12,

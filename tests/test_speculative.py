@@ -230,7 +230,9 @@ def test_steps_record_the_grants_and_respect_the_budget():
 
 
 # ----------------------------------------------------------------------------- KV
-def test_rejected_proposals_blocks_return_to_the_free_pool():
+def test_rejected_proposals_blocks_stay_with_the_request_as_in_vllm():
+    # vLLM's block table only grows: a verification's rejected slots stay allocated and the
+    # next steps' tokens fill them (issue 40; simsched freed them at the step's end before).
     sched = _scheduler(budget=20, k=5, num_blocks=10, block_size=2)
     req = Request(0, 0.0, 4, 12)
     assert sched.add(req, 0.0)
@@ -241,7 +243,9 @@ def test_rejected_proposals_blocks_return_to_the_free_pool():
     assert sched.kv.num_held(0) == 5 and sched.kv.num_free == 5
     sched.commit(2.0)                               # rate 0: 1 token accepted, 5 computed
     assert req.num_computed_tokens == 5
-    assert sched.kv.num_held(0) == 3 and sched.kv.num_free == 7
+    assert sched.kv.num_held(0) == 5 and sched.kv.num_free == 5     # kept
+    sched.schedule(2.0)                             # 6 more slots: 11 tokens, one new block
+    assert sched.kv.num_held(0) == 6 and sched.kv.num_free == 4
 
 
 @pytest.mark.parametrize("extra", [

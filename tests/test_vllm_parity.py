@@ -3,7 +3,10 @@
 ``tests/fixtures/vllm_parity/{sync,async}.json`` hold vLLM 0.33.0's per-step decisions
 (``Scheduler`` and ``AsyncScheduler``) for small seeded cases of every family, recorded by
 ``python -m benchmarks.vllm_parity --fixtures`` (needs vLLM; see the README). Here they are
-replayed through simsched's ``vllm_v1`` preset and its public per-step record, without vLLM.
+replayed through simsched's ``vllm_v1`` preset and its public per-step record, without vLLM;
+with their effects (free blocks after each step, cached blocks evicted per step, each request's
+``num_preemptions``), and issue 40's witnesses: whole cases where a victim's last token is in
+flight (async) or a victim scheduled earlier in the step keeps its newest block cached.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.parity.cases import FAMILIES, Case
-from benchmarks.parity.compare import compare, unpack
-from benchmarks.parity.sim import run_sim
+from benchmarks.parity.compare import compare, effects, unpack, unpack_effects
+from benchmarks.parity.sim import run_sim, run_sim_effects
+from benchmarks.vllm_parity import WITNESSES
 from simsched.config import field_names
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm_parity"
@@ -58,15 +62,18 @@ def test_fixtures_say_what_made_them(mode):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_simsched_reproduces_every_recorded_step(mode):
     failures, stale, num_steps = [], [], 0
-    for case, vllm_steps in _cases(mode):
-        outcome = compare(vllm_steps, run_sim(case))
+    for record in _fixture(mode)["cases"]:
+        case, vllm_steps = Case.from_json(record["case"]), unpack(record["steps"])
+        sim_steps, sim_effects = run_sim_effects(case)
+        outcome = compare(vllm_steps, sim_steps)
+        effects_diff = effects(unpack_effects(record["effects"]), sim_effects)
         num_steps += outcome.num_steps
         if (mode, case.case_id) in KNOWN_DIFFERENCES:
-            if outcome.identical:
+            if outcome.identical and not effects_diff:
                 stale.append(case.case_id)
             continue
-        if not outcome.identical:
-            failures.append(f"{case.label()}\n{outcome.diff}")
+        if not outcome.identical or effects_diff:
+            failures.append(f"{case.label()}\n{outcome.diff}{effects_diff}")
     assert not failures, f"{len(failures)} cases differ from vLLM:\n\n" + "\n\n".join(failures[:5])
     assert not stale, f"listed as differing but identical now: {stale}"
     assert num_steps > 1000
@@ -104,3 +111,23 @@ def test_each_vllm_rule_matters_where_it_applies(mode, field, value, applies):
             continue
         changed += not compare(vllm_steps, run_sim(case, **{field: value})).identical
     assert changed, f"{field}={value!r} changes no recorded case: the switch is untested"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_witnesses_are_recorded_whole(mode):
+    """Issue 40's witnesses are in the fixtures, uncut, and show what they witness: async, a
+    request preempted in a step after the one it finished in; sync, preemptions under the
+    priority policy with prefix caching (where the newest-block rule moves evictions)."""
+    records = _fixture(mode)["cases"][150:]
+    wanted = [(family, i) for m, _, family, i in WITNESSES if m == mode]
+    got = [(Case.from_json(r["case"]).family, Case.from_json(r["case"]).case_id) for r in records]
+    assert got == wanted
+    for record in records:
+        steps = unpack(record["steps"])
+        assert sum(record["effects"]["num_preemptions"]) == sum(len(s[2]) for s in steps) > 0
+    if mode == "async":
+        done, late = set(), 0
+        for step in unpack(records[0]["steps"]):
+            late += sum(r in done for r in step[2])
+            done.update(step[3])
+        assert late > 0

@@ -179,16 +179,19 @@ def test_plan_ahead_a_finished_request_taken_as_victim_stops_admissions():
     # needs a third block and none is free: the newest running request is request 1, still
     # holding its two blocks, so vLLM's async scheduler preempts it (it is dropped as finished
     # when its output arrives) and, having preempted, admits nobody in that step: request 2
-    # (arrived at t=2) starts at step 6, not 5. (Checked against vLLM 0.33.0's AsyncScheduler.)
+    # (arrived at t=2) starts at step 6, not 5. vLLM reports and counts that preemption (issue
+    # 40), then request 2's at step 7. (Checked against vLLM 0.33.0's AsyncScheduler.)
     cfg = _small(num_blocks=4, victim_policy="newest")
     requests = [(0, 4, 12), (0, 4, 5), (2, 4, 2)]
     assert _first_step(_steps(cfg, requests), 2) == 5.0
     res = simsched.simulate(cfg.replace(plan_ahead=True, check_invariants=True), requests,
                             cost_model=UnitCostModel(), record_steps=True)
     assert _first_step(res.steps, 2) == 6.0
-    # The release is no preemption: only request 2's later one (step 7) is reported.
-    assert res.preemptions[["request_id", "at"]].values.tolist() == [[2, 7.0]]
-    assert res.steps[res.steps["preempted"]]["request_id"].tolist() == [2]
+    assert res.preemptions[["request_id", "at"]].values.tolist() == [[1, 5.0], [2, 7.0]]
+    assert res.steps[res.steps["preempted"]][["step", "request_id"]].values.tolist() \
+        == [[5, 1], [7, 2]]
+    assert res.requests["num_preemptions"].tolist() == [0, 1, 1]
+    assert res.requests.set_index("request_id").loc[1, "num_recomputed_tokens"] == 0
 
 
 # ------------------------------------------------------------------ victims, preset

@@ -10,8 +10,13 @@ prefix-cache hits mean the same thing on both sides.
 Families (:data:`FAMILIES`) stress one limit each: ``light`` (nothing binds), ``token_budget``
 (chunked prefills), ``seq_bound`` (``max_num_seqs``), ``kv_bound`` (too few blocks),
 ``preemption_storm`` (many long decodes at once in a cache that fits few), ``shared_prefix`` (prefix caching with shared prompt heads, exact repeats and heavy
-eviction), ``tiny_budget`` (token budgets down to 1), ``block_sizes`` (blocks of 1 to 64 tokens)
-and ``priority`` (vLLM's priority policy).
+eviction), ``tiny_budget`` (token budgets down to 1), ``block_sizes`` (blocks of 1 to 64 tokens),
+``priority`` (vLLM's priority policy), ``bursts`` (bursts of simultaneous arrivals into a tight
+cache), ``async_storm`` (a preemption storm of short decodes that end close together, so victims
+are often requests whose last token is still in flight), ``tiny_kv_priority`` (the priority
+policy in a cache one or two requests fill, with prefix caching: victims already scheduled in
+the step, re-admissions served from the cache) and ``long_context`` (contexts near
+``max_model_len``, ``max_num_seqs`` often 1).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FAMILIES = ("light", "token_budget", "seq_bound", "kv_bound", "preemption_storm",
-            "shared_prefix", "tiny_budget", "block_sizes", "priority")
+            "shared_prefix", "tiny_budget", "block_sizes", "priority",
+            # Issue 40's families: where async scheduling's in-flight finishes meet preemption.
+            "bursts", "async_storm", "tiny_kv_priority", "long_context")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 MAX_MODEL_LEN = 4096          # the default model's context: every request fits well within it
 
@@ -128,6 +135,15 @@ def _lengths(rng, n, prompt: tuple, output: tuple, block_size: int) -> tuple[lis
     return [int(p) for p in prompts], [int(o) for o in outputs]
 
 
+def _bursts(rng: np.random.Generator, n: int) -> list[int]:
+    """2 to 5 bursts: every request of a burst arrives at the same step, bursts a few to many
+    steps apart (some while the last burst still decodes)."""
+    num_bursts = int(rng.integers(2, 6))
+    starts = np.cumsum(rng.integers(1, 60, size=num_bursts)) - 1
+    starts[0] = 0
+    return sorted(int(starts[int(rng.integers(num_bursts))]) for _ in range(n))
+
+
 def _ample_blocks(prompts, outputs, block_size: int) -> int:
     return sum(-(-(p + o) // block_size) for p, o in zip(prompts, outputs)) + 2
 
@@ -203,20 +219,44 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
         prompt, output = (1, 60), (1, 20)
     elif family == "block_sizes":
         tight = rng.random() < 0.6
+    elif family == "bursts":
+        n, seqs = int(rng.integers(12, 41)), int(rng.integers(4, 49))
+        prompt, output = (1, 250), (1, 80)
+        tight = rng.random() < 0.8
+    elif family == "async_storm":
+        n, seqs, budget = int(rng.integers(10, 31)), int(rng.integers(8, 65)), 1024
+        prompt, output = (4, 80), (2, 24)
+    elif family == "tiny_kv_priority":
+        block_size = _pick(rng, (2, 4, 8, 16))
+        n, prompt, output = int(rng.integers(6, 19)), (4, 120), (2, 60)
+    elif family == "long_context":
+        n = int(rng.integers(2, 7))
+        seqs = 1 if rng.random() < 0.5 else int(rng.integers(2, 5))
+        budget = int(_pick(rng, (256, 512, 1024, 2048, 4096)))
+        prompt, output = (MAX_MODEL_LEN - 900, MAX_MODEL_LEN - 40), (1, 40)
+        tight = rng.random() < 0.5
     prompts, outputs = _lengths(rng, n, prompt, output, block_size)
-    if family == "preemption_storm":
+    if family == "long_context":
+        # Up to max_model_len exactly (prompt + output), never past it.
+        outputs = [max(1, min(o, MAX_MODEL_LEN - p)) for p, o in zip(prompts, outputs)]
+    if family in ("preemption_storm", "async_storm"):
         least = max(-(-(p + o) // block_size) for p, o in zip(prompts, outputs)) + 1
         blocks = int(least + rng.integers(0, least // 2 + 1))
+    elif family == "tiny_kv_priority":
+        least = max(-(-(p + o) // block_size) for p, o in zip(prompts, outputs)) + 1
+        blocks = int(least + rng.integers(0, 4))
     elif tight:
         blocks = _tight_blocks(rng, prompts, outputs, block_size)
     else:
         blocks = _ample_blocks(prompts, outputs, block_size)
-    prefix = family == "shared_prefix" or bool(rng.random() < 0.5)
+    prefix = family == "shared_prefix" or bool(rng.random() < (0.8 if family == "tiny_kv_priority"
+                                                                 else 0.5))
     hash_block_size = _pick(rng, (block_size, block_size, max(1, block_size // 2),
                                   2 * block_size, int(rng.integers(1, 33))))
     hashes = _hash_ids(rng, prompts, hash_block_size, prefix and rng.random() < 0.8
                        or family == "shared_prefix")
-    policy = "priority" if family == "priority" or rng.random() < 0.1 else "fcfs"
+    policy = "priority" if family in ("priority", "tiny_kv_priority") or rng.random() < 0.1 \
+        else "fcfs"
     priorities = rng.integers(0, 4, size=n) if policy == "priority" else np.zeros(n, dtype=int)
     watermark = 0.0
     if rng.random() < 0.4:
@@ -224,7 +264,18 @@ def make_case(case_id: int, seed: int = 0, family: str | None = None,
         # (its null block included), so these are where the rounding decides.
         watermark = float(_pick(rng, (0.01, 0.02, 0.05, 0.1))) if rng.random() < 0.5 \
             else int(rng.integers(1, 4)) / (blocks + 1)
-    arrivals = [0] * n if family == "preemption_storm" else _arrivals(rng, n)
+        if watermark > 0.5:         # a cache of a few blocks: past what either engine accepts
+            watermark = 0.0
+    if family == "preemption_storm":
+        arrivals = [0] * n
+    elif family == "bursts":
+        arrivals = _bursts(rng, n)
+    elif family == "async_storm":
+        # Two waves: the second arrives as the first's short decodes end.
+        arrivals = [0 if rng.random() < 0.6 else int(rng.integers(10, 40)) for _ in range(n)]
+        arrivals.sort()
+    else:
+        arrivals = _arrivals(rng, n)
     reqs = tuple(Request(a, p, o, int(pr), ids) for a, p, o, pr, ids
                  in zip(arrivals, prompts, outputs, priorities, hashes))
     return Case(case_id=case_id, family=family, block_size=block_size,

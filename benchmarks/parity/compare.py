@@ -89,3 +89,43 @@ def unpack(runs: list) -> list:
     """The inverse of :func:`pack`."""
     return [[t + i, scheduled, preempted, finished]
             for t, count, scheduled, preempted, finished in runs for i in range(count)]
+
+
+EFFECTS = ("free_blocks", "evicted_blocks", "num_preemptions")
+
+
+def effects(vllm_effects: dict, sim_effects: dict) -> str:
+    """Where two runs' effects (free blocks per step, evicted blocks per step, preemptions per
+    request) first differ, or "" if they agree."""
+    for key in EFFECTS:
+        a, b = vllm_effects[key], sim_effects[key]
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            what = "request" if key == "num_preemptions" else "step"
+            x = a[i] if i < len(a) else "none"
+            y = b[i] if i < len(b) else "none"
+            return f"  {key}: at {what} {i}, vLLM {x}, simsched {y} ({len(a)} vs {len(b)} values)"
+    return ""
+
+
+def pack_effects(eff: dict) -> dict:
+    """Effects compactly for fixtures: free blocks as runs ``[value, count]``, evictions as
+    ``[step, count]`` where non-zero, preemptions per request as they are."""
+    runs: list = []
+    for v in eff["free_blocks"]:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return {"free_blocks": runs,
+            "evicted_blocks": [[i, n] for i, n in enumerate(eff["evicted_blocks"]) if n],
+            "num_steps": len(eff["evicted_blocks"]), "num_preemptions": eff["num_preemptions"]}
+
+
+def unpack_effects(data: dict) -> dict:
+    """The inverse of :func:`pack_effects`."""
+    evicted = [0] * data["num_steps"]
+    for i, n in data["evicted_blocks"]:
+        evicted[i] = n
+    return {"free_blocks": [v for v, n in data["free_blocks"] for _ in range(n)],
+            "evicted_blocks": evicted, "num_preemptions": data["num_preemptions"]}

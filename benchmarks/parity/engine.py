@@ -11,6 +11,9 @@ its output. The async loop is ``EngineCore.step_with_batch_queue`` with two batc
 the next batch is scheduled while the previous one runs, before its output is known. Every batch
 that schedules tokens takes one unit of time on the (virtual) GPU; a ``schedule()`` call that
 schedules nothing takes none, and its preemptions are reported with the next step that runs.
+Besides the steps the recorder keeps their effects: the free blocks once each step's plan is
+made (async: once the batch it overlapped has ended, as simsched's iteration log reads them),
+the cached blocks evicted in each step and every request's ``num_preemptions``.
 """
 
 from __future__ import annotations
@@ -124,7 +127,20 @@ class _Recorder:
         self.steps: list = []
         self.preempted: list[int] = []
         self.free_blocks: list[int] = []
+        self.evicted_blocks: list[int] = []     # cached blocks evicted, per step
         self.counts: dict[str, int] = {}
+        # Count the block pool's evictions of cached blocks (its metrics collector only counts
+        # them with log_stats on, which the recorder leaves off).
+        pool = sched.kv_cache_manager.block_pool
+        evict = pool._maybe_evict_cached_block
+        self._evicted = 0
+
+        def counted(block):
+            evicted = evict(block)
+            self._evicted += bool(evicted)
+            return evicted
+
+        pool._maybe_evict_cached_block = counted
 
     def schedule(self, now: int):
         sched = self.sched
@@ -143,6 +159,8 @@ class _Recorder:
         self.preempted = []
         self.steps.append(step)
         self.free_blocks.append(sched.kv_cache_manager.block_pool.get_num_free_blocks())
+        self.evicted_blocks.append(self._evicted)
+        self._evicted = 0
         return out, model_out, step
 
 
@@ -172,20 +190,22 @@ def _finished(outputs) -> list[int]:
     return done
 
 
-def run_vllm(case: Case, max_steps: int = 200_000) -> tuple[list, list]:
-    """vLLM's steps for ``case`` and its free blocks after each step's scheduling."""
+def effects_of(rec: _Recorder, requests: list) -> dict:
+    """What vLLM's decisions did besides the steps (see :func:`benchmarks.parity.compare.effects`):
+    free blocks after each step's plan, cached blocks evicted in each step, each request's
+    ``num_preemptions``."""
+    return {"free_blocks": rec.free_blocks, "evicted_blocks": rec.evicted_blocks,
+            "num_preemptions": [r.num_preemptions for r in requests]}
+
+
+def run_vllm(case: Case, max_steps: int = 200_000) -> tuple[list, dict]:
+    """vLLM's steps for ``case`` and their effects (:func:`effects_of`)."""
     sched = make_scheduler(case)
     requests = make_requests(case)
     rec = _Recorder(sched)
     run = _run_async if case.async_scheduling else _run_sync
     run(sched, requests, rec, max_steps)
-    # The async scheduler may preempt a request whose last token is still in flight (it then
-    # drops it as finished): that frees its blocks early but is no preemption of unfinished work.
-    done: set[int] = set()
-    for step in rec.steps:
-        step[2] = [r for r in step[2] if r not in done]
-        done.update(step[3])
-    return rec.steps, rec.free_blocks
+    return rec.steps, effects_of(rec, requests)
 
 
 def _arrive(sched, requests, nxt: int, now: int) -> int:
@@ -251,4 +271,8 @@ def _run_async(sched, requests, rec: _Recorder, max_steps: int) -> None:
         outputs = sched.update_from_output(out, model_out)
         if step is not None:
             step[3] = sorted(_finished(outputs))
+        if queue and queue[-1][2] is not None and queue[-1][2] is rec.steps[-1]:
+            # The plan's blocks once the batch it overlapped has ended (its finished requests'
+            # blocks back): as simsched's iteration log reads them.
+            rec.free_blocks[-1] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     raise StuckError(f"over {max_steps} steps")

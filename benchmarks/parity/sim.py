@@ -72,8 +72,26 @@ def steps_of(frame: pd.DataFrame) -> list:
     return out
 
 
-def run_sim(case: Case, **overrides) -> list:
-    """simsched's steps for ``case`` (see :func:`steps_of`)."""
+def effects_of(res, case: Case) -> dict:
+    """What the run's decisions did besides the steps, as :func:`benchmarks.parity.engine.
+    effects_of` has vLLM's: free blocks after each step's plan (vLLM's count: empty plus
+    evictable cached blocks), cached blocks evicted in each step (from the iteration log) and each
+    request's ``num_preemptions`` (from the request frame)."""
+    it = res.iterations
+    free = (case.num_blocks - 1 - it["kv_blocks_used"]).tolist()
+    evicted = it["num_evicted_blocks"].tolist() if "num_evicted_blocks" in it else [0] * len(it)
+    pre = res.requests.sort_values("request_id")["num_preemptions"].tolist()
+    return {"free_blocks": [int(x) for x in free], "evicted_blocks": [int(x) for x in evicted],
+            "num_preemptions": [int(x) for x in pre]}
+
+
+def run_sim_effects(case: Case, **overrides) -> tuple[list, dict]:
+    """simsched's steps for ``case`` and their effects (:func:`effects_of`)."""
     res = simsched.simulate(sim_config(case, **overrides), sim_requests(case),
                             cost_model=UnitCostModel(), record_steps=True)
-    return steps_of(res.steps)
+    return steps_of(res.steps), effects_of(res, case)
+
+
+def run_sim(case: Case, **overrides) -> list:
+    """simsched's steps for ``case`` (see :func:`steps_of`)."""
+    return run_sim_effects(case, **overrides)[0]

@@ -45,7 +45,7 @@ from simsched.cluster.lazy import LazyRequests
 from simsched.engine.log import _is_count, concat_frames
 from simsched.engine.log import decode_step_ends as frame_step_ends
 from simsched.engine.log import log_step_ends
-from simsched.request import Request
+from simsched.request import Request, awaits_release
 
 CHUNK = 65536
 WINDOW = 600.0
@@ -198,10 +198,15 @@ class StreamingRequests:
         self.iteration_parts += 1
         _release_arrow_memory()
 
-    def flush(self) -> None:
-        """Write the iterations logged so far and the ended requests' rows, then forget them."""
+    def flush(self, final: bool = False) -> None:
+        """Write the iterations logged so far and the ended requests' rows, then forget them
+        (until ``final``, those that still await their release,
+        :func:`~simsched.request.awaits_release`, wait for the next chunk)."""
         self._drain_iterations()
         done, self.done = self.done, []
+        if not final and any(awaits_release(r) for r in done):
+            self.done = [r for r in done if awaits_release(r)]
+            done = [r for r in done if not awaits_release(r)]
         if done:
             self._write_requests(done)
         self.parts += 1
@@ -244,10 +249,11 @@ class StreamingRequests:
         self._summarise(frame)
 
     def _prune(self) -> None:
-        """Drop the decode step ends no request in flight can still need."""
+        """Drop the decode step ends no request in flight (or held back unwritten) can still
+        need."""
         replica_of = self.cluster.replica_of
         need = list(self.num_steps)
-        for req in self.live.values():
+        for req in (*self.live.values(), *self.done):
             runs, start = req.runs, req.run_start_step
             first = runs[1] if runs else (start if start >= 0 else None)
             if first is None:
@@ -302,7 +308,7 @@ class StreamingRequests:
             self.done.append(Request(rid, self.arrival[rid], int(self.prompt[rid]),
                                      int(self.output[rid]), int(self.priority[rid]),
                                      tenant[rid] if tenant is not None else None))
-        self.flush()
+        self.flush(final=True)
 
 
 def _narrow(values) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cluster.records import PREFIX_FIELDS, WORKLOAD_COLUMNS, RequestRecords
-from simsched.request import Request
+from simsched.request import Request, awaits_release
 
 _CHUNK = 4096                       # requests converted to Python values at a time
 # Ended requests copied into the arrays at a time: few enough that they are still in the CPU
@@ -72,17 +72,25 @@ class LazyRequests:
         if len(done) >= _BATCH:
             self._flush()
 
-    def _flush(self) -> None:
-        """Copy the noted requests into the records, then drop them."""
+    def _flush(self, final: bool = False) -> None:
+        """Copy the noted requests into the records, then drop them (until ``final``, those
+        that still await their release, :func:`~simsched.request.awaits_release`, wait for the
+        next batch)."""
         done = self._done
         if not done:
             return
+        if not final:
+            held = [r for r in done if awaits_release(r)]
+            if held:
+                done = [r for r in done if not awaits_release(r)]
+                self._done = held
         live = self.live
         ids = [r.id for r in done]
         for rid in ids:
             del live[rid]
         self.records.record(done, ids)
-        done.clear()
+        if done is self._done:
+            done.clear()
 
     def columns(self, prefix: bool = False, extra: tuple = ()) -> dict:
         """What the request frame needs (:meth:`RequestRecords.columns`); empties this store.
@@ -92,9 +100,9 @@ class LazyRequests:
         prefix-cache columns and ``extra`` more fields, at their defaults (these requests carry
         no prompt contents, no adapters).
         """
-        self._flush()
+        self._flush(final=True)
         self._done.extend(self.live.values())
-        self._flush()
+        self._flush(final=True)
         out = self.records.columns()
         self.records = None
         for column, _, kind, default in (PREFIX_FIELDS if prefix else ()) + extra:

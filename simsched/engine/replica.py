@@ -395,8 +395,10 @@ class Replica:
                 callback(done)
 
     def _interrupt_victims(self) -> None:
+        live = self._live
         for victim, cause in self.scheduler.preempted:
-            self._live[victim.id][0].interrupt(cause)
+            if cause is not None:   # None: finished already (plan_ahead), its process has ended
+                live[victim.id][0].interrupt(cause)
         self.scheduler.preempted = []
 
     def abort(self, req: Request) -> AbortedWork:

@@ -16,18 +16,21 @@ FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "vllm_pa
 def parity_fixtures(runs) -> str:
     """Cases and steps identical when simsched's vllm_v1 preset replays the fixtures."""
     from benchmarks.parity.cases import Case
-    from benchmarks.parity.compare import compare, unpack
-    from benchmarks.parity.sim import run_sim
+    from benchmarks.parity.compare import compare, effects, unpack, unpack_effects
+    from benchmarks.parity.sim import run_sim_effects
 
     rows = []
     for mode in ("sync", "async"):
         data = json.loads((FIXTURES / f"{mode}.json").read_text())
-        cases = same = steps = same_steps = preempted = hits = 0
+        cases = same = steps = same_steps = preempted = hits = same_effects = 0
         for record in data["cases"]:
             case, vllm_steps = Case.from_json(record["case"]), unpack(record["steps"])
-            outcome = compare(vllm_steps, run_sim(case))
+            sim_steps, sim_effects = run_sim_effects(case)
+            outcome = compare(vllm_steps, sim_steps)
+            agree = not effects(unpack_effects(record["effects"]), sim_effects)
             cases += 1
-            same += outcome.identical
+            same += outcome.identical and agree
+            same_effects += agree
             steps += outcome.num_steps
             same_steps += outcome.num_same
             preempted += sum(len(s[2]) for s in vllm_steps)
@@ -36,6 +39,7 @@ def parity_fixtures(runs) -> str:
                      "simsched": "vllm_v1" + (" + plan_ahead" if mode == "async" else ""),
                      "cases identical": f"{same:,} of {cases:,}",
                      "steps identical": f"{same_steps:,} of {steps:,}",
+                     "effects identical": f"{same_effects:,} of {cases:,}",
                      "preemptions": preempted, "admissions served from the cache": hits})
         claim(same == cases, f"simsched reproduces every recorded {mode} case")
     return md_table(pd.DataFrame(rows)) + "\n"

@@ -5,8 +5,10 @@ vLLM V1's async scheduler schedules batch k + 1 while batch k runs and processes
 only after that. Its decisions are those of a synchronous scheduler that plans after batch k
 commits, except for what the plan cannot know yet: requests that arrived since the previous plan
 (they wait for the next one), and requests whose last token batch k produces, which keep their
-KV blocks and sequence slots through the plan (they may still be preempted for their blocks,
-which frees them early and, as any preemption, stops the step's admissions). A plan that schedules nothing is made again at once with both
+KV blocks and sequence slots through the plan. Such a request may still be chosen as a victim:
+as in vLLM it is then a preemption like any other (counted, reported in the step, its blocks
+freed early, the step's admissions stopped) of a request that finishes anyway
+(:meth:`~simsched.engine.scheduler.preemption.PreemptionMixin._preempt_finished`). A plan that schedules nothing is made again at once with both
 known: the engine then waits for batch k and schedules after it. One more difference lives in
 :meth:`~simsched.engine.scheduler.preemption.PreemptionMixin._stop`: a preempted decoder's block filled by
 the last step is not cached (vLLM caches a decode block once the token after it is known).
@@ -34,11 +36,10 @@ class PlanAheadMixin:
         """A plan was made: what it could not know becomes known. Finished requests give their
         blocks and slots back; the requests that arrived meanwhile join the queue."""
         if self._zombies:
+            running = self.running
             for req in self._zombies:
-                if req.id in self.running:          # not released early for another's blocks
+                if req.id in running:               # not preempted for another's blocks
                     self._release(req)
-                else:                               # it was: it is no preemption to report
-                    self.preempted = [p for p in self.preempted if p[0] is not req]
             self._zombies.clear()
         unseen: list[Request] = self._unseen
         if unseen:

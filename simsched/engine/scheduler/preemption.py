@@ -72,7 +72,11 @@ class PreemptionMixin:
                 # All protected: evict the newest, so the oldest keeps its blocks and finishes
                 # (a policy such as largest_kv would evict the most advanced one forever).
                 victim = max(running, key=lambda r: r.admitted_seq)
-            self._preempt(victim, "kv_full", None)
+            # vLLM schedules its running requests in order (admission order, as admitted_seq):
+            # one ahead of req was scheduled this step before req asked for blocks (under the
+            # priority policy it may be the victim), which cached its blocks of every known token.
+            self._preempt(victim, "kv_full", None,
+                          scheduled=victim is not req and victim.admitted_seq < req.admitted_seq)
             if victim is req:
                 return False
         return True
@@ -132,23 +136,21 @@ class PreemptionMixin:
             self._preempt(victim, "admission", req.id)
         return True
 
-    def _preempt(self, victim: Request, reason: str, by: int | None) -> None:
+    def _preempt(self, victim: Request, reason: str, by: int | None,
+                 scheduled: bool = False) -> None:
         """Preempt ``victim``: swap it out if configured and possible, else recompute.
 
-        Recompute frees the victim's blocks and sends it back to the queue.
+        Recompute frees the victim's blocks and sends it back to the queue (``scheduled``: the
+        victim was scheduled earlier in this step, see :meth:`_stop`).
         """
         if victim.status is FINISHED:
-            # plan_ahead: a request that finished in the running batch still holds its blocks
-            # (vLLM's async scheduler preempts it, then drops it as finished): release them. It
-            # counts as this step's preemption for the admission rule until the plan is made.
-            self._release(victim)
-            self.preempted.append((victim, None))
+            self._preempt_finished(victim, reason, by)
             return
         if self.swapping and self._swap_out(victim, reason, by):
             return
         generated = self.num_generated(victim)
         cached = self.num_cached(victim)
-        self._stop(victim, cached)
+        self._stop(victim, cached, scheduled)
         victim.num_generated = generated
         victim.num_computed_tokens = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
@@ -159,6 +161,25 @@ class PreemptionMixin:
         victim.num_recomputed_tokens += cached
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
+
+    def _preempt_finished(self, victim: Request, reason: str, by: int | None) -> None:
+        """plan_ahead: preempt ``victim``, which finished in the running batch (its last token is
+        still in flight) and holds its blocks and slot until the plan is made.
+
+        vLLM's async scheduler preempts such a request as any running one: it counts the
+        preemption (``num_preemptions``, ``vllm:num_preemptions``), reports it in the step, frees
+        its blocks (the in-flight token's block uncached, as its KV is not known yet) and stops
+        the step's admissions; the batch's output then finishes it from the waiting queue, so it
+        recomputes nothing. Its process has already ended: the entry carries no cause, so nobody
+        interrupts it (the cause is noted on the request directly, and the request frame's
+        stores hold back a finished request until its blocks are released, see
+        :func:`simsched.request.awaits_release`)."""
+        # A decoder's last token (finish_step set) was planned before the one ahead of it was
+        # known, so vLLM cached only the blocks before it; a last token from a prefill was not.
+        self._release(victim, in_flight=victim.finish_step >= 0)
+        victim.num_preemptions += 1
+        victim.note_preemption(PreemptionCause(victim.id, reason, by, self.now, 0))
+        self.preempted.append((victim, None))
 
     def _swap_out(self, victim: Request, reason: str, by: int | None) -> bool:
         """Swap ``victim`` out to the CPU swap space (:mod:`simsched.engine.scheduler.swap`); False
@@ -177,13 +198,23 @@ class PreemptionMixin:
                                                        mode="swap")))
         return True
 
-    def _stop(self, victim: Request, cached: int) -> None:
+    def _stop(self, victim: Request, cached: int, scheduled: bool = False) -> None:
         """Take running ``victim``, with ``cached`` tokens' KV, off the GPU: end its decode run
-        or prefill, free its blocks (a prefix cache keeps those of its cached tokens)."""
-        if cached and self._plan_ahead and 0 <= victim.run_start_step <= self.step:
-            # plan_ahead: vLLM's async scheduler caches a decode block only once the token after
-            # it is known: the KV of the last step's token is not cached yet.
-            cached -= 1
+        or prefill, free its blocks (a prefix cache keeps those of its cached tokens).
+
+        vLLM caches a decoder's full blocks when it schedules it, up to the tokens known then
+        (``scheduled``: it was scheduled earlier in this step, before it became the victim), and
+        otherwise when a step's output arrives, up to the tokens computed."""
+        if cached and victim.run_start_step >= 0:
+            if scheduled:
+                # Every known token: the one the last step sampled too, whose KV is not computed
+                # (with plan_ahead that token is still in flight, so the tokens computed).
+                if not self._plan_ahead:
+                    cached += 1
+            elif self._plan_ahead and victim.run_start_step <= self.step:
+                # plan_ahead: the last step's output is not in yet, so the KV of its token is
+                # not cached.
+                cached -= 1
         if victim.run_start_step >= 0:
             self._close_run(victim, self.step)
         else:
@@ -195,8 +226,9 @@ class PreemptionMixin:
         victim.epoch += 1
         victim.finish_step = -1
 
-    def _release(self, req: Request) -> None:
-        """Give a finished request's sequence slot and KV blocks back."""
+    def _release(self, req: Request, in_flight: bool = False) -> None:
+        """Give a finished request's sequence slot and KV blocks back (``in_flight``: its last
+        token's KV is not known yet, so the block it completes is not cached)."""
         del self.running[req.id]
         self.running_version += 1
         content = req.content
@@ -205,7 +237,7 @@ class PreemptionMixin:
         else:
             # A prefix cache keeps the prompt's and output's blocks (the last token's KV is
             # never written); the content's memo of them is dead weight now.
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1)
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - in_flight)
             content.runs = None
         # Scheduling state is dead weight from now on: drop it (small ints are shared objects),
         # which keeps a million finished requests within memory.

@@ -15,9 +15,11 @@ fast as before). It replaces the decode layer (:mod:`simsched.engine.scheduler.d
   victims (victim policy) when the cache has no room, as a decode's growth does.
 * **Commit**: each verification accepts ``a`` of its ``k = n - 1`` proposals
   (:class:`Acceptance`, from the run's Generator), the request progresses by ``a + 1`` tokens
-  (the accepted ones and the bonus token), and the rejected proposals' KV slots are freed
-  (``KVManager.shrink``). Decode blocks are registered in a prefix cache only when the request
-  stops, up to its computed (accepted) tokens: rejected tokens' blocks are never cacheable. As
+  (the accepted ones and the bonus token). The rejected proposals' KV slots stay the
+  request's, as in vLLM (a block table only grows: the next steps' tokens fill them, and they go
+  with the request's other blocks when it stops). Decode blocks are registered in a prefix
+  cache only when the request stops, up to its computed (accepted) tokens: rejected tokens'
+  blocks are never cacheable. As
   in vLLM (which caches a request's full blocks when it allocates its next step), the tokens
   its last verification accepted are not cached yet when it stops (``_lag``).
 * **Progress is eager**: ``num_generated`` and ``num_computed_tokens`` are exact at every
@@ -236,7 +238,7 @@ class SpeculativeScheduler(Scheduler):
         if self.meter is not None:
             self.meter.stop_decoding(req, last_step)
 
-    def _stop(self, victim: Request, cached: int) -> None:
+    def _stop(self, victim: Request, cached: int, scheduled: bool = False) -> None:
         """Preemption: a victim granted tokens this step gives them back to the budget (its KV
         slots, proposals' included, go with its blocks); its cacheable tokens lag as vLLM's."""
         grant = self._grants.pop(victim.id, None)
@@ -246,17 +248,19 @@ class SpeculativeScheduler(Scheduler):
             lag = 0
         # vLLM caches a request's full blocks when it allocates its next step's slots, up to
         # the tokens known then: until then the tokens its last verification accepted are not
-        # cached (a victim granted slots in this step had them cached first).
-        super()._stop(victim, cached - lag if cached else 0)
+        # cached (a victim granted slots in this step had them cached first, up to every token
+        # known: the bonus token too).
+        super()._stop(victim, cached - lag if cached else 0, grant is not None)
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, in_flight: bool = False) -> None:
         """A finished request's slot and blocks go back; as vLLM caches blocks at allocation,
         the tokens its last verification accepted are not cached (released first with the
         shorter count: the plain release then finds nothing left to free)."""
         lag = self._lag.pop(req.id, 0)
         if lag and req.content is not None:
-            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - lag)
-        super()._release(req)
+            self.kv.free(req.id, req.num_prompt_tokens + req.num_output_tokens - 1 - lag
+                         - in_flight)
+        super()._release(req, in_flight)
 
     def _take(self, req: Request, n: int) -> None:
         """Grant ``req`` ``n`` tokens this step; the caller made sure their KV blocks are free.
@@ -342,7 +346,8 @@ class SpeculativeScheduler(Scheduler):
         return firsts, finished
 
     def _advance(self, s: int, now: float, prev_end: float):
-        """Step ``s``'s verifications: accepted + 1 tokens each, rejected slots freed."""
+        """Step ``s``'s verifications: accepted + 1 tokens each (the rejected slots' blocks are
+        kept, as vLLM keeps them)."""
         granted = self._grants
         grants = list(granted.values())
         self._grants = {}
@@ -352,7 +357,7 @@ class SpeculativeScheduler(Scheduler):
         if len(grants) < len(self.decoding):
             self._split_skipped(s, prev_end, granted)
         accepted = self.acceptance.sample(grants)
-        kv, chunk_at, meter = self.kv, self._chunk_at, self.meter
+        chunk_at, meter = self._chunk_at, self.meter
         per_pos, hist = stats.accepted_per_pos, stats.accepted_hist
         gaps, sizes = stats.chunk_gaps, stats.chunk_tokens
         finished = _NONE
@@ -372,8 +377,6 @@ class SpeculativeScheduler(Scheduler):
             if a and meter is not None:
                 for _ in range(a):      # the meter counts one token per decode step: the rest
                     meter.first_token(req)
-            if a < k:
-                kv.shrink(rid, req.num_computed_tokens)     # the rejected proposals' slots
             gaps.append(now - chunk_at[rid])
             sizes.append(a + 1)
             chunk_at[rid] = now
