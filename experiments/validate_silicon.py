@@ -35,9 +35,10 @@ concurrency, C <= 64 (about a minute).
 from __future__ import annotations
 
 import dataclasses
-import re
+import multiprocessing
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -47,7 +48,8 @@ import pandas as pd
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
 from simsched.config.parallel import ParallelConfig
-from simsched.cost import factory
+from simsched.cost import factory, shapes
+from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
@@ -242,6 +244,14 @@ def simulate_row(row, engine: Engine, num_prompts: int | None = None,
             "sim_tpot_ms": s["tpot_p50"] * 1e3, "reason": ""}
 
 
+def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
+    """Rows of one (GPU, model, layout), which share their cost model: id -> result."""
+    out = {r.id: simulate_row(r, engine, kernels=kernels) for r in rows.itertuples()}
+    factory._cached_cost_model.cache_clear()
+    factory._cached_parallel_model.cache_clear()
+    return out
+
+
 def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
              limit: int | None = None, kernels: str = "default") -> pd.DataFrame:
     """The tidy table: one row per silicon row with its expressibility and errors."""
@@ -261,13 +271,21 @@ def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
     # cached models between groups (a 128k-context model's tables take ~100 MB each).
     todo = todo.assign(_l=[layout(r)[0] for r in todo.itertuples()]).sort_values(
         ["gpu", "model", "_l", "concurrency"], kind="stable").drop(columns="_l")
-    sims, key = {}, None
-    for r in todo.itertuples():
-        if (r.gpu, r.model, layout(r)[0]) != key:
-            key = (r.gpu, r.model, layout(r)[0])
-            factory._cached_cost_model.cache_clear()
-            factory._cached_parallel_model.cache_clear()
-        sims[r.id] = simulate_row(r, eng, kernels=kernels)
+    labels = [layout(r)[0] for r in todo.itertuples()]
+    groups_of = {k: part.drop(columns="_l") for k, part in
+                 todo.assign(_l=labels).groupby(["gpu", "model", "_l"], sort=False)}
+    sims = {}
+    # One (forked) worker process per group: a group's cost models and runs are freed with it
+    # (a long run over many 128k-context models otherwise grows by gigabytes).
+    ctx = multiprocessing.get_context("fork") if "fork" in \
+        multiprocessing.get_all_start_methods() else None
+    if ctx is None or len(groups_of) == 1:
+        for part in groups_of.values():
+            sims.update(_simulate_group(part, eng, kernels))
+    else:
+        for part in groups_of.values():
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                sims.update(pool.submit(_simulate_group, part, eng, kernels).result())
     frame = pd.DataFrame.from_dict(sims, orient="index")
     out = rows.drop(columns="reason").merge(frame, left_on="id", right_index=True, how="left")
     out["reason"] = [sims[i]["reason"] if i in sims else r
@@ -276,10 +294,31 @@ def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
     out = out.rename(columns={"silicon_ttft_ms": "ttft_ms", "silicon_tpot_ms": "tpot_ms"})
     for m in ("ttft", "tpot"):
         out[f"{m}_error"] = out[f"sim_{m}_ms"] / out[f"{m}_ms"] - 1.0
+    out["implied_prefill_peak"] = [implied_prefill_peak(r) for r in out.itertuples()]
     cols = ["id", "backend", "gpu", "model", "model_path", "precision", "layout", "isl",
             "osl", "concurrency", "recipe", "client", "ttft_ms", "sim_ttft_ms", "ttft_error",
-            "tpot_ms", "sim_tpot_ms", "tpot_error", "expressible", "reason"]
+            "tpot_ms", "sim_tpot_ms", "tpot_error", "implied_prefill_peak", "expressible",
+            "reason"]
     return out.reindex(columns=cols).reset_index(drop=True)
+
+
+def implied_prefill_peak(row) -> float:
+    """A plausibility check of a measurement: the share of the GPU's dense tensor peak (FP8 for
+    FP8 weights, else bf16) that the prefill alone must run at for the measured TTFT and TPOT.
+    With C requests in flight, each lasting TTFT + (output - 1) x TPOT, the server prefills
+    ``C x input / that`` tokens per second, each costing 2 FLOPs per active parameter. Above 1,
+    the measured latencies cannot hold for the prompts as described (a prefix-cache hit, or
+    another client, would explain it). NaN for rows without a preset."""
+    if not isinstance(row.model, str) or pd.isna(row.tpot_ms) or pd.isna(row.tp_size):
+        return np.nan
+    spec, gpu = MODELS[row.model], GPU_SPECS[row.gpu]
+    c = shapes.param_counts(spec)
+    active = c["dense"] + c["experts"] * spec.experts_per_token / max(spec.num_experts, 1)
+    # InferenceX's lengths are uniform in [0.8 L, L]: 0.9 L on average.
+    e2e = (row.ttft_ms + (0.9 * row.osl - 1) * row.tpot_ms) / 1e3
+    flops = 2.0 * active * 0.9 * row.isl * row.concurrency / e2e / int(row.tp_size)
+    peak = gpu.fp8_flops if spec.weight_dtype == "fp8" and gpu.fp8_flops else gpu.peak_flops
+    return float(flops / peak)
 
 
 def groups(table: pd.DataFrame) -> pd.DataFrame:
