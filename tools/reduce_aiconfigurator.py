@@ -20,7 +20,12 @@ Latencies are float16 milliseconds.
 * ``gen_<kv>_<nkv>_<hd>``: generation (decode) attention by ``gen_heads`` x ``gen_batch`` x
   ``gen_seq`` (KV tokens per sequence, ``isl + step``);
 * ``ar_custom`` / ``ar_nccl``: all-reduce latency (ms) by ``ar_gpus`` (2, 4, 8) x ``ar_bytes``:
-  vLLM's custom all-reduce captured in a CUDA graph, and NCCL's (fp16/bf16).
+  vLLM's custom all-reduce captured in a CUDA graph, and NCCL's (fp16/bf16);
+* ``moe_lat``: one fused MoE layer (routing, permutation, both expert GEMMs, activation and the
+  weighted sum; not the router GEMM or shared experts) by ``moe_keys`` rows (index into
+  ``MOE_DTYPES``, hidden size, expert width, top-k, experts, MoE TP, MoE EP) x ``moe_tokens``
+  (tokens entering the layer), the fastest measured kernel per point, under AIConfigurator's
+  ``power_law_1.01`` routing (skewed as trained routers are; ``balanced`` where not measured).
 
 The attention and GEMM tables take, per GPU, the kernel source vLLM uses by default there (the
 one with the most rows); ``manifest.json`` records it, the vLLM and NCCL versions and the commit.
@@ -60,6 +65,11 @@ SYSTEMS = {
 }
 GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 HEAD_DIMS = (64, 128)
+# MoE weight formats (index = the dtype code in moe_keys' first column).
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4",
+              "w4a8_mxfp4_fp8")
+MOE_KEY = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+           "moe_ep_size"]
 # Latencies are stored in float16 (relative rounding under 0.05 %, far below the measurements'
 # own run-to-run spread; it halves the package data).
 DTYPE = np.float16
@@ -211,6 +221,28 @@ def allreduce_tables(repo: Repo, system: str, version: str) -> tuple[dict, dict]
     return arrays, {"custom": f"vLLM_custom_graph (vllm {ar_version})", "nccl": nccl_version}
 
 
+def moe_tables(df: pd.DataFrame) -> tuple[dict, dict]:
+    """Fused MoE layer latency by (dtype, shape, MoE TP, MoE EP) x tokens, and the kernels."""
+    df = df[df.moe_dtype.isin(MOE_DTYPES)]
+    skewed = df[df.distribution == "power_law_1.01"]
+    # A shape measured only balanced keeps its balanced rows.
+    have = set(map(tuple, skewed[MOE_KEY].to_numpy().tolist()))
+    unmeasured = np.array([tuple(k) not in have for k in df[MOE_KEY].to_numpy().tolist()])
+    rest = df[(df.distribution == "balanced").to_numpy() & unmeasured]
+    df = pd.concat([skewed, rest])
+    tokens = np.array(sorted(df.num_tokens.unique()))
+    best = df.groupby(MOE_KEY + ["num_tokens"]).latency.min().reset_index()
+    keys = best[MOE_KEY].drop_duplicates().sort_values(MOE_KEY).reset_index(drop=True)
+    lat = np.full((len(keys), len(tokens)), np.nan, dtype=DTYPE)
+    index = {tuple(k): i for i, k in enumerate(keys.to_numpy().tolist())}
+    rows = [index[tuple(k)] for k in best[MOE_KEY].to_numpy().tolist()]
+    lat[rows, np.searchsorted(tokens, best.num_tokens)] = best.latency.to_numpy()
+    codes = keys.assign(moe_dtype=keys.moe_dtype.map(MOE_DTYPES.index))
+    sources = {d: sorted(g.kernel_source.unique()) for d, g in df.groupby("moe_dtype")}
+    return {"moe_tokens": tokens, "moe_keys": codes.to_numpy().astype(np.int32),
+            "moe_lat": lat}, sources
+
+
 def write_npz(path: Path, arrays: dict) -> None:
     """A compressed .npz whose bytes depend on the arrays only (sorted, fixed timestamps)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
@@ -240,6 +272,11 @@ def reduce(repo: Repo, out: Path = OUT) -> dict:
         arrays.update(a)
         a, entry["all_reduce"] = allreduce_tables(repo, system, version)
         arrays.update(a)
+        try:
+            a, entry["moe"] = moe_tables(repo.table(system, "moe", version, "moe_perf"))
+            arrays.update(a)
+        except ValueError:          # no vLLM MoE table for this GPU and version
+            pass
         write_npz(out / f"{gpu}.npz", arrays)
         manifest["gpus"][gpu] = entry
         tables = [k for k in sorted(arrays) if arrays[k].ndim > 1]

@@ -249,6 +249,44 @@ def all_reduce(gpu: str, num_gpus: int, nbytes) -> np.ndarray:
     return out * factor * MS
 
 
+# MoE weight formats of the tables (moe_keys' dtype codes, as tools.reduce_aiconfigurator
+# writes them) and the tables a ModelSpec expert dtype reads, in order of preference (FP8
+# checkpoints of MoE models ship block-scaled: Qwen3, MiniMax, DeepSeek).
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4",
+              "w4a8_mxfp4_fp8")
+MOE_TABLES = {"auto": ("bfloat16",), "bf16": ("bfloat16",), "fp16": ("bfloat16",),
+              "fp8": ("fp8_block", "fp8"), "int4": ("int4_wo",),
+              "mxfp4": ("w4a16_mxfp4", "w4a8_mxfp4_fp8"), "nvfp4": ("nvfp4",)}
+
+
+def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
+        moe_tp: int, moe_ep: int, tokens) -> np.ndarray | None:
+    """Seconds of one fused MoE layer (routing, permutation, the experts' GEMMs, activation,
+    weighted sum) for ``tokens`` (array) entering it, as measured for exactly this shape and
+    dtype (``dtype``: a ``ModelSpec`` expert dtype) at ``moe_tp`` x ``moe_ep`` ranks, piecewise
+    linear between measured token counts, in proportion past the largest; None when that shape
+    was not measured on ``gpu`` (the caller derives it instead)."""
+    t = tables(gpu)
+    if "moe_keys" not in t:
+        return None
+    keys, lat = t["moe_keys"], t["moe_lat"]
+    for name in MOE_TABLES.get(dtype, ()):
+        want = np.array([MOE_DTYPES.index(name), hidden, width, top_k, experts, moe_tp, moe_ep])
+        rows = np.flatnonzero((keys == want).all(axis=1))
+        if not len(rows):
+            continue
+        row = lat[rows[0]]
+        ok = ~np.isnan(row)
+        if ok.sum() < 2:
+            continue
+        m, y = t["moe_tokens"].astype(float)[ok], row[ok]
+        x = np.asarray(tokens, dtype=float)
+        out = np.interp(x, m, y)
+        out = np.where(x > m[-1], y[-1] * x / m[-1], out)
+        return np.where(x > 0, out, 0.0) * MS
+    return None
+
+
 def coverage(gpu: str) -> dict[str, str]:
     """Per kernel class, what the tables hold for ``gpu`` (``describe()`` prints it)."""
     t, m = tables(gpu), manifest()["gpus"][gpu]
@@ -268,7 +306,10 @@ def coverage(gpu: str) -> dict[str, str]:
                       + (f"; TP {others} extrapolated" if others else ""),
         "element-wise, cached-prefix attention":
             "derived: H200 fits scaled by HBM bandwidth / FLOP/s",
-        "MoE, MLA, INT4 models": "derived: H200 fits scaled by the datasheet"
-                                 + ("" if "gemm_fp8" in t else "; FP8 weights too"),
+        "MoE experts": (f"measured (fused MoE layers, {len(t['moe_keys'])} shapes x MoE TP/EP; "
+                        "other shapes derived)" if "moe_keys" in t else
+                        "derived: H200 fits scaled by the datasheet"),
+        "MoE attention/dense parts, MLA, INT4 models": "derived: H200 fits scaled by the "
+                                 "datasheet" + ("" if "gemm_fp8" in t else "; FP8 weights too"),
         "vllm": f"vLLM {m['vllm']} kernels",
     }

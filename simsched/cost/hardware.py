@@ -15,7 +15,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from simsched.cost import shapes
+from simsched.cost import deployed, shapes
 # The spec classes live in specs.py; re-exported, since configs and users import them from here.
 from simsched.cost.specs import GPUSpec, ModelSpec, _read_hf_config  # noqa: F401
 
@@ -77,6 +77,9 @@ MODELS: dict[str, ModelSpec] = {
                              first_dense_layers=3, kv_lora_rank=512, q_lora_rank=1536,
                              qk_rope_head_dim=64, weight_dtype="fp8"),
 }
+# The models of current deployments (MLA, FP8/INT4/MXFP4 per part, sliding windows), from their
+# public configs: simsched.cost.deployed lists each repository and the values used.
+MODELS.update(deployed.MODELS)
 
 # Dense (non-sparse) bf16 tensor FLOP/s, HBM bandwidth and NVLink bandwidth (total, both
 # directions) from the NVIDIA datasheets: A100 (nvidia.com/content/dam/en-zz/Solutions/
@@ -240,6 +243,8 @@ def _spec(hw) -> ModelSpec:
     spec = getattr(hw, "model_spec", None)
     if spec is not None:
         return spec
+    if hw.model in deployed.REFUSED and hw.model not in MODELS:
+        raise ValueError(f"hardware.model {hw.model!r} is refused: {deployed.REFUSED[hw.model]}")
     if hw.model not in MODELS:
         raise ValueError(f"hardware.model must be one of {sorted(MODELS)} (or give its shape "
                          f"in hardware.model_spec), got {hw.model!r}")

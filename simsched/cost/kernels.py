@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cost import calibration as cal
-from simsched.cost import moe
+from simsched.cost import moe, shapes
 from simsched.cost.hardware import GPUS, REFERENCE_GPU, GPUSpec, ModelSpec
 from simsched.cost.profiles import PROFILES, get_profile
 
@@ -84,6 +84,29 @@ class KernelTables:
         self.moe_comm = None
         if (parallel is not None or not spec.is_plain) and not self.linear_complete:
             moe.apply(self, coefficients[gpu.kernels], n, parallel)  # MoE, MLA, quantised
+        if spec.sliding_window:
+            self._sliding_window(n)
+
+    def _sliding_window(self, n: np.ndarray) -> None:
+        """Attention of a model whose ``num_sliding_window_layers`` attend to the last
+        ``sliding_window`` tokens only (gpt-oss): those layers' prefill reads no cached prefix
+        beyond the window, and a decode reads at most the window per sequence
+        (charged as the whole window: contexts here are longer than gpt-oss's 128). A window
+        layer's chunk of c > w tokens does ``2 w / c`` of the causal pairs of a full one, at the
+        full chunk's FLOP rate (one kernel launch, not c / w), and never less than a w-token
+        chunk."""
+        spec = self.spec
+        full = shapes.full_attention_layers(spec) / spec.num_layers
+        window = float(spec.sliding_window)
+        w = min(int(window), self.size - 1)
+        t0 = self.pre_t0
+        pairs = np.minimum(1.0, 2.0 * window / np.maximum(n, 1.0))
+        windowed = np.where(n <= window, t0, np.maximum(t0[w], t0 * pairs))
+        self.pre_t0 = np.maximum.accumulate(full * t0 + (1.0 - full) * windowed)
+        self.pre_slope = self.pre_slope * full
+        self.dec_a = self.dec_a + (1.0 - full) * self.dec_s * n * window
+        self.dec_s = self.dec_s * full
+        self.sat_s = self.sat_s * full
 
     def finish_linear(self, per_layer: np.ndarray, emb_t: np.ndarray) -> None:
         """Set ``linear`` (all layers) and ``emb`` from per-layer linear and embedding times."""

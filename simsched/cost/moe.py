@@ -75,13 +75,20 @@ def all_to_all_time(tokens, ranks: int, spec: ModelSpec, link_bandwidth: float) 
 class _Gemm:
     """The dense GEMM model of one anchor's fit, for any shape and weight dtype."""
 
-    def __init__(self, lin: dict, spec: ModelSpec, gpu: GPUSpec) -> None:
+    def __init__(self, lin: dict, spec: ModelSpec, gpu: GPUSpec, experts: bool = False) -> None:
         self.lin, self.gpu = lin, gpu
         self.const = lin.get("gemm_const", 0.0)
-        self.wb = shapes.weight_bytes_per_element(spec)
+        # Routed experts may ship in their own dtype (int4 / MXFP4 experts, bf16 attention).
+        dtype = spec.expert_dtype if experts and spec.expert_dtype != "auto" \
+            else spec.weight_dtype
+        self.wb = shapes.expert_bytes_per_element(spec) if experts \
+            else shapes.weight_bytes_per_element(spec)
         self.ab = float(spec.bytes_per_param)
-        fp8_rate = spec.weight_dtype == "fp8" and gpu.kernels in FP8_ANCHORS
+        # FP8 weights run FP8 tensor cores on Hopper; 4-bit weights on Hopper are weight-only
+        # (Marlin: dequantised to bf16 in the kernel), so they compute at the bf16 rate.
+        fp8_rate = dtype == "fp8" and gpu.kernels in FP8_ANCHORS
         self.peak = gpu.peak_flops * (2.0 if fp8_rate else 1.0)
+        self.quant = (1.0 + 1.0 / spec.bytes_per_param) if dtype == "fp8" else 0.0
 
     def bare(self, x, k: int, n: int, quantised: bool = True) -> np.ndarray:
         """Seconds of one GEMM of ``x`` rows by (k, n) weights without the fixed launch time:
@@ -151,13 +158,16 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
     h, g, k = spec.hidden_size, (2 if spec.gated_mlp else 1), spec.experts_per_token
     width, num = spec.expert_intermediate_size, spec.num_experts
     ranks = tp * dp
-    quant = (1.0 + 1.0 / spec.bytes_per_param) if spec.weight_dtype == "fp8" else 0.0
+    quant = gemm.quant
+    xg = _Gemm(gemm.lin, spec, gpu, experts=True)                    # the routed experts
+    xquant = xg.quant
     t = gemm(x, h, num, quantised=False)                            # router
     shared = spec.num_shared_experts * width
     elt = 4.0 * k * h                                               # scatter + gather
     if shared:
         t = t + gemm(x, h, g * shared // tp) + gemm(x, shared // tp, h)
         elt = elt + 3 * shared // tp + quant * (h + shared // tp)
+    base_t, base_elt = t, elt - 4.0 * k * h        # without the routed experts' own work
     # Skew sets how a step's assignments divide over the experts (the load each rank gets),
     # not how many experts the step reads: the distinct experts hit are uniform routing's.
     # (A Zipf that also thinned the experts hit would let skew *save* weight reads, so a
@@ -180,12 +190,12 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
         # The busiest rank takes no less than under uniform routing: skew only adds rows to
         # it, and a GEMM of more rows is never faster (the fitted efficiency curve can rise
         # faster than the roofline between two of its points).
-        rank_t = hit * np.maximum(_expert_pair(gemm, assign / hit, h, g * width, width),
-                                  _expert_pair(gemm, even / hit, h, g * width, width)) \
+        rank_t = hit * np.maximum(_expert_pair(xg, assign / hit, h, g * width, width),
+                                  _expert_pair(xg, even / hit, h, g * width, width)) \
             + 2 * gemm.const
         t = t + rank_t.max(axis=0)
         slow = np.maximum(assign.max(axis=0), even.max(axis=0))
-        elt = elt + (3 * width + quant * (h + width)) * slow / np.maximum(x, 1.0)
+        elt = elt + (3 * width + xquant * (h + width)) * slow / np.maximum(x, 1.0)
         link = gpu.interconnect_bandwidth / 2 if ranks <= parallel.gpus_per_node \
             else parallel.inter_node_bandwidth
         a2a = all_to_all_time(x, ranks, spec, link)
@@ -195,12 +205,32 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
             grid, num, k)), 1e-9)
         m = total * k / hit
         w = width // ranks
-        t = t + hit * (gemm.bare(m, h, g * w) + gemm.bare(m, w, h)) + 2 * gemm.const
-        elt = elt + k * dp * (3 * w + quant * (h + w))
+        t = t + hit * (xg.bare(m, h, g * w) + xg.bare(m, w, h)) + 2 * gemm.const
+        elt = elt + k * dp * (3 * w + xquant * (h + w))
         a2a = np.zeros_like(x)
+    measured = _measured_experts(spec, gpu, ranks, ep, total)
+    if measured is not None:
+        # The fused MoE layer as measured on this GPU (routing, permutation, expert GEMMs,
+        # activation): it replaces the derived experts; the router GEMM and shared experts
+        # stay derived.
+        t, elt = base_t + measured, base_elt
     unit = gemm.lin["elt_per_byte"] * GPUS[gemm.lin["gpu"]].mem_bandwidth \
         / gpu.mem_bandwidth * spec.bytes_per_param
     return t + gemm.lin["elt_const"] + x * elt * unit, a2a
+
+
+def _measured_experts(spec: ModelSpec, gpu: GPUSpec, ranks: int, ep: bool, tokens):
+    """Seconds of the routed experts of one MoE layer from the GPU's measured AIConfigurator
+    MoE table (profiles ``aic-<gpu>`` only; None where this shape was not measured)."""
+    if not gpu.kernels.startswith("aic-"):
+        return None
+    from simsched.cost import aiconfigurator as aic    # numpy only; read on demand
+
+    dtype = spec.expert_dtype if spec.expert_dtype != "auto" else spec.weight_dtype
+    tp, eps = (1, ranks) if ep and ranks > 1 else (ranks, 1)
+    return aic.moe(gpu.kernels[len("aic-"):], dtype, spec.hidden_size,
+                   spec.expert_intermediate_size, spec.experts_per_token, spec.num_experts,
+                   tp, eps, tokens)
 
 
 def _assignments(p: np.ndarray, owner: np.ndarray, ranks: int, k: int,
@@ -220,8 +250,10 @@ def _expert_pair(gemm: _Gemm, m: np.ndarray, h: int, up: int, width: int) -> np.
 def kv_read_scale(spec: ModelSpec, tp: int) -> float:
     """Decode attention's KV bytes relative to the dense bf16 grouped-query layout the kernel
     fits assume (KV dtype; MLA's compressed latent)."""
-    plain = 2 * spec.num_layers * max(1, spec.num_kv_heads // tp) * spec.head_dim \
-        * spec.bytes_per_param
+    # (Over the full-attention layers on both sides: sliding-window layers are scaled apart,
+    # simsched.cost.kernels.KernelTables._sliding_window.)
+    plain = 2 * shapes.full_attention_layers(spec) * max(1, spec.num_kv_heads // tp) \
+        * spec.head_dim * spec.bytes_per_param
     return shapes.kv_bytes_per_token(spec, tp) / plain
 
 

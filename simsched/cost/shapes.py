@@ -19,7 +19,11 @@ import math
 import numpy as np
 
 # Bytes per element of each dtype; "auto" is the activation dtype (the spec's bytes_per_param).
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
+# The 4-bit formats carry their block scales: MXFP4 one 8-bit scale per 32 elements, NVFP4 one
+# FP8 scale per 16 (the OCP MX and NVIDIA NVFP4 formats); int4 weight-only as vLLM's Marlin/
+# compressed-tensors checkpoints store it (group scales of 32 or 128: under 2 %, left out).
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5, "mxfp4": 0.5 + 1 / 32,
+               "nvfp4": 0.5 + 1 / 16}
 WEIGHT_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
 KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8")
 
@@ -51,18 +55,48 @@ def check_fields(spec) -> None:
     if spec.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"ModelSpec.kv_cache_dtype must be one of "
                          f"{list(KV_CACHE_DTYPES)}, got {spec.kv_cache_dtype!r}")
+    if spec.expert_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"ModelSpec.expert_dtype must be one of {list(WEIGHT_DTYPES)}, got "
+                         f"{spec.expert_dtype!r}")
+    if spec.expert_dtype != "auto" and not spec.num_experts:
+        raise ValueError("ModelSpec.expert_dtype needs num_experts > 0 (an MoE model)")
+    for name in ("sliding_window", "num_sliding_window_layers"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be an integer >= 0, got {value!r}")
+    if spec.num_sliding_window_layers > spec.num_layers:
+        raise ValueError(f"ModelSpec.num_sliding_window_layers ({spec.num_sliding_window_layers})"
+                         f" exceeds num_layers ({spec.num_layers})")
+    if bool(spec.sliding_window) != bool(spec.num_sliding_window_layers):
+        raise ValueError("ModelSpec.sliding_window and num_sliding_window_layers go together "
+                         "(both 0, or a window and the layers that use it)")
+    if not isinstance(spec.attention_sinks, bool):
+        raise ValueError(f"ModelSpec.attention_sinks must be a bool, got "
+                         f"{spec.attention_sinks!r}")
 
 
 def is_plain(spec) -> bool:
     """A dense model in its activation dtype with grouped-query attention (the original model)."""
     return not spec.num_experts and not spec.kv_lora_rank and spec.weight_dtype == "auto" \
-        and spec.kv_cache_dtype == "auto"
+        and spec.kv_cache_dtype == "auto" and not spec.sliding_window
 
 
 def weight_bytes_per_element(spec) -> float:
     """Bytes of one linear-layer weight element."""
     return float(spec.bytes_per_param) if spec.weight_dtype == "auto" \
         else DTYPE_BYTES[spec.weight_dtype]
+
+
+def expert_bytes_per_element(spec) -> float:
+    """Bytes of one routed-expert weight element (``expert_dtype``, else ``weight_dtype``)."""
+    if spec.expert_dtype == "auto":
+        return weight_bytes_per_element(spec)
+    return DTYPE_BYTES[spec.expert_dtype]
+
+
+def full_attention_layers(spec) -> int:
+    """Layers that attend to the whole context (the others: a sliding window)."""
+    return spec.num_layers - spec.num_sliding_window_layers
 
 
 def kv_bytes_per_element(spec) -> float:
@@ -123,14 +157,16 @@ def weight_bytes(spec, tp: int = 1, pp: int = 1, moe_ranks: int | None = None) -
     # Norms and routers (tiny) are counted as split over tp, as the dense sizing does, so a
     # dense model's weights per GPU are the same on both paths.
     return ((c["embedding"] * ab + c["dense"] * wb + c["other"] * ab) / tp
-            + c["experts"] * wb / ranks) / pp
+            + c["experts"] * expert_bytes_per_element(spec) / ranks) / pp
 
 
 def kv_bytes_per_token(spec, tp: int = 1, pp: int = 1) -> float:
     """KV-cache bytes one token takes on one GPU: K and V of the GPU's KV heads in every layer
     of its stage, or MLA's compressed latent (``kv_lora_rank + qk_rope_head_dim``, the same on
     every tensor-parallel rank)."""
-    layers = math.ceil(spec.num_layers / pp)
+    # Sliding-window layers keep only their window per sequence (vLLM's hybrid KV-cache
+    # manager gives them their own, window-sized pool): a token's bytes are the full layers'.
+    layers = math.ceil(full_attention_layers(spec) / pp)
     kvb = kv_bytes_per_element(spec)
     if spec.kv_lora_rank:
         return layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * kvb
@@ -192,10 +228,27 @@ def hf_variant_fields(config) -> dict:
                    q_lora_rank=int(config.get("q_lora_rank") or 0),
                    qk_rope_head_dim=int(config.get("qk_rope_head_dim") or 0),
                    head_dim=int(config.get("v_head_dim") or config.get("qk_nope_head_dim")))
+    window, types = config.get("sliding_window"), config.get("layer_types") or []
+    if window and "sliding_attention" in types:      # gpt-oss: alternating layer types
+        out.update(sliding_window=int(window),
+                   num_sliding_window_layers=sum(t == "sliding_attention" for t in types))
+    if config.get("model_type") == "gpt_oss":
+        out["attention_sinks"] = True
     quant = config.get("quantization_config") or {}
     method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
-    if method == "fp8":
+    if method == "mxfp4" and experts:                # gpt-oss: MXFP4 experts, bf16 attention
+        out["expert_dtype"] = "mxfp4"
+    elif method == "fp8":
         out["weight_dtype"] = "fp8"
     elif method in ("awq", "gptq") and int(quant.get("bits", 4)) == 4:
         out["weight_dtype"] = "int4"
     return out
+
+
+def is_hybrid_linear_attention(config) -> bool:
+    """Whether a Hugging Face config mapping describes a hybrid linear-attention model (Qwen3.5 /
+    Qwen3-Next's ``layer_types`` with ``linear_attention``, Kimi-Linear's ``linear_attn_config``),
+    which simsched refuses: it times softmax attention only."""
+    types = config.get("layer_types") or []
+    return "linear_attention" in types or "linear_attn_config" in config \
+        or str(config.get("model_type", "")).startswith(("qwen3_next", "qwen3_5"))

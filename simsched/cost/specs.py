@@ -34,7 +34,13 @@ class ModelSpec:
     ``qk_rope_head_dim`` rotary channels), ``q_lora_rank``; ``head_dim`` is then the per-head
     no-rope query/key and value width. ``weight_dtype``: the linear layers' weights (``auto``:
     the activation dtype of ``bytes_per_param``; ``fp8``; ``int4`` weight-only);
-    ``kv_cache_dtype``: the KV cache's (``auto`` or ``fp8``). Sizes: :mod:`simsched.cost.shapes`.
+    ``kv_cache_dtype``: the KV cache's (``auto`` or ``fp8``). Per-part quantisation, as
+    checkpoints ship it: ``expert_dtype`` the routed experts' weights (``auto``: as
+    ``weight_dtype``; e.g. ``int4`` experts with bf16 attention for Kimi-K2.5, ``mxfp4`` for
+    gpt-oss). Sliding-window attention (gpt-oss): ``num_sliding_window_layers`` of the layers
+    attend to the last ``sliding_window`` tokens only (0: every layer attends to all);
+    ``attention_sinks`` marks per-head sink logits (no cost of their own). Sizes:
+    :mod:`simsched.cost.shapes`.
     """
 
     num_layers: int
@@ -60,6 +66,10 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     weight_dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    expert_dtype: str = "auto"
+    sliding_window: int = 0
+    num_sliding_window_layers: int = 0
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -98,6 +108,10 @@ class ModelSpec:
         if isinstance(config.get("text_config"), Mapping):    # Llama-4: the text model's keys
             config = {**config["text_config"],
                       "quantization_config": config.get("quantization_config")}
+        if shapes.is_hybrid_linear_attention(config):
+            raise ValueError("hf config: hybrid linear attention (Qwen3.5 / Qwen3-Next Gated "
+                             "DeltaNet layers, Kimi-Linear) is not modelled: simsched times "
+                             "softmax attention only")
         try:
             heads = int(config["num_attention_heads"])
             fields = dict(

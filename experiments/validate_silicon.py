@@ -1,0 +1,435 @@
+"""Sim-to-real on current deployments: AIConfigurator's silicon rows (H100/H200) reproduced.
+
+    python -m experiments.validate_silicon [--quick] [--engine vllm] [--data CSV] [--rows N]
+                                           [--out DIR] [--img DIR]
+
+Every row of ``../shared/data/real-serving/silicon/hopper.csv`` (read its README) served by an
+engine simsched models (``--engine``; :data:`ENGINES` maps an engine name to its recipes, so the
+SGLang and TensorRT-LLM rows are added by registering theirs) is rebuilt as it was measured:
+
+* the client: ``vllm bench serve``'s fixed-concurrency loop at the row's concurrency
+  (``silicon_concurrency`` where the source gives it, else ``batch_size`` x attention-DP ranks),
+  10 x C prompts, InferenceX's client (its random dataset at range ratio 0.8, 2 x C warm-ups:
+  ``ClientConfig.preset('inferencex')``); AIConfigurator's own runs (``aic-auto-gap-analysis``
+  sources) publish no client settings, so the same client is assumed for them, and the
+  ``client`` column says so;
+* the model and precision: the presets of :mod:`simsched.cost.deployed` (per-part dtypes as the
+  checkpoint ships them);
+* the layout: ``tp_size`` GPUs of tensor parallelism; expert parallelism where ``moe_ep_size``
+  > 1; attention data parallelism (DEP) where ``attention_dp_size`` > 1 (``tp_size`` GPUs, each
+  its own attention rank, experts spread over all); MoE ranks beyond the attention TP
+  (``moe_tp_size x moe_ep_size > tp_size``) as data-parallel attention ranks;
+* the server: the engine recipe's settings (:func:`vllm_recipe`: InferenceX's launch scripts
+  for max sequences, batched tokens, KV dtype, memory utilisation, max model length, prefix
+  caching); vLLM's defaults where the row's recipe is not published, named in ``recipe``.
+
+Compared: the measured median TTFT and TPOT against simulated p50s (client side, as the
+benchmark measures). Printed and written (``rows.csv``: one row per silicon row, expressible or
+not with the reason; ``groups.csv``: median absolute error per (GPU, model, precision,
+layout); ``coverage.csv``; ``silicon.png``). Signed errors are ``simulated / measured - 1``.
+The silicon data is needed only here, never by the package: without it the experiment says so
+and returns an empty table. ``--quick``: one row per (GPU, model, layout) group at its lowest
+concurrency, C <= 64 (about a minute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from simsched import SimConfig, simulate
+from simsched.config import ClientConfig
+from simsched.config.parallel import ParallelConfig
+from simsched.cost import factory, shapes
+from simsched.cost.hardware import GPUS as GPU_SPECS
+from simsched.cost.hardware import MODELS
+from experiments._common import ROOT, print_table, try_plots
+from experiments._common import parser as make_parser
+
+DATA = ROOT.parent / "shared" / "data" / "real-serving" / "silicon" / "hopper.csv"
+GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200"}
+# (Hugging Face id, precision column) -> simsched preset. A precision not listed is a reason.
+MODEL_PRESETS = {
+    ("meta-llama/Llama-3.1-70B", "fp8"): "llama-3.1-70b-fp8",
+    ("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8"): "llama-3.1-8b-fp8",
+    ("Qwen/Qwen3-32B", "bf16"): "qwen3-32b",
+    ("Qwen/Qwen3-32B", "fp8"): "qwen3-32b-fp8",
+    ("Qwen/Qwen3-235B-A22B-FP8", "fp8"): "qwen3-235b-a22b-fp8",
+    ("MiniMaxAI/MiniMax-M2.5", "fp8"): "minimax-m2.5",
+    # The silicon set labels gpt-oss "fp4 / nvfp4"; the checkpoint's experts are MXFP4 (the
+    # only gpt-oss-120b weights published), attention bf16: the preset is that checkpoint.
+    ("openai/gpt-oss-120b", "fp4"): "gpt-oss-120b",
+    ("moonshotai/Kimi-K2.5", "int4"): "kimi-k2.5",
+    ("deepseek-ai/DeepSeek-V3", "fp8"): "deepseek-v3",
+    ("deepseek-ai/DeepSeek-R1", "fp8"): "deepseek-r1",
+}
+QUICK_MAX_CONCURRENCY = 64
+KERNELS = ("default", "aiconfigurator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """An engine's server settings for one row (None: the engine's default)."""
+
+    source: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+
+
+# vLLM's defaults on a >= 70 GiB GPU behind its OpenAI server (vLLM's EngineArgs for the
+# H100/H200 class): 1,024 sequences, 8,192 batched tokens, 0.9 of the memory, prefix caching.
+VLLM_DEFAULT = dict(max_num_seqs=1024, max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
+_IX = "InferenceX benchmarks/single_node/fixed_seq_len/deprecated/"
+
+
+def vllm_recipe(row) -> Recipe:
+    """The vLLM launch settings of ``row``'s recipe (InferenceX's per-recipe scripts at commit
+    843c625; vLLM's defaults where no script is published for the row)."""
+    model, gpu, c = row.model, row.gpu, int(row.concurrency)
+    isl, osl = int(row.isl), int(row.osl)
+    if model == "gpt-oss-120b":
+        # gptoss_fp4_h100.sh / _h200.sh: max-num-seqs = C, 8,192 batched tokens, 0.9, no
+        # prefix caching; max-model-len 10,240 (H200: ISL + OSL + 20 at 1k/1k, + 256 at 8k).
+        mml = 10240
+        if gpu == "h200" and (isl, osl) == (1024, 1024):
+            mml = isl + osl + 20
+        elif gpu == "h200" and 8192 in (isl, osl):
+            mml = isl + osl + 256
+        return Recipe(_IX + f"gptoss_fp4_{gpu[:4]}.sh", c, 8192, 0.9, "auto", False,
+                      max(mml, isl + osl))
+    if model == "kimi-k2.5":
+        # kimik2.5_int4_h200.sh: 0.95, max-num-seqs = C, no prefix caching, the workflow's
+        # max-model-len (not in the script: ISL + OSL + 256 assumed), batched tokens default.
+        return Recipe(_IX + "kimik2.5_int4_h200.sh", c, 8192, 0.95, "auto", False,
+                      isl + osl + 256)
+    if model == "minimax-m2.5" and gpu == "h200":
+        # minimaxm2.5_fp8_h200.sh: 0.95, 512 sequences, 32,768 batched tokens, FP8 KV, no
+        # prefix caching, the workflow's max-model-len (ISL + OSL + 256 assumed).
+        return Recipe(_IX + "minimaxm2.5_fp8_h200.sh", 512, 32768, 0.95, "fp8", False,
+                      isl + osl + 256)
+    if model == "minimax-m2.5":
+        # minimaxm2.5_fp8_h100.sh: 0.9, everything else vLLM's default.
+        return Recipe(_IX + "minimaxm2.5_fp8_h100.sh", **VLLM_DEFAULT,
+                      max_model_len=isl + osl + 256)
+    # Llama-3.1 (InferenceX database dumps without their script) and AIConfigurator's own
+    # Qwen3 / Llama-3.1-8B runs: no recipe published; vLLM's defaults.
+    return Recipe("vLLM defaults (no recipe published)", **VLLM_DEFAULT,
+                  max_model_len=isl + osl + 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """How simsched reproduces one backend's rows: its recipe per row and engine profile."""
+
+    name: str
+    recipe: Callable[[object], Recipe]
+    engine_overhead: str = "vllm_v1"
+
+
+ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
+
+
+def load(path: Path = DATA) -> pd.DataFrame | None:
+    """The silicon rows with the fields this experiment derives (None when the file is absent)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    raw = pd.read_csv(path)
+    conc = raw.silicon_data_source.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
+    adp = raw.attention_dp_size.fillna(1.0)
+    raw["concurrency"] = conc.fillna(raw.batch_size * adp)
+    raw["precision"] = raw.precision.fillna("bf16")
+    raw["gpu"] = raw.system.map(GPUS)
+    raw["model"] = [MODEL_PRESETS.get((m, p)) for m, p in zip(raw.model_path, raw.precision)]
+    raw["aic_run"] = raw.silicon_data_source.str.contains("aic-auto-gap-analysis")
+    return raw
+
+
+def layout(row) -> tuple[str, int, ParallelConfig | None]:
+    """(label, tensor-parallel size, parallel layout) of a row (module docstring's rule)."""
+    tp, adp = int(row.tp_size), int(row.attention_dp_size if row.attention_dp_size > 0 else 1)
+    mtp = int(row.moe_tp_size) if row.moe_tp_size > 0 else 1
+    mep = int(row.moe_ep_size) if row.moe_ep_size > 0 else 1
+    pp = int(row.pp_size) if row.pp_size > 0 else 1
+    moe = isinstance(row.model, str) and MODELS[row.model].num_experts > 0
+    if adp > 1:                                  # DEP: tp GPUs, each an attention rank
+        return f"dep{tp}", max(1, tp // adp), ParallelConfig(
+            data_parallel_size=adp, enable_expert_parallel=True, pipeline_parallel_size=pp)
+    if moe and mtp * mep > tp:                   # MoE ranks beyond the attention TP
+        dp = mtp * mep // tp
+        return f"tp{tp}-dp{dp}", tp, ParallelConfig(data_parallel_size=dp,
+                                                    enable_expert_parallel=mep > 1,
+                                                    pipeline_parallel_size=pp)
+    if moe and mep > 1:
+        return f"tp{tp}-ep{mep}", tp, ParallelConfig(enable_expert_parallel=True,
+                                                     pipeline_parallel_size=pp)
+    if pp > 1:
+        return f"tp{tp}-pp{pp}", tp, ParallelConfig(pipeline_parallel_size=pp)
+    return f"tp{tp}", tp, None
+
+
+def why_not(row, engine: str) -> str:
+    """Why ``row`` cannot be simulated ('' when it can)."""
+    if row.backend != engine:
+        return f"engine {row.backend}: not registered here (ENGINES: {sorted(ENGINES)})"
+    if row.mode != "agg":
+        return "disaggregated deployment: per-role workers not in the silicon row's layout"
+    if pd.isna(row.gpu):
+        return f"GPU {row.system} not in the catalog"
+    if not isinstance(row.model, str):
+        return f"no preset for {row.model_path} at precision {row.precision}"
+    if pd.isna(row.tp_size) or pd.isna(row.concurrency):
+        return "layout or concurrency not recorded"
+    return ""
+
+
+def config_of(row, engine: Engine, num_prompts: int | None = None,
+              kernels: str = "default") -> tuple[SimConfig, str]:
+    """The row as a simsched config (and the client it was given); ``kernels``: ``default``
+    (the catalog's kernel profile of the GPU) or ``aiconfigurator`` (its AIConfigurator
+    tables, ``hardware.kernel_profile``)."""
+    recipe = engine.recipe(row)
+    label, tp, par = layout(row)
+    c = int(row.concurrency)
+    spec = MODELS[row.model]
+    if recipe.kv_cache_dtype != spec.kv_cache_dtype and recipe.kv_cache_dtype != "auto":
+        spec = dataclasses.replace(spec, kv_cache_dtype=recipe.kv_cache_dtype)
+    n = num_prompts or 10 * c
+    # AIConfigurator's own runs publish no client: InferenceX's is assumed for them too. (Fixed
+    # lengths without warm-up would keep all C requests in lock step, every prefill of a wave
+    # queued together: a TTFT of 2-4x what those runs measured.)
+    client = ClientConfig.preset("inferencex", max_concurrency=c, random_input_len=int(row.isl),
+                                 random_output_len=int(row.osl), num_prompts=n,
+                                 num_warmups=min(2 * c, n))
+    kind = "inferencex (assumed)" if row.aic_run else "inferencex"
+    dp = par.data_parallel_size if par is not None else 1
+    custom = spec is not MODELS[row.model]
+    cfg = SimConfig().replace(
+        model=f"{row.model}+kv-{spec.kv_cache_dtype}" if custom else row.model,
+        model_spec=spec if custom else None,
+        gpu=row.gpu, tensor_parallel_size=tp, parallel=par,
+        gpu_memory_utilization=recipe.gpu_memory_utilization,
+        max_model_len=min(recipe.max_model_len or spec.max_context, spec.max_context),
+        max_num_seqs=recipe.max_num_seqs * dp,
+        max_num_batched_tokens=recipe.max_num_batched_tokens * dp,
+        enable_prefix_caching=recipe.enable_prefix_caching,
+        engine_overhead=engine.engine_overhead, client=client, seed=0,
+        kernel_profile=None if kernels == "default" else kernels)
+    return cfg, kind
+
+
+def simulate_row(row, engine: Engine, num_prompts: int | None = None,
+                 kernels: str = "default") -> dict:
+    """One row simulated: the simulated p50 TTFT and TPOT (ms), or the reason it failed."""
+    label = layout(row)[0]
+    out = {"layout": label, "recipe": engine.recipe(row).source}
+    try:
+        cfg, kind = config_of(row, engine, num_prompts, kernels)
+        s = simulate(cfg).summary()
+    except ValueError as exc:          # e.g. the weights do not fit at this layout
+        return {**out, "reason": str(exc).split("\n")[0]}
+    return {**out, "client": kind, "sim_ttft_ms": s["ttft_p50"] * 1e3,
+            "sim_tpot_ms": s["tpot_p50"] * 1e3, "reason": ""}
+
+
+def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
+    """Rows of one (GPU, model, layout), which share their cost model: id -> result."""
+    out = {r.id: simulate_row(r, engine, kernels=kernels) for r in rows.itertuples()}
+    factory._cached_cost_model.cache_clear()
+    factory._cached_parallel_model.cache_clear()
+    return out
+
+
+def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
+             limit: int | None = None, kernels: str = "default") -> pd.DataFrame:
+    """The tidy table: one row per silicon row with its expressibility and errors."""
+    eng = ENGINES[engine]
+    rows = rows.copy()
+    rows["reason"] = [why_not(r, engine) for r in rows.itertuples()]
+    todo = rows[rows.reason == ""]
+    if quick:
+        todo = todo[todo.concurrency <= QUICK_MAX_CONCURRENCY]
+        todo = todo.assign(_l=[layout(r)[0] for r in todo.itertuples()]).sort_values(
+            ["concurrency", "id"]).drop_duplicates(["gpu", "model", "_l"]).drop(columns="_l")
+        rows = rows[rows.reason != ""].pipe(lambda r: pd.concat([r, todo]))
+    if limit is not None:
+        todo = todo.head(limit)
+        rows = pd.concat([rows[rows.reason != ""], todo])
+    # Rows of one (GPU, model, layout) share their cost model: run them together and drop the
+    # cached models between groups (a 128k-context model's tables take ~100 MB each).
+    todo = todo.assign(_l=[layout(r)[0] for r in todo.itertuples()]).sort_values(
+        ["gpu", "model", "_l", "concurrency"], kind="stable").drop(columns="_l")
+    labels = [layout(r)[0] for r in todo.itertuples()]
+    groups_of = {k: part.drop(columns="_l") for k, part in
+                 todo.assign(_l=labels).groupby(["gpu", "model", "_l"], sort=False)}
+    sims = {}
+    # One (forked) worker process per group: a group's cost models and runs are freed with it
+    # (a long run over many 128k-context models otherwise grows by gigabytes).
+    ctx = multiprocessing.get_context("fork") if "fork" in \
+        multiprocessing.get_all_start_methods() else None
+    if ctx is None or len(groups_of) == 1:
+        for part in groups_of.values():
+            sims.update(_simulate_group(part, eng, kernels))
+    else:
+        for part in groups_of.values():
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                sims.update(pool.submit(_simulate_group, part, eng, kernels).result())
+    frame = pd.DataFrame.from_dict(sims, orient="index")
+    out = rows.drop(columns="reason").merge(frame, left_on="id", right_index=True, how="left")
+    out["reason"] = [sims[i]["reason"] if i in sims else r
+                     for i, r in zip(rows.id, rows.reason)]
+    out["expressible"] = out.reason == ""
+    out = out.rename(columns={"silicon_ttft_ms": "ttft_ms", "silicon_tpot_ms": "tpot_ms"})
+    for m in ("ttft", "tpot"):
+        out[f"{m}_error"] = out[f"sim_{m}_ms"] / out[f"{m}_ms"] - 1.0
+    out["implied_prefill_peak"] = [implied_prefill_peak(r) for r in out.itertuples()]
+    cols = ["id", "backend", "gpu", "model", "model_path", "precision", "layout", "isl",
+            "osl", "concurrency", "recipe", "client", "ttft_ms", "sim_ttft_ms", "ttft_error",
+            "tpot_ms", "sim_tpot_ms", "tpot_error", "implied_prefill_peak", "expressible",
+            "reason"]
+    return out.reindex(columns=cols).reset_index(drop=True)
+
+
+def implied_prefill_peak(row) -> float:
+    """A plausibility check of a measurement: the share of the GPU's dense tensor peak (FP8 for
+    FP8 weights, else bf16) that the prefill alone must run at for the measured TTFT and TPOT.
+    With C requests in flight, each lasting TTFT + (output - 1) x TPOT, the server prefills
+    ``C x input / that`` tokens per second, each costing 2 FLOPs per active parameter. Above 1,
+    the measured latencies cannot hold for the prompts as described (a prefix-cache hit, or
+    another client, would explain it). NaN for rows without a preset."""
+    if not isinstance(row.model, str) or pd.isna(row.tpot_ms) or pd.isna(row.tp_size):
+        return np.nan
+    spec, gpu = MODELS[row.model], GPU_SPECS[row.gpu]
+    c = shapes.param_counts(spec)
+    active = c["dense"] + c["experts"] * spec.experts_per_token / max(spec.num_experts, 1)
+    # InferenceX's lengths are uniform in [0.8 L, L]: 0.9 L on average.
+    e2e = (row.ttft_ms + (0.9 * row.osl - 1) * row.tpot_ms) / 1e3
+    flops = 2.0 * active * 0.9 * row.isl * row.concurrency / e2e / int(row.tp_size)
+    peak = gpu.fp8_flops if spec.weight_dtype == "fp8" and gpu.fp8_flops else gpu.peak_flops
+    return float(flops / peak)
+
+
+def groups(table: pd.DataFrame) -> pd.DataFrame:
+    """Median absolute error (%) and row count per (GPU, model, precision, layout)."""
+    ok = table[table.expressible]
+    g = ok.groupby(["gpu", "model", "precision", "layout"]).agg(
+        rows=("id", "size"),
+        ttft_error=("ttft_error", lambda e: 100 * e.abs().median()),
+        ttft_bias=("ttft_error", lambda e: 100 * e.median()),
+        tpot_error=("tpot_error", lambda e: 100 * e.abs().median()),
+        tpot_bias=("tpot_error", lambda e: 100 * e.median()))
+    return g.reset_index()
+
+
+def coverage(table: pd.DataFrame, engine: str = "vllm") -> pd.DataFrame:
+    """Rows of ``engine`` by reason (empty reason: expressible and simulated)."""
+    mine = table[table.backend == engine]
+    reasons = mine.reason.replace("", "expressible")
+    return reasons.value_counts().rename_axis("reason").reset_index(name="rows")
+
+
+def summary(table: pd.DataFrame) -> dict:
+    """Headline figures: rows, expressible rows, median |error| % of TTFT and TPOT, worst group."""
+    ok = table[table.expressible]
+    g = groups(table)
+    return {"rows": int(len(table)), "expressible": int(len(ok)),
+            "ttft_error": float(100 * ok.ttft_error.abs().median()) if len(ok) else np.nan,
+            "tpot_error": float(100 * ok.tpot_error.abs().median()) if len(ok) else np.nan,
+            "worst_ttft_group": float(g.ttft_error.max()) if len(g) else np.nan,
+            "worst_tpot_group": float(g.tpot_error.max()) if len(g) else np.nan}
+
+
+def plot(table: pd.DataFrame, out: Path) -> Path:
+    """Measured vs simulated TTFT and TPOT (log-log), one colour per model; the figure file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table.expressible]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    for ax, m, unit in zip(axes, ("ttft", "tpot"), ("TTFT (ms)", "TPOT (ms)")):
+        for (model, gpu), part in ok.groupby(["model", "gpu"]):
+            ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=12, alpha=0.7,
+                       marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
+        lo = max(1e-1, float(np.nanmin(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 0.8)
+        hi = float(np.nanmax(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        for f in (0.8, 1.25):
+            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}",
+               ylabel=f"simulated {unit}", title=f"{m.upper()}: median |error| "
+               f"{100 * ok[f'{m}_error'].abs().median():.0f} %")
+    axes[1].legend(fontsize=6, ncol=2, loc="upper left")
+    fig.suptitle(f"vLLM silicon rows (H100/H200): {len(ok)} simulated")
+    fig.tight_layout()
+    path = Path(out) / "silicon.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> pd.DataFrame:
+    """Print the coverage, per-group and headline tables; write them and the plot; return the
+    per-row table (``attrs['summary']``, ``attrs['groups']``, ``attrs['coverage']``)."""
+    parser = make_parser("validate_silicon", __doc__,
+                         f"one row per (GPU, model, layout), C <= {QUICK_MAX_CONCURRENCY}")
+    parser.add_argument("--engine", default="vllm", help=f"backend rows to simulate "
+                        f"(registered: {sorted(ENGINES)})")
+    parser.add_argument("--data", default=str(DATA), help="the silicon CSV (hopper.csv)")
+    parser.add_argument("--kernels", default="default", choices=KERNELS,
+                        help="kernel profile: the catalog's default for the GPU, or its "
+                             "AIConfigurator tables (hardware.kernel_profile)")
+    parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
+    parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
+    args = parser.parse_args(argv)
+    if args.engine not in ENGINES:
+        parser.error(f"--engine: {args.engine!r} is not registered; registered: "
+                     f"{sorted(ENGINES)}")
+    rows = load(Path(args.data))
+    if rows is None:
+        print(f"validate_silicon skipped: {args.data} not found (the silicon rows live in the "
+              f"shared data beside the checkout; the package never needs them)")
+        return pd.DataFrame()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
+    cov, grp, summ = coverage(table, args.engine), groups(table), summary(
+        table[table.backend == args.engine])
+    print(f"coverage of the {args.engine} rows ({(table.backend == args.engine).sum()} of "
+          f"{len(table)} rows of {Path(args.data).name})")
+    print_table(cov)
+    print("\nmedian absolute error % per (GPU, model, precision, layout); bias: median signed")
+    print_table(grp, digits=3)
+    print("\nheadline: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in summ.items())
+          + f" ({time.perf_counter() - start:.0f} s)")
+    table.to_csv(out / "rows.csv", index=False)
+    grp.to_csv(out / "groups.csv", index=False)
+    cov.to_csv(out / "coverage.csv", index=False)
+    paths = try_plots(lambda: [plot(table, out)])
+    if args.img:
+        Path(args.img).mkdir(parents=True, exist_ok=True)
+        for p in paths:
+            shutil.copy(p, Path(args.img) / p.name)
+    print(f"wrote rows.csv, groups.csv, coverage.csv{''.join(', ' + p.name for p in paths)} "
+          f"to {out}")
+    table.attrs.update(summary=summ, groups=grp, coverage=cov)
+    return table
+
+
+if __name__ == "__main__":
+    main()
