@@ -13,12 +13,12 @@ import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
 from simsched.analysis.progress import progress_bar
+from simsched.analysis.ray_connect import connect
 from simsched.analysis.slo import summarize
 from simsched.config import SimConfig
 
@@ -164,15 +164,6 @@ def _iterate(results: Iterator, bar, step: int | None) -> Iterator:
         yield item
 
 
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ImportError("executor='ray' needs Ray, an optional dependency: pip install ray") \
-            from None
-    return ray
-
-
 def ray_execute(jobs: Sequence[Job], address: str | None = None, bar=None) -> list[RunOutput]:
     """Run ``jobs`` as Ray tasks, in chunks, and return their outputs in order.
 
@@ -181,16 +172,7 @@ def ray_execute(jobs: Sequence[Job], address: str | None = None, bar=None) -> li
     one with ``ray.init(num_cpus=2, include_dashboard=False)``. A Ray instance started here is
     left running for later sweeps; call ``ray.shutdown()`` to stop it.
     """
-    ray = _ray()
-    if not ray.is_initialized():
-        # Local workers must import this checkout even when it is not installed.
-        root = str(Path(__file__).resolve().parent.parent)
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        if address is not None:
-            ray.init(address=address, logging_level="ERROR")
-        else:
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                     runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ray = connect(address)
     remote = ray.remote(_run_chunk)
     num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     size = max(1, math.ceil(len(jobs) / (num_cpus * 4)))

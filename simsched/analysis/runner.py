@@ -31,6 +31,7 @@ from simsched.analysis.progress import RunWatcher
 # make_requests is re-exported (simsched.api and callers import it from here).
 from simsched.analysis.request_table import (as_frame, make_requests, request_columns,
                                              validated_sessions)
+from simsched.analysis.sharded import refuse_unshardable, sharded_cluster
 from simsched.engine.kv.tiers import tier_summary
 from simsched.engine.log import concat_frames, decode_step_ends
 from simsched.engine.lora import check_adapters, lora_info
@@ -146,7 +147,9 @@ def _joined(step_ends: list) -> np.ndarray:
 
 def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
              cost_model=None, progress: bool = False, record_steps: bool = False,
-             stream_to=None, ensemble: int | None = None, confidence: float = 0.9):
+             stream_to=None, ensemble: int | None = None, confidence: float = 0.9,
+             shards: int | None = None, shard_workers: str = "process",
+             ray_address: str | None = None):
     """Run one simulation and return its :class:`~simsched.analysis.metrics.Results`.
 
     ``requests`` overrides the configured workload (a table or tuples, see
@@ -166,6 +169,12 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
     sets drawn from the profile's posterior, each with its own seed, and returns an
     :class:`~simsched.analysis.ensemble.Ensemble`: every summary metric with its mean and a
     ``confidence`` prediction interval (:mod:`simsched.analysis.ensemble`).
+
+    ``shards`` (N >= 1) splits a cluster's replicas across N shards run side by side
+    (``shard_workers``: ``"process"``, local worker processes; ``"ray"``, Ray actors on the
+    cluster at ``ray_address`` or a local one; ``"inline"``, this process), synchronised at
+    every snapshot refresh: the same results as one process, bit for bit
+    (:mod:`simsched.cluster.shards`; what cannot be exact is refused with a ValueError).
     """
     if ensemble is not None:
         from simsched.analysis.ensemble import ensemble as run_ensemble
@@ -173,17 +182,21 @@ def simulate(config: SimConfig | None = None, requests: Iterable | pd.DataFrame 
         if cost_model is not None or stream_to is not None:
             raise ValueError("ensemble draws its own cost models and returns summaries: it "
                              "takes neither cost_model nor stream_to")
+        if shards is not None:
+            raise ValueError("ensemble and shards cannot be combined")
         return run_ensemble(simulate, config or SimConfig(), ensemble, confidence, requests,
                             progress=progress, record_steps=record_steps)
     return run(config, requests, cost_model, progress=progress, record_steps=record_steps,
-               stream_to=stream_to)[0]
+               stream_to=stream_to, shards=shards, shard_workers=shard_workers,
+               ray_address=ray_address)[0]
 
 
 def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | None = None,
         cost_model=None, keep_engine: bool = False,
         from_workload: bool | None = None,
         progress: bool = False, record_steps: bool = False,
-        stream_to=None) -> tuple[Results, Cluster | None]:
+        stream_to=None, shards: int | None = None, shard_workers: str = "process",
+        ray_address: str | None = None) -> tuple[Results, Cluster | None]:
     """:func:`simulate`, also returning the finished engine when ``keep_engine`` (for checks).
 
     ``from_workload`` says ``requests`` is the config's own workload table (drawn ahead by the
@@ -196,6 +209,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if stream_to is not None and config.faults.enabled:
         raise ValueError("stream_to: a run with faults (client timeouts, retries, replica "
                          "failures) is not streamed yet; run it without stream_to")
+    if shards is not None:
+        refuse_unshardable(config, shards, stream_to, record_steps, keep_engine)
     if stream_to is not None:
         stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload
@@ -241,7 +256,10 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
-    engine = Cluster(config, reqs, specs=specs, sessions=sessions, client=plan)
+    if shards is not None:
+        engine = sharded_cluster(config, reqs, specs, shards, shard_workers, ray_address)
+    else:
+        engine = Cluster(config, reqs, specs=specs, sessions=sessions, client=plan)
     # Installed before the run starts (the GPU loops look the scheduler's methods up once),
     # and on each replica an autoscaled fleet adds, as it is made.
     recorders = None

@@ -135,6 +135,46 @@ class RequestRecords:
                 self._causes.extend((i, (c.request_id, c.at, c.reason, c.preempted_by,
                                          c.num_lost_tokens, c.mode)) for c in req.causes)
 
+    def export(self, positions) -> dict:
+        """The recorded values at ``positions`` (ascending), as plain picklable data that
+        :meth:`absorb` writes into another store of the same run (a sharded run's shards record
+        their requests apart: :mod:`simsched.cluster.shards`)."""
+        where = np.asarray(positions, dtype=np.int64)
+        keep = set(where.tolist())
+        numeric = {column: np.frombuffer(buffer, dtype=_DTYPE[buffer.typecode])[where].copy()
+                   for column, buffer in self._arrays.items()}
+        objects = {column: {i: v for i, v in kept.items() if i in keep}
+                   for column, kept in self._values.items()}
+        runs = tuple(np.frombuffer(a, dtype=np.int64 if a.typecode == "q" else float)[where]
+                     .copy() for a in (self.num_runs, self.run_prev, self.run_a, self.run_b))
+        return {"where": where, "numeric": numeric, "objects": objects,
+                "status": np.frombuffer(self.status, dtype=np.int8)[where].copy(), "runs": runs,
+                "extra": (bytes(self._extra), bytes(self._extra_owner)),
+                "gaps": [g for g in self._gaps if g[0] in keep],
+                "causes": [c for c in self._causes if c[0] in keep]}
+
+    def absorb(self, part: dict) -> None:
+        """Write :meth:`export`'s values into the same positions here (fields this store was
+        given before the run are not overwritten). Each position's later decode runs, gaps and
+        causes come in their order, so :meth:`columns` builds the same frame as one store that
+        recorded every request."""
+        where = part["where"]
+        for column, values in part["numeric"].items():
+            if column in self._arrays:
+                np.frombuffer(self._arrays[column], dtype=values.dtype)[where] = values
+        for column, kept in part["objects"].items():
+            if column in self._values:
+                self._values[column].update(kept)
+        np.frombuffer(self.status, dtype=np.int8)[where] = part["status"]
+        for mine, values in zip((self.num_runs, self.run_prev, self.run_a, self.run_b),
+                                part["runs"]):
+            np.frombuffer(mine, dtype=values.dtype)[where] = values
+        extra, owner = part["extra"]
+        self._extra.frombytes(extra)
+        self._extra_owner.frombytes(owner)
+        self._gaps.extend(part["gaps"])
+        self._causes.extend(part["causes"])
+
     def columns(self) -> dict:
         """What the request frame needs: each field's column, ``status`` (text), ``runs3``
         (``(prev_token_at, a, b, position)`` per decode run, in position order), ``gaps``

@@ -54,8 +54,8 @@ import heapq
 import simpy
 from simpy.core import NORMAL, URGENT, StopSimulation
 
-__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess",
-           "done_event", "iteration_clock", "late", "move_earlier", "request_starter", "run"]
+__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess", "done_event", "event_at",
+           "iteration_clock", "late", "move_earlier", "request_starter", "run"]
 
 # SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
 LATE = 2
@@ -211,6 +211,19 @@ def late(env: simpy.Environment, delay: float) -> simpy.Event:
     event._ok = True            # triggered, as simpy.Timeout is
     event._value = None
     env.schedule(event, LATE, delay)
+    return event
+
+
+def event_at(env: simpy.Environment, at: float, priority: float) -> simpy.Event:
+    """A triggered event processed at the absolute time ``at`` (not ``now + delay``, which can
+    miss it by an ulp) with ``priority``, e.g. between NORMAL and LATE (a sharded run's window
+    end, :mod:`simsched.cluster.shard`)."""
+    event = _new_event(simpy.Event)
+    event.env = env
+    event.callbacks = []
+    event._ok = True
+    event._value = None
+    heapq.heappush(env._queue, (at, priority, next(env._eid), event))
     return event
 
 

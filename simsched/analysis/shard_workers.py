@@ -1,0 +1,169 @@
+"""Where a sharded run's shards run: worker processes on this machine, Ray actors, or (tests)
+this process.
+
+:func:`shard_opener` gives :class:`~simsched.cluster.shards.ShardedCluster` the function that
+starts one :class:`~simsched.cluster.shard.Shard` per group of replicas and returns handles with
+one interface: ``send(until, batch)`` starts a window (it returns at once where the shard runs
+elsewhere, so every shard runs its window at the same time), ``receive()`` waits for the
+window's load figures, ``finish()`` collects the shard's records, ``close()`` stops it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import traceback
+
+from simsched.analysis.ray_connect import connect
+from simsched.cluster.cluster import _long_lived_requests
+from simsched.cluster.shard import Shard
+
+__all__ = ["SHARD_WORKERS", "ShardError", "shard_opener"]
+
+SHARD_WORKERS = ("process", "ray", "inline")
+
+
+class ShardError(RuntimeError):
+    """A shard's worker failed (its traceback is the message)."""
+
+
+class InlineShard:
+    """A shard in this process (windows run one shard after another: for tests)."""
+
+    def __init__(self, args: tuple) -> None:
+        self.shard = Shard(*args)
+        self._reply = None
+
+    def send(self, until, batch) -> None:
+        self._reply = self.shard.window(until, batch)
+
+    def receive(self):
+        return self._reply
+
+    def finish(self) -> dict:
+        return self.shard.finish()
+
+    def close(self) -> None:
+        self.shard = None
+
+
+def _serve(conn, args: tuple) -> None:
+    """A worker process: build the shard, then answer windows until told to finish."""
+    try:
+        with _long_lived_requests():
+            shard = Shard(*args)
+            while True:
+                message = conn.recv()
+                if message is None:
+                    conn.send(("ok", shard.finish()))
+                    return
+                conn.send(("ok", shard.window(*message)))
+    except BaseException:       # every failure goes back to the coordinator, which raises it
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class ProcessShard:
+    """A shard in a worker process of its own, talking over a pipe (forked where the platform
+    allows, so the replicas' specs are not pickled)."""
+
+    def __init__(self, args: tuple) -> None:
+        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        ctx = multiprocessing.get_context(method)
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, args), daemon=True)
+        self.process.start()
+        child.close()
+
+    def send(self, until, batch) -> None:
+        self.conn.send((until, batch))
+
+    def receive(self):
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            raise ShardError(f"a shard's worker process ended (exit code "
+                             f"{self.process.exitcode})") from None
+        if status == "error":
+            raise ShardError(f"a shard failed:\n{value}")
+        return value
+
+    def finish(self) -> dict:
+        self.conn.send(None)
+        return self.receive()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+
+
+class RayShard:
+    """A shard as a Ray actor (``actor`` made by :func:`_actor_class`)."""
+
+    def __init__(self, ray, actor_class, args: tuple, num_cpus: float) -> None:
+        self.ray = ray
+        self.actor = actor_class.options(num_cpus=num_cpus).remote(args)
+        self._ref = None
+
+    def send(self, until, batch) -> None:
+        self._ref = self.actor.window.remote(until, batch)
+
+    def receive(self):
+        return self.ray.get(self._ref)
+
+    def finish(self) -> dict:
+        return self.ray.get(self.actor.finish.remote())
+
+    def close(self) -> None:
+        self.ray.kill(self.actor)
+
+
+class _ShardActor:
+    """The body of a shard's Ray actor."""
+
+    def __init__(self, args: tuple) -> None:
+        self.shard = Shard(*args)
+
+    def window(self, until, batch):
+        return self.shard.window(until, batch)
+
+    def finish(self) -> dict:
+        return self.shard.finish()
+
+
+def shard_opener(config, specs: list, num_requests: int, workers: str = "process",
+                 ray_address: str | None = None):
+    """The ``open_shards(groups, reads_kv, output_tokens)`` of a sharded run of ``config``
+    (``specs``: every replica's spec; ``workers``: one of :data:`SHARD_WORKERS`;
+    ``ray_address``: the Ray cluster to use, None: the one initialised here or a local one)."""
+    if workers not in SHARD_WORKERS:
+        raise ValueError(f"shard_workers must be one of {list(SHARD_WORKERS)}, got {workers!r}")
+    if ray_address is not None and workers != "ray":
+        raise ValueError("ray_address is for shard_workers='ray'")
+    ray = connect(ray_address, "shard_workers='ray'") if workers == "ray" else None
+
+    def open_shards(groups, reads_kv: bool, output_tokens) -> list:
+        handles = []
+        try:
+            for group in groups:
+                args = (config, group, {i: specs[i] for i in group}, num_requests, reads_kv,
+                        output_tokens)
+                if workers == "inline":
+                    handles.append(InlineShard(args))
+                elif workers == "process":
+                    handles.append(ProcessShard(args))
+                else:
+                    # At most one CPU each, so that a small cluster still places every shard.
+                    cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1)) / len(groups))
+                    handles.append(RayShard(ray, ray.remote(_ShardActor), args, cpus))
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        return handles
+
+    return open_shards

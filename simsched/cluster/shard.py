@@ -1,0 +1,162 @@
+"""One shard of a sharded run: some of a cluster's replicas on a clock of their own.
+
+A sharded run (:mod:`simsched.cluster.shards`) splits a cluster's replicas across shards; a
+coordinator keeps the arrivals, the router and its snapshot of the replicas' load, and advances
+every shard window by window. A :class:`Shard` is the SimPy side of one: its replicas (the same
+:class:`~simsched.engine.replica.Replica` objects, each with the random stream it has in the
+one-process run) and their requests' processes, on its own ``simpy.Environment``.
+
+Why a shard replays its replicas exactly as the one-process run does:
+
+* A replica's events depend only on its own requests (their times and sizes) and its own random
+  stream; what it shares with other replicas in one process (the load counters, the request
+  records) is only added to, in any order. Events of different replicas at one instant touch
+  disjoint state, so the order SimPy gives them does not matter (the same argument makes quiet
+  decode steps exact: :mod:`simsched.engine.scheduler.quiet`).
+* The GPU loop moves the clock itself only when no event is due before its iteration ends; a
+  shard's heap always holds every event of its replicas up to the window's end (the arrivals of
+  the window, and a barrier at its end), so a loop never moves past an arrival it will receive.
+* In the one-process run the router's snapshot is taken by a NORMAL-priority timeout at
+  ``t_k``: after every event before ``t_k`` and the arrivals at ``t_k`` processed before it,
+  before every iteration end at ``t_k`` (LATE priority: :mod:`simsched.engine.simpy_fast`). A
+  replica's load changes only in its arrivals (routing) and in LATE events (first tokens,
+  completions, KV use), so the shard stops at a barrier of priority between NORMAL and LATE at
+  ``t_k`` and reports its load there: the figures the snapshot copied. Arrivals at ``t_k``
+  routed after the snapshot come with the next window and are started at once (URGENT at
+  ``t_k``), still before the instant's LATE events, as in one process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import simpy
+
+from simsched.cluster.cluster import replica_rng
+from simsched.cluster.lazy import LazyRequests
+from simsched.cluster.records import RequestRecords
+from simsched.cluster.state import ReplicaLoad
+from simsched.engine.replica import Replica
+from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
+from simsched.engine.simpy_fast import Arrivals, event_at, request_starter
+from simsched.engine.simpy_fast import run as run_events
+from simsched.engine.simpy_fast import run_until
+from simsched.request import Request
+
+__all__ = ["BARRIER", "Shard"]
+
+# A window's end: after every URGENT (0) and NORMAL (1) event of its instant, before LATE (2).
+BARRIER = 1.5
+
+
+class _Records(LazyRequests):
+    """A shard's request store: the requests it served, recorded by id into arrays sized for
+    the whole run (:class:`~simsched.cluster.lazy.LazyRequests`' batching, no workload columns:
+    requests come window by window)."""
+
+    def __init__(self, n: int) -> None:         # (LazyRequests' columns are the coordinator's)
+        self.n = n
+        self.live: dict[int, Request] = {}
+        self._done: list[Request] = []
+        self.records = RequestRecords(n)
+
+
+class Shard:
+    """Replicas ``indices`` (consecutive) of ``config``'s cluster on a clock of their own.
+
+    ``specs`` are the replicas' :class:`~simsched.cluster.cluster.ReplicaSpec` (by index);
+    ``num_requests`` the run's request count (records are kept by request id); ``reads_kv``
+    and ``output_tokens`` mirror the run's router (the replicas report KV use only if it reads
+    it; the load counts that many output tokens per request, None: the true length).
+    """
+
+    def __init__(self, config, indices, specs: dict, num_requests: int, reads_kv: bool,
+                 output_tokens: int | None) -> None:
+        self.env = env = simpy.Environment()
+        self.indices = list(indices)
+        self.replicas = {
+            i: Replica(env, specs[i].config, specs[i].cost_model, specs[i].num_blocks,
+                       specs[i].max_model_len, replica_rng(config.seed, i), index=i)
+            for i in self.indices}
+        n = max(self.indices) + 1
+        self.load = ReplicaLoad([None] * n, (), output_tokens)
+        for replica in self.replicas.values():
+            replica.on_first_token = self.load.first_token
+            if reads_kv:
+                replica.on_kv = self.load.kv_changed
+            # As in one process: nothing outside a replica reads it between its events.
+            replica.allow_quiet_steps(MAX_QUIET_STEPS)
+        self.store = _Records(num_requests)
+        self.served: list[int] = []         # request ids sent here, in arrival order
+        self._to: dict[int, Replica] = {}
+        self._start = request_starter(env, self._request, self.store.record)
+        self.num_events = 0
+
+    def window(self, until: float | None, batch) -> tuple:
+        """Start ``batch``'s requests at their times and run to the barrier at ``until`` (None:
+        to the end of the work); the load of each replica there, as lists in ``indices``
+        order: requests outstanding, tokens outstanding, KV use; and the wall seconds this took.
+
+        ``batch`` is ``(ids, arrival times, prompt, output, priority, tenant, replica)`` lists,
+        in arrival order (ids ascending within an instant), all at or after the clock."""
+        started = time.perf_counter()
+        env = self.env
+        ids = batch[0]
+        if ids:
+            replicas, to, live = self.replicas, self._to, self.store.live
+            reqs = []
+            for rid, a, p, o, pr, t, i in zip(*batch):
+                req = live[rid] = Request(rid, a, p, o, pr, t)
+                reqs.append(req)
+                to[rid] = replicas[i]
+            self.served.extend(ids)
+            Arrivals(env, reqs, self._start)
+        if until is None:
+            run_events(env)
+        else:
+            # Absolute time, as the coordinator's refresh times are (now + delay can miss it).
+            run_until(env, event_at(env, until, BARRIER))
+        load = self.load
+        lo, hi = self.indices[0], self.indices[-1] + 1
+        return (load.outstanding[lo:hi], load.tokens[lo:hi], load.kv_use[lo:hi],
+                time.perf_counter() - started)
+
+    def _request(self, req: Request, record, process, done, now):
+        """A request's life on its replica (``Cluster._request`` after routing)."""
+        replica = self._to.pop(req.id)
+        i = replica.index
+        if replica.add(req, (process, None, done), now):
+            self.load.routed(i, req)
+            while True:
+                try:
+                    yield done
+                    break
+                except simpy.Interrupt as interrupt:
+                    req.note_preemption(interrupt.cause)
+                    self.num_events += 1
+            self.num_events += 1
+            self.load.finished(i, req)
+        record(req)
+
+    def finish(self) -> dict:
+        """After the last window: close the replicas and hand over what the run's frames need
+        (request records by id, each replica's iteration log and end state)."""
+        replicas = []
+        for i in self.indices:
+            replica = self.replicas[i]
+            replica.scheduler.close()
+            log = replica.iteration_rows
+            stats = getattr(replica.scheduler, "spec_stats", None)
+            replicas.append({
+                "index": i, "log": (log.columns, bytes(log.values), bytes(log.runs),
+                                    log.num_run_rows),
+                "num_waiting": replica.num_waiting, "num_running": len(replica.scheduler.running),
+                "kv_used": replica.kv.num_used,
+                "spec_stats": stats.as_dict() if stats is not None else None})
+            replica.iteration_rows = None
+        store = self.store
+        store._flush(final=True)
+        store._done.extend(store.live.values())
+        store._flush(final=True)
+        return {"now": self.env.now, "num_events": self.num_events, "replicas": replicas,
+                "records": store.records.export(sorted(self.served))}
