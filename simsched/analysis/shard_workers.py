@@ -3,7 +3,7 @@ this process.
 
 :func:`shard_opener` gives :class:`~simsched.cluster.shards.ShardedCluster` the function that
 starts one :class:`~simsched.cluster.shard.Shard` per group of replicas and returns handles with
-one interface: ``send(until, batch)`` starts a window (it returns at once where the shard runs
+one interface: ``send(until, batch, last)`` starts a window (it returns at once where the shard runs
 elsewhere, so every shard runs its window at the same time), ``receive()`` waits for the
 window's load figures, ``finish()`` collects the shard's records, ``close()`` stops it.
 """
@@ -34,8 +34,8 @@ class InlineShard:
         self.shard = Shard(*args)
         self._reply = None
 
-    def send(self, until, batch) -> None:
-        self._reply = self.shard.window(until, batch)
+    def send(self, until, batch, last: bool = False) -> None:
+        self._reply = self.shard.window(until, batch, last)
 
     def receive(self):
         return self._reply
@@ -76,8 +76,8 @@ class ProcessShard:
         self.process.start()
         child.close()
 
-    def send(self, until, batch) -> None:
-        self.conn.send((until, batch))
+    def send(self, until, batch, last: bool = False) -> None:
+        self.conn.send((until, batch, last))
 
     def receive(self):
         try:
@@ -109,8 +109,8 @@ class RayShard:
         self.actor = actor_class.options(num_cpus=num_cpus).remote(args)
         self._ref = None
 
-    def send(self, until, batch) -> None:
-        self._ref = self.actor.window.remote(until, batch)
+    def send(self, until, batch, last: bool = False) -> None:
+        self._ref = self.actor.window.remote(until, batch, last)
 
     def receive(self):
         return self.ray.get(self._ref)
@@ -128,8 +128,8 @@ class _ShardActor:
     def __init__(self, args: tuple) -> None:
         self.shard = Shard(*args)
 
-    def window(self, until, batch):
-        return self.shard.window(until, batch)
+    def window(self, until, batch, last: bool = False):
+        return self.shard.window(until, batch, last)
 
     def finish(self) -> dict:
         return self.shard.finish()

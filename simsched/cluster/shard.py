@@ -28,6 +28,7 @@ Why a shard replays its replicas exactly as the one-process run does:
 
 from __future__ import annotations
 
+import math
 import time
 
 import simpy
@@ -43,10 +44,13 @@ from simsched.engine.simpy_fast import run as run_events
 from simsched.engine.simpy_fast import run_until
 from simsched.request import Request
 
-__all__ = ["BARRIER", "Shard"]
+__all__ = ["BARRIER", "STOP", "Shard"]
 
 # A window's end: after every URGENT (0) and NORMAL (1) event of its instant, before LATE (2).
 BARRIER = 1.5
+# The end of a run with a time limit: before every event of its instant, as the stop event of
+# ``env.run(until=...)`` (URGENT, scheduled before any other event at that time).
+STOP = -1
 
 
 class _Records(LazyRequests):
@@ -84,17 +88,18 @@ class Shard:
             replica.on_first_token = self.load.first_token
             if reads_kv:
                 replica.on_kv = self.load.kv_changed
-            # As in one process: nothing outside a replica reads it between its events.
-            replica.allow_quiet_steps(MAX_QUIET_STEPS)
+            if math.isinf(config.max_sim_time):
+                # As in one process: nothing outside a replica reads it between its events.
+                replica.allow_quiet_steps(MAX_QUIET_STEPS)
         self.store = _Records(num_requests)
         self.served: list[int] = []         # request ids sent here, in arrival order
         self._to: dict[int, Replica] = {}
         self._start = request_starter(env, self._request, self.store.record)
         self.num_events = 0
 
-    def window(self, until: float | None, batch) -> tuple:
+    def window(self, until: float | None, batch, last: bool = False) -> tuple:
         """Start ``batch``'s requests at their times and run to the barrier at ``until`` (None:
-        to the end of the work); the load of each replica there, as lists in ``indices``
+        to the end of the work; ``last``: ``until`` is the run's time limit); the load of each replica there, as lists in ``indices``
         order: requests outstanding, tokens outstanding, KV use; and the wall seconds this took.
 
         ``batch`` is ``(ids, arrival times, prompt, output, priority, tenant, replica)`` lists,
@@ -115,7 +120,7 @@ class Shard:
             run_events(env)
         else:
             # Absolute time, as the coordinator's refresh times are (now + delay can miss it).
-            run_until(env, event_at(env, until, BARRIER))
+            run_until(env, event_at(env, until, STOP if last else BARRIER))
         load = self.load
         lo, hi = self.indices[0], self.indices[-1] + 1
         return (load.outstanding[lo:hi], load.tokens[lo:hi], load.kv_use[lo:hi],

@@ -77,8 +77,6 @@ def check_shardable(config, shards) -> None:
         refused.append("cache.kv_tiers is not supported in sharded runs yet")
     if config.check_invariants:
         refused.append("check_invariants reads every replica and request object in one process")
-    if not math.isinf(config.max_sim_time):
-        refused.append("max_sim_time: a sharded run ends with its work (no time limit yet)")
     if not config.client.is_open:
         refused.append("client: a benchmark client's next request waits on earlier ones' "
                        "completions (closed loop)")
@@ -97,6 +95,7 @@ class _Stats:
 
     def __init__(self, values: dict) -> None:
         self.values = values
+        self.num_accepted_tokens = values["num_accepted_tokens"]
 
     def as_dict(self) -> dict:
         return self.values
@@ -178,11 +177,19 @@ class ShardedCluster:
         nxt = self._arrive(0.0, nxt, arrivals, outbox)
         order += 1
         arrival = (nxt.arrival_at, order) if nxt is not None else None
+        limit = self.config.max_sim_time
+        # (env.run(until=limit) processes every event before the limit, none at it.)
+        if arrival is not None and arrival[0] >= limit:
+            arrival = None
         while arrival is not None or refresh is not None:
+            if refresh is not None and refresh[0] >= limit:
+                refresh = None
+                continue
             if arrival is not None and (refresh is None or arrival < refresh):
                 nxt = self._arrive(arrival[0], nxt, arrivals, outbox)
                 order += 1
-                arrival = (nxt.arrival_at, order) if nxt is not None else None
+                arrival = (nxt.arrival_at, order) if nxt is not None \
+                    and nxt.arrival_at < limit else None
                 continue
             t = refresh[0]
             last_refresh = t
@@ -197,11 +204,12 @@ class ShardedCluster:
             else:
                 refresh = None
         self.route_time += time.perf_counter() - started
+        finite = not math.isinf(limit)
         for handle, batch in zip(self.handles, outbox):
-            handle.send(None, batch)
+            handle.send(limit if finite else None, batch, finite)
         for handle in self.handles:
             handle.receive()
-        now = last_refresh
+        now = limit if finite else last_refresh
         for handle in self.handles:
             part = handle.finish()
             now = max(now, part["now"])
