@@ -54,6 +54,8 @@ def _serve(conn, args: tuple) -> None:
             shard = Shard(*args)
             while True:
                 message = conn.recv()
+                if message == "stop":
+                    return
                 if message is None:
                     conn.send(("ok", shard.finish()))
                     return
@@ -94,6 +96,12 @@ class ProcessShard:
         return self.receive()
 
     def close(self) -> None:
+        # Told, not left to see the pipe close: workers forked later hold copies of its end.
+        if self.process.is_alive():
+            try:
+                self.conn.send("stop")
+            except OSError:
+                pass                # it has ended (and closed its end) meanwhile
         self.conn.close()
         self.process.join(timeout=5)
         if self.process.is_alive():
