@@ -215,3 +215,16 @@ def test_ray_actors_give_the_one_process_run():
     finally:
         ray.shutdown()
     assert_same_run(one, got)
+
+
+def test_cli_run_with_shards_writes_the_one_process_frames(tmp_path, capsys):
+    from simsched.cli import main
+
+    flags = ["run", "--set", "num_replicas=3", "--set", "router=least_tokens", "--set",
+             "refresh_interval=0.05", "--rate", "40", "--num-requests", "200"]
+    assert main(flags + ["--out", str(tmp_path / "one")]) == 0
+    assert main(flags + ["--shards", "3", "--out", str(tmp_path / "three")]) == 0
+    for name in ("requests.csv", "iterations.csv", "summary.csv", "replicas.csv"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "three" / name).read_bytes()
+    assert main(flags[:-4] + ["--ray", "--out", str(tmp_path / "x")]) == 2
+    assert "--shards" in capsys.readouterr().err

@@ -61,13 +61,14 @@ def _last_arrival(table: pd.DataFrame) -> float:
 
 
 def run_config(config: SimConfig, slos: Any = None, progress: bool = False,
-               record_steps: bool = False):
+               record_steps: bool = False, **sharding):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
     Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
     ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
     ``progress`` as :func:`~simsched.analysis.runner.simulate`'s.
-    ``record_steps`` also records the per-step frame (``Results.steps``).
+    ``record_steps`` also records the per-step frame (``Results.steps``). ``sharding``
+    (``shards``, ``shard_workers``, ``ray_address``) runs it sharded, as ``simulate`` does.
     """
     from simsched.analysis.runner import run, workload_requests
 
@@ -77,7 +78,7 @@ def run_config(config: SimConfig, slos: Any = None, progress: bool = False,
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
     results = run(config, requests=table, from_workload=True, progress=progress,
-                  record_steps=record_steps)[0]
+                  record_steps=record_steps, **sharding)[0]
     row = summarize(results, slos)
     row["max_sim_time"] = config.max_sim_time
     row["num_blocks"] = results.info.get("num_blocks")

@@ -168,6 +168,13 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--stream", action="store_true",
                      help="stream the records to Parquet under OUT/stream as the run goes "
                           "(memory bounded by the requests in flight); print per-window sums")
+    run.add_argument("--shards", type=_positive_int, metavar="N",
+                     help="split the cluster's replicas across N shards run side by side "
+                          "(local worker processes), synchronised at every snapshot refresh: the "
+                          "same results as one process (needs refresh_interval > 0)")
+    run.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                     help="with --shards: run the shards as Ray actors on the cluster at "
+                          "ADDRESS (no ADDRESS: a local Ray instance)")
     sw = sub.add_parser("sweep", help="simulate every combination of --vary values")
     _add_common(sw)
     sw.add_argument("--seeds", type=_positive_int, metavar="N",

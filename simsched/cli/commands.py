@@ -57,6 +57,14 @@ def cmd_run(args) -> int:
         raise ValueError(f"--metrics-interval must be positive, got {args.metrics_interval}")
     if args.seeds and args.ensemble:
         raise ValueError("--seeds and --ensemble: give one (an ensemble varies the seeds too)")
+    if args.ray is not None and not args.shards:
+        raise ValueError("--ray runs the shards of a sharded run: give --shards N")
+    if args.shards and (args.seeds or args.ensemble or args.stream):
+        raise ValueError("--shards runs one simulation in memory: not with --seeds, --ensemble "
+                         "or --stream")
+    sharding = {} if not args.shards else dict(
+        shards=args.shards, shard_workers="process" if args.ray is None else "ray",
+        ray_address=args.ray or None)
     if args.ensemble:
         from simsched.cli.calibrate import run_ensemble
 
@@ -67,7 +75,7 @@ def cmd_run(args) -> int:
         return _run_streamed(args, config)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
-                                  record_steps=args.record_steps)
+                                  record_steps=args.record_steps, **sharding)
     summary.update(feature_figures(results))
     wants_energy = args.energy or args.power_cap is not None
     energy = results.energy(args.power_cap) if wants_energy else None
