@@ -93,7 +93,8 @@ def workload_requests(config: SimConfig) -> pd.DataFrame:
     return table
 
 
-def _run_streaming(config, handed: list, block, prefix, cost_model, path, progress, other):
+def _run_streaming(config, handed: list, block, prefix, cost_model, path, progress, other,
+                   sharding: dict):
     """:func:`run` writing its records under ``path`` as it goes (simsched.analysis.stream).
 
     ``handed`` holds the request frame and is emptied (the caller keeps no reference)."""
@@ -116,7 +117,10 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
     if cost_model is not None and not callable(getattr(cost_model, "iteration_time", None)):
         raise ValueError("cost_model must have an iteration_time(batch) method")
     specs = replica_specs(config, cost_model)
-    engine = Cluster(config, reqs, specs=specs)
+    if sharding.get("shards") is not None:
+        engine = sharded_cluster(config, reqs, specs, stream_to=path, **sharding)
+    else:
+        engine = Cluster(config, reqs, specs=specs)
     reqs.bind(engine)
     if progress:
         with RunWatcher(engine, len(reqs)):
@@ -210,7 +214,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         raise ValueError("stream_to: a run with faults (client timeouts, retries, replica "
                          "failures) is not streamed yet; run it without stream_to")
     if shards is not None:
-        refuse_unshardable(config, shards, stream_to, record_steps, keep_engine)
+        refuse_unshardable(config, shards, record_steps, keep_engine)
     if stream_to is not None:
         stream_to = stream.prepare_target(stream_to)    # before the workload is drawn
     from_workload = requests is None if from_workload is None else from_workload
@@ -232,7 +236,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         handed = [frame]
         del table, frame
         return _run_streaming(config, handed, block, prefix, cost_model, stream_to, progress,
-                              keep_engine or record_steps), None
+                              keep_engine or record_steps,
+                              dict(shards=shards, workers=shard_workers,
+                                   ray_address=ray_address)), None
     plan = None
     if not config.client.is_open:
         # A benchmark client: requests are created as it sends them (appended to reqs).

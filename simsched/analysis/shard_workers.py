@@ -13,10 +13,13 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import traceback
+from types import SimpleNamespace
 
 from simsched.analysis.ray_connect import connect
+from simsched.analysis.stream import ShardStream
 from simsched.cluster.cluster import _long_lived_requests
 from simsched.cluster.shard import Shard
+from simsched.engine.log import IterationLog
 
 __all__ = ["SHARD_WORKERS", "ShardError", "shard_opener"]
 
@@ -31,7 +34,7 @@ class InlineShard:
     """A shard in this process (windows run one shard after another: for tests)."""
 
     def __init__(self, args: tuple) -> None:
-        self.shard = Shard(*args)
+        self.shard = make_shard(*args)
         self._reply = None
 
     def send(self, until, batch, last: bool = False) -> None:
@@ -47,11 +50,43 @@ class InlineShard:
         self.shard = None
 
 
+class _Idle:
+    """Another shard's replica, as a shard's stream sees it: nothing logged here."""
+
+    iteration_rows = IterationLog()
+
+
+class _StreamView:
+    """What a shard's stream (:class:`~simsched.analysis.stream.ShardStream`) reads of its
+    cluster: every replica by index (the shard's own, the others idle), each request's replica
+    and the replicas' output delays (``specs``)."""
+
+    fleet = None
+
+    def __init__(self, shard: Shard, delays: list) -> None:
+        self.replicas = [shard.replicas.get(i, _Idle) for i in range(len(delays))]
+        self.replica_of = shard.replica_of
+        self.specs = [SimpleNamespace(cost_model=SimpleNamespace(output_delay=d))
+                      for d in delays]
+
+
+def make_shard(args: tuple, stream: tuple | None) -> Shard:
+    """A :class:`~simsched.cluster.shard.Shard` of ``args``; with ``stream`` (``(path, prefix,
+    part prefix, every replica's output delay)``) writing its records under ``path``."""
+    if stream is None:
+        return Shard(*args)
+    path, prefix, part_prefix, delays = stream
+    store = ShardStream(path, prefix, part_prefix)
+    shard = Shard(*args, store=store)
+    store.bind(_StreamView(shard, delays))
+    return shard
+
+
 def _serve(conn, args: tuple) -> None:
     """A worker process: build the shard, then answer windows until told to finish."""
     try:
         with _long_lived_requests():
-            shard = Shard(*args)
+            shard = make_shard(*args)
             while True:
                 message = conn.recv()
                 if message == "stop":
@@ -134,7 +169,7 @@ class _ShardActor:
     """The body of a shard's Ray actor."""
 
     def __init__(self, args: tuple) -> None:
-        self.shard = Shard(*args)
+        self.shard = make_shard(*args)
 
     def window(self, until, batch, last: bool = False):
         return self.shard.window(until, batch, last)
@@ -144,10 +179,11 @@ class _ShardActor:
 
 
 def shard_opener(config, specs: list, num_requests: int, workers: str = "process",
-                 ray_address: str | None = None):
+                 ray_address: str | None = None, stream_to=None, prefix: bool = False):
     """The ``open_shards(groups, reads_kv, output_tokens)`` of a sharded run of ``config``
     (``specs``: every replica's spec; ``workers``: one of :data:`SHARD_WORKERS`;
-    ``ray_address``: the Ray cluster to use, None: the one initialised here or a local one)."""
+    ``ray_address``: the Ray cluster to use, None: the one initialised here or a local one;
+    ``stream_to``: each shard streams its records there, ``prefix`` as the run's stream)."""
     if workers not in SHARD_WORKERS:
         raise ValueError(f"shard_workers must be one of {list(SHARD_WORKERS)}, got {workers!r}")
     if ray_address is not None and workers != "ray":
@@ -157,9 +193,11 @@ def shard_opener(config, specs: list, num_requests: int, workers: str = "process
     def open_shards(groups, reads_kv: bool, output_tokens) -> list:
         handles = []
         try:
-            for group in groups:
-                args = (config, group, {i: specs[i] for i in group}, num_requests, reads_kv,
-                        output_tokens)
+            delays = [float(getattr(s.cost_model, "output_delay", 0.0)) for s in specs]
+            for k, group in enumerate(groups):
+                stream = None if stream_to is None else (stream_to, prefix, f"s{k:03d}-", delays)
+                args = ((config, group, {i: specs[i] for i in group}, num_requests, reads_kv,
+                         output_tokens), stream)
                 if workers == "inline":
                     handles.append(InlineShard(args))
                 elif workers == "process":

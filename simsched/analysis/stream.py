@@ -98,6 +98,7 @@ class StreamingRequests:
     that holds them (:func:`_narrow`); :meth:`taking` also copies columns that view a table."""
 
     __iter__ = LazyRequests.__iter__
+    part_prefix = ""        # (a sharded run's shards write parts of their own: ShardStream)
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
@@ -190,7 +191,7 @@ class StreamingRequests:
             self.steps[r].frombytes(ends[1:].tobytes())     # without the NaN before step 1
             self.num_steps[r] += len(ends) - 1
         frame["replica"] = np.asarray(owners, dtype=np.int64)[frame["replica"].to_numpy()]
-        name = f"part-{self.iteration_parts:06d}.parquet"
+        name = f"part-{self.part_prefix}{self.iteration_parts:06d}.parquet"
         # Dictionary encoding only where it pays (counts).
         _write_parquet(frame, self.path / "iterations" / name,
                        use_dictionary=[c for c in frame.columns
@@ -241,7 +242,7 @@ class StreamingRequests:
             moves = remover.moves
             chunk = {i: moves[i] for i in ids.tolist() if i in moves}
             frame["num_migrations"] = migrations_column(frame["request_id"].to_numpy(), chunk)
-        name = f"part-{self.parts:05d}.parquet"
+        name = f"part-{self.part_prefix}{self.parts:05d}.parquet"
         _write_parquet(frame, self.path / "requests" / name)
         if len(causes):
             _write_parquet(causes, self.path / "preemptions" / name)
@@ -297,6 +298,10 @@ class StreamingRequests:
                 "e2el_mean": v[:, 5] / v[:, 1], "tpot_mean": v[:, 6] / v[:, 7],
                 "num_output_tokens": v[:, 8].astype(np.int64)})
 
+    def created(self, n: int) -> None:
+        """Requests ``0..n-1`` were made (a sharded run's shards recorded most of them)."""
+        self.max_recorded = max(self.max_recorded, n - 1)
+
     def finish(self) -> None:
         """After the run: record the requests in flight as they stand and those that never
         arrived (status pending), then write the last chunk."""
@@ -308,6 +313,24 @@ class StreamingRequests:
             self.done.append(Request(rid, self.arrival[rid], int(self.prompt[rid]),
                                      int(self.output[rid]), int(self.priority[rid]),
                                      tenant[rid] if tenant is not None else None))
+        self.flush(final=True)
+
+
+class ShardStream(StreamingRequests):
+    """One shard's part of a sharded run's stream (:mod:`simsched.cluster.shards`): the
+    requests its replicas served, written to parts named ``part-{part_prefix}*`` beside the
+    other shards'; requests come window by window (no workload columns), and the coordinator
+    writes the shed and never-arrived ones."""
+
+    def __init__(self, path: Path, prefix: bool, part_prefix: str) -> None:
+        empty = np.zeros(0, dtype=np.int64)
+        super().__init__(path, np.zeros(0), empty, empty, empty, None, prefix)
+        self.part_prefix = part_prefix
+
+    def finish(self) -> None:
+        """After the last window: the requests in flight as they stand, then the last chunk."""
+        self.done.extend(self.live.values())
+        self.live.clear()
         self.flush(final=True)
 
 

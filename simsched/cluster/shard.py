@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 
 import simpy
 
@@ -75,7 +76,7 @@ class Shard:
     """
 
     def __init__(self, config, indices, specs: dict, num_requests: int, reads_kv: bool,
-                 output_tokens: int | None) -> None:
+                 output_tokens: int | None, store=None) -> None:
         self.env = env = simpy.Environment()
         self.indices = list(indices)
         self.replicas = {
@@ -91,7 +92,11 @@ class Shard:
             if math.isinf(config.max_sim_time):
                 # As in one process: nothing outside a replica reads it between its events.
                 replica.allow_quiet_steps(MAX_QUIET_STEPS)
-        self.store = _Records(num_requests)
+        # Where ended requests go: arrays returned at the end, or a stream's parts (``store``:
+        # a simsched.analysis.stream.ShardStream, bound to this shard, which then also keeps
+        # each request's replica, as a streamed run's frames need it).
+        self.store = store if store is not None else _Records(num_requests)
+        self.replica_of = array("i", [-1]) * num_requests if store is not None else None
         self.served: list[int] = []         # request ids sent here, in arrival order
         self._to: dict[int, Replica] = {}
         self._start = request_starter(env, self._request, self.store.record)
@@ -115,6 +120,10 @@ class Shard:
                 reqs.append(req)
                 to[rid] = replicas[i]
             self.served.extend(ids)
+            if self.replica_of is not None:
+                owners = self.replica_of
+                for rid, i in zip(ids, batch[6]):
+                    owners[rid] = i
             Arrivals(env, reqs, self._start)
         if until is None:
             run_events(env)
@@ -146,10 +155,13 @@ class Shard:
     def finish(self) -> dict:
         """After the last window: close the replicas and hand over what the run's frames need
         (request records by id, each replica's iteration log and end state)."""
+        for i in self.indices:
+            self.replicas[i].scheduler.close()
+        if self.replica_of is not None:
+            self.store.finish()         # the requests in flight as they stand, the logs left
         replicas = []
         for i in self.indices:
             replica = self.replicas[i]
-            replica.scheduler.close()
             log = replica.iteration_rows
             stats = getattr(replica.scheduler, "spec_stats", None)
             replicas.append({
@@ -160,8 +172,12 @@ class Shard:
                 "spec_stats": stats.as_dict() if stats is not None else None})
             replica.iteration_rows = None
         store = self.store
+        out = {"now": self.env.now, "num_events": self.num_events, "replicas": replicas}
+        if self.replica_of is not None:
+            out["windows"] = store.windows
+            return out
         store._flush(final=True)
         store._done.extend(store.live.values())
         store._flush(final=True)
-        return {"now": self.env.now, "num_events": self.num_events, "replicas": replicas,
-                "records": store.records.export(sorted(self.served))}
+        out["records"] = store.records.export(sorted(self.served))
+        return out

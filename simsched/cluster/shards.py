@@ -101,6 +101,9 @@ class _Stats:
         return self.values
 
 
+_NOTHING_LOGGED = SimpleNamespace(iteration_rows=IterationLog())
+
+
 def _finished_replica(part: dict):
     """What the run's frames read of a replica after its shard ended (its log rebuilt)."""
     columns, values, runs, num_run_rows = part["log"]
@@ -126,7 +129,7 @@ class ShardedCluster:
 
     fleet = disagg = clients = failures = autoscaler = None
 
-    def __init__(self, config, requests, shards: int, open_shards) -> None:
+    def __init__(self, config, requests, shards: int, open_shards, specs: list) -> None:
         check_shardable(config, shards)
         self.config = config
         self.requests = requests
@@ -142,7 +145,11 @@ class ShardedCluster:
         self.replica_of = array("i", [-1]) * len(requests)
         self.num_arrived = self.num_events = self.num_shed = 0
         self.env = SimpleNamespace(now=0.0)
-        self.replicas: list = []
+        self.specs = specs
+        # Until the shards hand theirs over, replicas that logged nothing here (a streamed
+        # run's store writes the coordinator's shed requests with them).
+        self.replicas: list = [_NOTHING_LOGGED] * n
+        self.max_routed = -1
         self.handles = open_shards(self.groups, self.router.reads_kv,
                                    getattr(self.router, "output_tokens", None))
         # Figures of the synchronisation (benchmarks.fleet_day prints them).
@@ -210,13 +217,19 @@ class ShardedCluster:
         for handle in self.handles:
             handle.receive()
         now = limit if finite else last_refresh
+        replicas = []
         for handle in self.handles:
             part = handle.finish()
             now = max(now, part["now"])
             self.num_events += part["num_events"]
-            requests.records.absorb(part["records"])
-            self.replicas.extend(_finished_replica(r) for r in part["replicas"])
-        self.replicas.sort(key=lambda r: r.index)
+            if "records" in part:
+                requests.records.absorb(part["records"])
+            else:               # streamed: the shard wrote its requests; its window sums
+                for w, sums in part["windows"].items():
+                    requests.windows[w] = requests.windows.get(w, 0) + sums
+                requests.created(self.max_routed + 1)
+            replicas.extend(_finished_replica(r) for r in part["replicas"])
+        self.replicas = sorted(replicas, key=lambda r: r.index)
         self.env.now = now
 
     @staticmethod
@@ -246,6 +259,7 @@ class ShardedCluster:
                 batch[5].append(req.tenant)
                 batch[6].append(i)
                 del live[req.id]            # its shard makes, serves and records it
+                self.max_routed = req.id
             req = next(arrivals, None)
         return req
 
