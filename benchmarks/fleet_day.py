@@ -21,13 +21,25 @@ says how close to a SimPy loop's cost simsched comes on the machine at hand (who
 and noisy, moves either time by tens of per cent). ``--loop simsched`` runs simsched alone (what
 :mod:`benchmarks.instructions` counts), ``--loop floor`` the bare loop alone. A day within a
 fixed wall time is the sharded fleet's target (issue 47), not this loop's.
+
+``--shards N`` runs the fleet sharded (``simulate(..., shards=N)``: N local worker processes, or
+Ray actors with ``--shard-workers ray [--ray-address A]``), the router reading a snapshot
+refreshed every ``--refresh-interval`` seconds (default 0.05 when sharded: a sharded run needs
+one; 0, exact state, otherwise), and first the same config in one process (``--no-baseline``
+skips it; ``--loop`` is then not run): wall and CPU times of both, the speed-up, each shard's
+busy wall and CPU seconds, windows synchronised and the synchronisation's cost per window (the
+coordinator's wait on a window beyond the slowest shard's work in it), the coordinator's and the
+largest worker's peak RSS, and the machine's load (``os.getloadavg``; a shared machine's other
+work slows both runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -63,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-range", type=int, nargs=2, default=(128, 2048))
     p.add_argument("--output-range", type=int, nargs=2, default=(64, 512))
     p.add_argument("--autoscale", action="store_true")
+    p.add_argument("--refresh-interval", type=float,
+                   help="the router's snapshot interval, s (default: 0.05 with --shards, else 0)")
     # Added here, not through benchmarks.common: benchmarks.instructions runs this file in an
     # older checkout, whose common module may not have it.
     p.add_argument("--record", action="store_true",
@@ -93,19 +107,32 @@ def fleet_config(args) -> tuple:
         auto = AutoscalingConfig(policy="threshold", metric="running", target=running,
                                  provisioning_time=20.0, model_load_time=10.0,
                                  max_replicas=args.replicas, price_per_hour=2.0)
+    refresh = args.refresh_interval
+    if refresh is None:
+        refresh = 0.05 if getattr(args, "shards", None) else 0.0
     cfg = dataclasses.replace(base, workload=workload, cluster=ClusterConfig(
-        num_replicas=args.replicas, router="least_tokens", autoscaling=auto))
+        num_replicas=args.replicas, router="least_tokens", autoscaling=auto,
+        refresh_interval=refresh))
     return cfg, capacity, rate
 
 
-def run_simsched(args, cfg, capacity: float, rate: float) -> tuple[float, float]:
-    """Run the streamed fleet, print its figures and return its wall and CPU times."""
+def run_simsched(args, cfg, capacity: float, rate: float, shards: int | None = None
+                 ) -> tuple[float, float]:
+    """Run the streamed fleet (in ``shards`` shards if given), print its figures and return its
+    wall and CPU times (sharded: the coordinator's CPU plus every shard's)."""
     out = args.out or tempfile.mkdtemp(prefix="fleet_day_")
     before = peak_rss_mb()
     started, cpu_started = time.perf_counter(), time.process_time()
-    run = simulate(cfg, stream_to=out)
+    children = _children_cpu()
+    sharding = {} if shards is None else dict(
+        shards=shards, shard_workers=args.shard_workers, ray_address=args.ray_address)
+    run = simulate(cfg, stream_to=out, **sharding)
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
+    if shards is not None:
+        # The coordinator's process (it runs the last shard) and the workers', ended by now.
+        cpu += _children_cpu() - children
+        print_sharding(run.info["sharding"], wall)
     n = int(run.windows["num_requests"].sum())
     iterations = run.dataset("iterations").count_rows()
     print(f"{args.replicas} replicas, {args.hours:g} h of ServeGen m-large at "
@@ -128,6 +155,32 @@ def run_simsched(args, cfg, capacity: float, rate: float) -> tuple[float, float]
                                      "us_per_iteration": wall / iterations * 1e6,
                                      "peak_rss_mib": peak_rss_mb()})
     return wall, cpu
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def print_sharding(figures: dict, wall: float) -> None:
+    """Print a sharded run's synchronisation figures."""
+    n = figures["num_windows"]
+    busy, cpu = figures["shard_busy_time"], figures["shard_cpu_time"]
+    print(f"{figures['shards']} shards ({', '.join(f'{b:.1f}' for b in busy)} s busy, "
+          f"{', '.join(f'{c:.1f}' for c in cpu)} s CPU in their windows); {n} windows "
+          f"synchronised: "
+          f"{figures['window_time']:.1f} s waiting on them, of which the slowest shard's work "
+          f"{figures['slowest_shard_time']:.1f} s; synchronisation "
+          f"{figures['sync_time_per_window'] * 1e6:.0f} us per window "
+          f"({(figures['window_time'] - figures['slowest_shard_time']) / wall:.0%} of the wall "
+          f"time); routing and arrivals {figures['route_time']:.1f} s; largest worker's peak "
+          f"RSS {children_peak_rss_mb():.0f} MiB")
+
+
+def children_peak_rss_mb() -> float:
+    """Peak RSS of the largest ended child process (a shard's worker), MiB."""
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
 def run_floor(cfg, record_it: bool = False) -> tuple[float, float]:
@@ -162,7 +215,16 @@ def main(argv=None) -> None:
     p.add_argument("--loop", choices=("both", "simsched", "floor"), default="both",
                    help="both (default): simsched, then benchmarks.floor's bare SimPy loop on the "
                         "same requests, and the ratio of their times; or either alone")
+    p.add_argument("--shards", type=int, help="run the fleet in N shards (see above)")
+    p.add_argument("--shard-workers", choices=("process", "ray"), default="process")
+    p.add_argument("--ray-address", help="with --shard-workers ray: an existing Ray cluster")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="with --shards: skip the one-process run of the same config")
     args = p.parse_args(argv)
+    if args.shards is not None:
+        if args.record:
+            p.error("--record keeps the one-process day's figures: drop --shards")
+        return main_sharded(args)
     if args.record and any(getattr(args, k) != p.get_default(k) for k in
                            ("replicas", "hours", "start_hour", "utilisation", "prompt_range",
                             "output_range", "autoscale")):
@@ -181,6 +243,19 @@ def main(argv=None) -> None:
     # The interpreter's build matters as much as a code change: say which one ran.
     print(f"Python {platform.python_version()} ({sys.executable}; "
           f"{' '.join(platform.python_build())})")
+
+
+def main_sharded(args) -> None:
+    """``--shards N``: the one-process run (unless ``--no-baseline``), then the sharded one."""
+    cfg, capacity, rate = fleet_config(args)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} before")
+    one = None if args.no_baseline else run_simsched(args, cfg, capacity, rate)
+    wall, cpu = run_simsched(args, cfg, capacity, rate, shards=args.shards)
+    print(f"load average {os.getloadavg()[0]:.2f} after")
+    if one is not None:
+        print(f"{args.shards} shards over one process: {one[0] / wall:.2f}x wall "
+              f"({one[0]:.1f} s -> {wall:.1f} s), CPU {one[1]:.1f} s -> {cpu:.1f} s in all")
+    print(f"Python {platform.python_version()} ({sys.executable})")
 
 
 if __name__ == "__main__":

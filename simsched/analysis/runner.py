@@ -132,6 +132,8 @@ def _run_streaming(config, handed: list, block, prefix, cost_model, path, progre
     info = {"num_requests": len(reqs), "sim_time": sim_time, "num_events": engine.num_events,
             "num_shed": engine.num_shed, "num_replicas": len(engine.replicas),
             "replica_num_blocks": [s.num_blocks for s in specs]}
+    if sharding.get("shards") is not None:
+        info["sharding"] = engine.figures()
     extra = {}
     if engine.fleet is not None:
         fleet = FleetResults(engine.fleet.units_frame(sim_time), engine.autoscaler.frame(),
@@ -323,6 +325,8 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         info.update(num_retries=clients.num_retries,
                     num_retries_refused=clients.num_budget_refusals)
     info["num_gpus"] = sum(s.config.hardware.tensor_parallel_size for s in specs)
+    if shards is not None:
+        info["sharding"] = engine.figures()     # the synchronisation's cost
     if lora:
         info.update(lora_info(engine.replicas))
         waited = info.pop("lora_waited")

@@ -1,5 +1,5 @@
-"""Where a sharded run's shards run: worker processes on this machine, Ray actors, or (tests)
-this process.
+"""Where a sharded run's shards run: worker processes on this machine (the last shard in the
+coordinator's own process), Ray actors, or (tests) all in this process.
 
 :func:`shard_opener` gives :class:`~simsched.cluster.shards.ShardedCluster` the function that
 starts one :class:`~simsched.cluster.shard.Shard` per group of replicas and returns handles with
@@ -198,7 +198,10 @@ def shard_opener(config, specs: list, num_requests: int, workers: str = "process
                 stream = None if stream_to is None else (stream_to, prefix, f"s{k:03d}-", delays)
                 args = ((config, group, {i: specs[i] for i in group}, num_requests, reads_kv,
                          output_tokens), stream)
-                if workers == "inline":
+                # The coordinator runs the last shard itself, after sending every other its
+                # window: one process fewer to wake per window, and its core does shard work
+                # instead of waiting.
+                if workers == "inline" or (workers == "process" and k == len(groups) - 1):
                     handles.append(InlineShard(args))
                 elif workers == "process":
                     handles.append(ProcessShard(args))

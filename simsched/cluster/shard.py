@@ -101,6 +101,8 @@ class Shard:
         self._to: dict[int, Replica] = {}
         self._start = request_starter(env, self._request, self.store.record)
         self.num_events = 0
+        self.busy_time = 0.0        # wall seconds spent running windows
+        self.cpu_time = 0.0         # and this process's CPU seconds meanwhile
 
     def window(self, until: float | None, batch, last: bool = False) -> tuple:
         """Start ``batch``'s requests at their times and run to the barrier at ``until`` (None:
@@ -109,7 +111,7 @@ class Shard:
 
         ``batch`` is ``(ids, arrival times, prompt, output, priority, tenant, replica)`` lists,
         in arrival order (ids ascending within an instant), all at or after the clock."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         env = self.env
         ids = batch[0]
         if ids:
@@ -132,8 +134,10 @@ class Shard:
             run_until(env, event_at(env, until, STOP if last else BARRIER))
         load = self.load
         lo, hi = self.indices[0], self.indices[-1] + 1
-        return (load.outstanding[lo:hi], load.tokens[lo:hi], load.kv_use[lo:hi],
-                time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.busy_time += elapsed
+        self.cpu_time += time.process_time() - cpu_started
+        return load.outstanding[lo:hi], load.tokens[lo:hi], load.kv_use[lo:hi], elapsed
 
     def _request(self, req: Request, record, process, done, now):
         """A request's life on its replica (``Cluster._request`` after routing)."""
@@ -172,7 +176,8 @@ class Shard:
                 "spec_stats": stats.as_dict() if stats is not None else None})
             replica.iteration_rows = None
         store = self.store
-        out = {"now": self.env.now, "num_events": self.num_events, "replicas": replicas}
+        out = {"now": self.env.now, "num_events": self.num_events, "replicas": replicas,
+               "busy_time": self.busy_time, "cpu_time": self.cpu_time}
         if self.replica_of is not None:
             out["windows"] = store.windows
             return out

@@ -24,7 +24,7 @@ import time
 from array import array
 from types import SimpleNamespace
 
-from simsched.cluster.cluster import router_rng
+from simsched.cluster.cluster import _long_lived_requests, router_rng
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.engine.log import IterationLog
@@ -157,11 +157,25 @@ class ShardedCluster:
         self.window_time = 0.0          # coordinator wall time from sending a window to its loads
         self.shard_time = 0.0           # of which the slowest shard ran (sum over windows)
         self.route_time = 0.0
+        self.shard_busy_time: list[float] = []     # per shard: wall seconds in its windows
+        self.shard_cpu_time: list[float] = []      # per shard: CPU seconds in its windows
+
+    def figures(self) -> dict:
+        """The synchronisation's figures (``Results.info["sharding"]``): windows synchronised,
+        the coordinator's wall seconds waiting on them and routing, each shard's busy wall and
+        CPU seconds, and the cost per window beyond the slowest shard's work in it."""
+        return {"shards": len(self.groups), "num_windows": self.num_windows,
+                "window_time": self.window_time, "slowest_shard_time": self.shard_time,
+                "sync_time_per_window": (self.window_time - self.shard_time)
+                / max(self.num_windows, 1),
+                "route_time": self.route_time, "shard_busy_time": self.shard_busy_time,
+                "shard_cpu_time": self.shard_cpu_time}
 
     def run(self) -> None:
         """Route every arrival, advance the shards window by window, then collect them."""
         try:
-            self._run()
+            with _long_lived_requests():        # (a shard may run in this process)
+                self._run()
         finally:
             for handle in self.handles:
                 handle.close()
@@ -229,6 +243,8 @@ class ShardedCluster:
                     requests.windows[w] = requests.windows.get(w, 0) + sums
                 requests.created(self.max_routed + 1)
             replicas.extend(_finished_replica(r) for r in part["replicas"])
+            self.shard_busy_time.append(part["busy_time"])
+            self.shard_cpu_time.append(part["cpu_time"])
         self.replicas = sorted(replicas, key=lambda r: r.index)
         self.env.now = now
 
