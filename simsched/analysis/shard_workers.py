@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+from pathlib import Path
 import traceback
 from types import SimpleNamespace
 
+import numpy as np
+
 from simsched.analysis.ray_connect import connect
-from simsched.analysis.stream import ShardStream
+from simsched.analysis.stream import StreamingRequests
 from simsched.cluster.cluster import _long_lived_requests
 from simsched.cluster.shard import Shard
 from simsched.engine.log import IterationLog
 
-__all__ = ["SHARD_WORKERS", "ShardError", "shard_opener"]
+__all__ = ["SHARD_WORKERS", "ShardError", "ShardStream", "shard_opener"]
 
 SHARD_WORKERS = ("process", "ray", "inline")
 
@@ -50,6 +53,24 @@ class InlineShard:
         self.shard = None
 
 
+class ShardStream(StreamingRequests):
+    """One shard's part of a sharded run's stream (:mod:`simsched.cluster.shards`): the
+    requests its replicas served, written to parts named ``part-{part_prefix}*`` beside the
+    other shards'; requests come window by window (no workload columns), and the coordinator
+    writes the shed and never-arrived ones."""
+
+    def __init__(self, path: Path, prefix: bool, part_prefix: str) -> None:
+        empty = np.zeros(0, dtype=np.int64)
+        super().__init__(path, np.zeros(0), empty, empty, empty, None, prefix)
+        self.part_prefix = part_prefix
+
+    def finish(self) -> None:
+        """After the last window: the requests in flight as they stand, then the last chunk."""
+        self.done.extend(self.live.values())
+        self.live.clear()
+        self.flush(final=True)
+
+
 class _Idle:
     """Another shard's replica, as a shard's stream sees it: nothing logged here."""
 
@@ -57,7 +78,7 @@ class _Idle:
 
 
 class _StreamView:
-    """What a shard's stream (:class:`~simsched.analysis.stream.ShardStream`) reads of its
+    """What a shard's stream (:class:`ShardStream`) reads of its
     cluster: every replica by index (the shard's own, the others idle), each request's replica
     and the replicas' output delays (``specs``)."""
 

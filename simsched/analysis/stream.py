@@ -98,7 +98,7 @@ class StreamingRequests:
     that holds them (:func:`_narrow`); :meth:`taking` also copies columns that view a table."""
 
     __iter__ = LazyRequests.__iter__
-    part_prefix = ""        # (a sharded run's shards write parts of their own: ShardStream)
+    part_prefix = ""        # (a sharded run's shards write parts of their own: shard_workers)
 
     def __init__(self, path: Path, arrival, prompt, output, priority, tenant, prefix: bool,
                  chunk: int | None = None, window: float = WINDOW) -> None:
@@ -313,24 +313,6 @@ class StreamingRequests:
             self.done.append(Request(rid, self.arrival[rid], int(self.prompt[rid]),
                                      int(self.output[rid]), int(self.priority[rid]),
                                      tenant[rid] if tenant is not None else None))
-        self.flush(final=True)
-
-
-class ShardStream(StreamingRequests):
-    """One shard's part of a sharded run's stream (:mod:`simsched.cluster.shards`): the
-    requests its replicas served, written to parts named ``part-{part_prefix}*`` beside the
-    other shards'; requests come window by window (no workload columns), and the coordinator
-    writes the shed and never-arrived ones."""
-
-    def __init__(self, path: Path, prefix: bool, part_prefix: str) -> None:
-        empty = np.zeros(0, dtype=np.int64)
-        super().__init__(path, np.zeros(0), empty, empty, empty, None, prefix)
-        self.part_prefix = part_prefix
-
-    def finish(self) -> None:
-        """After the last window: the requests in flight as they stand, then the last chunk."""
-        self.done.extend(self.live.values())
-        self.live.clear()
         self.flush(final=True)
 
 

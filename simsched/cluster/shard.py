@@ -93,7 +93,7 @@ class Shard:
                 # As in one process: nothing outside a replica reads it between its events.
                 replica.allow_quiet_steps(MAX_QUIET_STEPS)
         # Where ended requests go: arrays returned at the end, or a stream's parts (``store``:
-        # a simsched.analysis.stream.ShardStream, bound to this shard, which then also keeps
+        # a simsched.analysis.shard_workers.ShardStream, bound to this shard, which then keeps
         # each request's replica, as a streamed run's frames need it).
         self.store = store if store is not None else _Records(num_requests)
         self.replica_of = array("i", [-1]) * num_requests if store is not None else None
