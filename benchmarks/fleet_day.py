@@ -130,9 +130,12 @@ def run_simsched(args, cfg, capacity: float, rate: float, shards: int | None = N
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
     if shards is not None:
-        # The coordinator's process (it runs the last shard) and the workers', ended by now.
-        cpu += _children_cpu() - children
-        print_sharding(run.info["sharding"], wall)
+        figures = run.info["sharding"]
+        # The coordinator's process (it runs the last local shard) and the shards elsewhere:
+        # local workers (children, ended by now) or Ray actors (their CPU in their windows).
+        cpu += _children_cpu() - children if args.shard_workers == "process" \
+            else sum(figures["shard_cpu_time"])
+        print_sharding(figures, wall)
     n = int(run.windows["num_requests"].sum())
     iterations = run.dataset("iterations").count_rows()
     print(f"{args.replicas} replicas, {args.hours:g} h of ServeGen m-large at "
@@ -173,14 +176,8 @@ def print_sharding(figures: dict, wall: float) -> None:
           f"{figures['slowest_shard_time']:.1f} s; synchronisation "
           f"{figures['sync_time_per_window'] * 1e6:.0f} us per window "
           f"({(figures['window_time'] - figures['slowest_shard_time']) / wall:.0%} of the wall "
-          f"time); routing and arrivals {figures['route_time']:.1f} s; largest worker's peak "
-          f"RSS {children_peak_rss_mb():.0f} MiB")
-
-
-def children_peak_rss_mb() -> float:
-    """Peak RSS of the largest ended child process (a shard's worker), MiB."""
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+          f"time); routing and arrivals {figures['route_time']:.1f} s; shards' peak RSS "
+          f"{', '.join(f'{m:.0f}' for m in figures['shard_peak_rss_mib'])} MiB")
 
 
 def run_floor(cfg, record_it: bool = False) -> tuple[float, float]:

@@ -142,9 +142,9 @@ def test_fuzzed_clusters_sharded_equal_one_process_long():
     _fuzz(range(400, 430), workers="process")
 
 
-def test_partition_is_contiguous_and_balanced():
+def test_partition_deals_replicas_in_turn():
     groups = partition(10, 3)
-    assert [list(g) for g in groups] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert [list(g) for g in groups] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert [len(g) for g in partition(64, 4)] == [16] * 4
 
 

@@ -29,6 +29,7 @@ Why a shard replays its replicas exactly as the one-process run does:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from array import array
 
@@ -66,8 +67,18 @@ class _Records(LazyRequests):
         self.records = RequestRecords(n)
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory, MiB (0 where the platform does not say)."""
+    try:
+        import resource
+    except ImportError:             # not on every platform
+        return 0.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
 class Shard:
-    """Replicas ``indices`` (consecutive) of ``config``'s cluster on a clock of their own.
+    """Replicas ``indices`` (a ``range``) of ``config``'s cluster on a clock of their own.
 
     ``specs`` are the replicas' :class:`~simsched.cluster.cluster.ReplicaSpec` (by index);
     ``num_requests`` the run's request count (records are kept by request id); ``reads_kv``
@@ -79,6 +90,8 @@ class Shard:
                  output_tokens: int | None, store=None) -> None:
         self.env = env = simpy.Environment()
         self.indices = list(indices)
+        # Where its replicas' figures sit among the cluster's (every ``step``-th from ``start``).
+        self._mine = slice(indices.start, indices.stop, indices.step)
         self.replicas = {
             i: Replica(env, specs[i].config, specs[i].cost_model, specs[i].num_blocks,
                        specs[i].max_model_len, replica_rng(config.seed, i), index=i)
@@ -133,11 +146,11 @@ class Shard:
             # Absolute time, as the coordinator's refresh times are (now + delay can miss it).
             run_until(env, event_at(env, until, STOP if last else BARRIER))
         load = self.load
-        lo, hi = self.indices[0], self.indices[-1] + 1
+        mine = self._mine
         elapsed = time.perf_counter() - started
         self.busy_time += elapsed
         self.cpu_time += time.process_time() - cpu_started
-        return load.outstanding[lo:hi], load.tokens[lo:hi], load.kv_use[lo:hi], elapsed
+        return load.outstanding[mine], load.tokens[mine], load.kv_use[mine], elapsed
 
     def _request(self, req: Request, record, process, done, now):
         """A request's life on its replica (``Cluster._request`` after routing)."""
@@ -177,7 +190,8 @@ class Shard:
             replica.iteration_rows = None
         store = self.store
         out = {"now": self.env.now, "num_events": self.num_events, "replicas": replicas,
-               "busy_time": self.busy_time, "cpu_time": self.cpu_time}
+               "busy_time": self.busy_time, "cpu_time": self.cpu_time,
+               "peak_rss_mib": _peak_rss_mib()}
         if self.replica_of is not None:
             out["windows"] = store.windows
             return out

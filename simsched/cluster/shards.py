@@ -85,9 +85,10 @@ def check_shardable(config, shards) -> None:
 
 
 def partition(num_replicas: int, shards: int) -> list[range]:
-    """Replicas ``0..num_replicas-1`` in ``shards`` contiguous groups of near-equal size."""
-    return [range(s * num_replicas // shards, (s + 1) * num_replicas // shards)
-            for s in range(shards)]
+    """Replicas ``0..num_replicas-1`` dealt to ``shards`` groups in turn (shard ``s`` serves
+    ``s, s + shards, ...``): load routers break ties towards low indices, so contiguous groups
+    would give the first shard most of an underloaded fleet's work."""
+    return [range(s, num_replicas, shards) for s in range(shards)]
 
 
 class _Stats:
@@ -141,7 +142,10 @@ class ShardedCluster:
         self.view = Snapshot(self.load)
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
         self.groups = partition(n, shards)
-        self.shard_of = [s for s, group in enumerate(self.groups) for _ in group]
+        self.shard_of = [0] * n
+        for s, group in enumerate(self.groups):
+            for i in group:
+                self.shard_of[i] = s
         self.replica_of = array("i", [-1]) * len(requests)
         self.num_arrived = self.num_events = self.num_shed = 0
         self.env = SimpleNamespace(now=0.0)
@@ -159,6 +163,7 @@ class ShardedCluster:
         self.route_time = 0.0
         self.shard_busy_time: list[float] = []     # per shard: wall seconds in its windows
         self.shard_cpu_time: list[float] = []      # per shard: CPU seconds in its windows
+        self.shard_peak_rss_mib: list[float] = []  # per shard: its process's peak RSS
 
     def figures(self) -> dict:
         """The synchronisation's figures (``Results.info["sharding"]``): windows synchronised,
@@ -169,7 +174,8 @@ class ShardedCluster:
                 "sync_time_per_window": (self.window_time - self.shard_time)
                 / max(self.num_windows, 1),
                 "route_time": self.route_time, "shard_busy_time": self.shard_busy_time,
-                "shard_cpu_time": self.shard_cpu_time}
+                "shard_cpu_time": self.shard_cpu_time,
+                "shard_peak_rss_mib": self.shard_peak_rss_mib}
 
     def run(self) -> None:
         """Route every arrival, advance the shards window by window, then collect them."""
@@ -245,6 +251,7 @@ class ShardedCluster:
             replicas.extend(_finished_replica(r) for r in part["replicas"])
             self.shard_busy_time.append(part["busy_time"])
             self.shard_cpu_time.append(part["cpu_time"])
+            self.shard_peak_rss_mib.append(part["peak_rss_mib"])
         self.replicas = sorted(replicas, key=lambda r: r.index)
         self.env.now = now
 
@@ -294,9 +301,10 @@ class ShardedCluster:
         for group, handle in zip(self.groups, self.handles):
             outstanding, tokens, kv_use, elapsed = handle.receive()
             slowest = max(slowest, elapsed)
-            load.outstanding[group.start:group.stop] = outstanding
-            load.tokens[group.start:group.stop] = tokens
-            load.kv_use[group.start:group.stop] = kv_use
+            where = slice(group.start, group.stop, group.step)
+            load.outstanding[where] = outstanding
+            load.tokens[where] = tokens
+            load.kv_use[where] = kv_use
         load.total_outstanding = sum(load.outstanding)
         self.view.refresh(t)
         self.num_windows += 1
