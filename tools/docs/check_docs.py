@@ -167,6 +167,7 @@ def _blocks() -> dict[str, Block]:
         "benchmarks-table": Block("benchmarks/README.md", lambda runs: bench.table(), True),
         "performance-figures": Block("docs/performance.md", lambda runs: bench.summary(), True),
         "cluster-speed": Block("docs/cluster.md", lambda runs: bench.cluster_table(), True),
+        "cluster-shards": Block("docs/cluster.md", lambda runs: bench.shards_table(), True),
         "validation-parity": Block("docs/validation.md", lambda runs: bench.parity_summary(),
                                    True),
         "prefix-cache-speed": Block("docs/prefix_caching.md",
