@@ -3,6 +3,7 @@ number of shards; what cannot be exact is refused by name."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import simsched
 from simsched import SimConfig
 from simsched.analysis.shard_workers import ShardError
+from simsched.analysis.stream import read_stream
 from simsched.cluster.shards import SHARDABLE_ROUTERS, partition
 from tests.golden.make_golden import CASES
 
@@ -231,13 +233,16 @@ def test_cli_run_with_shards_writes_the_one_process_frames(tmp_path, capsys):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "three" / name).read_bytes()
     assert main(flags[:-4] + ["--ray", "--out", str(tmp_path / "x")]) == 2
     assert "--shards" in capsys.readouterr().err
+    if importlib.util.find_spec("pyarrow") is not None:       # streamed, sharded
+        assert main(flags + ["--shards", "2", "--stream", "--out", str(tmp_path / "s")]) == 0
+        streamed = read_stream(tmp_path / "s" / "stream")["requests"]
+        one = pd.read_csv(tmp_path / "one" / "requests.csv")
+        np.testing.assert_array_equal(streamed["finished_at"], one["finished_at"])
 
 
 @pytest.mark.filterwarnings("ignore:.*rejected")
 def test_streamed_sharded_run_writes_the_one_process_frames(tmp_path):
     pytest.importorskip("pyarrow")
-    from simsched.analysis.stream import read_stream
-
     cfg = SimConfig().replace(num_replicas=4, router="least_tokens", refresh_interval=0.05,
                               rate=60.0, num_requests=1500, seed=3, rate_limit=50.0,
                               max_num_seqs=8)

@@ -59,9 +59,8 @@ def cmd_run(args) -> int:
         raise ValueError("--seeds and --ensemble: give one (an ensemble varies the seeds too)")
     if args.ray is not None and not args.shards:
         raise ValueError("--ray runs the shards of a sharded run: give --shards N")
-    if args.shards and (args.seeds or args.ensemble or args.stream):
-        raise ValueError("--shards runs one simulation in memory: not with --seeds, --ensemble "
-                         "or --stream")
+    if args.shards and (args.seeds or args.ensemble):
+        raise ValueError("--shards runs one simulation: not with --seeds or --ensemble")
     sharding = {} if not args.shards else dict(
         shards=args.shards, shard_workers="process" if args.ray is None else "ray",
         ray_address=args.ray or None)
@@ -72,7 +71,7 @@ def cmd_run(args) -> int:
     if args.seeds:
         return _run_seeds(args, config)
     if args.stream:
-        return _run_streamed(args, config)
+        return _run_streamed(args, config, sharding)
     # A bar for runs longer than a second, where it can be redrawn (not in a redirected log).
     results, summary = run_config(config, slo, progress=sys.stderr.isatty(),
                                   record_steps=args.record_steps, **sharding)
@@ -167,13 +166,13 @@ def _check_out_file(flag: str, target) -> None:
         raise ValueError(f"{flag} {target}: {parent} is a file, not a directory")
 
 
-def _run_streamed(args, config) -> int:
+def _run_streamed(args, config, sharding: dict) -> int:
     """``simsched run --stream``: records to OUT/stream/*.parquet, per-window sums printed."""
     from simsched.analysis.runner import simulate
 
     path = Path(args.out or "out/run")
     path.mkdir(parents=True, exist_ok=True)
-    run = simulate(config, stream_to=path / "stream", progress=sys.stderr.isatty())
+    run = simulate(config, stream_to=path / "stream", progress=sys.stderr.isatty(), **sharding)
     _print_table(run.windows, ())
     (path / "config.json").write_text(config.to_json())
     print(f"wrote {path}/: config.json, stream/ (requests/, iterations/, preemptions/ part "
