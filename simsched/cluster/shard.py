@@ -110,7 +110,7 @@ class Shard:
         # each request's replica, as a streamed run's frames need it).
         self.store = store if store is not None else _Records(num_requests)
         self.replica_of = array("i", [-1]) * num_requests if store is not None else None
-        self.served: list[int] = []         # request ids sent here, in arrival order
+        self.served = array("q")            # request ids sent here (kept only to export them)
         self._to: dict[int, Replica] = {}
         self._start = request_starter(env, self._request, self.store.record)
         self.num_events = 0
@@ -134,8 +134,9 @@ class Shard:
                 req = live[rid] = Request(rid, a, p, o, pr, t)
                 reqs.append(req)
                 to[rid] = replicas[i]
-            self.served.extend(ids)
-            if self.replica_of is not None:
+            if self.replica_of is None:
+                self.served.extend(ids)
+            else:
                 owners = self.replica_of
                 for rid, i in zip(ids, batch[6]):
                     owners[rid] = i
