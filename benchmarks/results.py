@@ -182,11 +182,12 @@ BENCHMARKS: dict[str, Benchmark] = {
                            for m in ("sync", "async")))),
     "fleet_day": Benchmark(
         "`python -m benchmarks.fleet_day [--replicas 64] [--hours 24] [--utilisation 0.5] "
-        "[--autoscale] [--start-hour H] [--loop simsched\\|floor\\|both]`",
+        "[--autoscale] [--start-hour H] [--loop simsched\\|floor\\|both] [--shards N]`",
         "a streamed (`stream_to`) ServeGen `m-large` day on a 64-replica fleet (Llama-2-7B / "
         "A100-80GB, `least_tokens`) at a mean utilisation: requests, iterations, wall time, µs "
         "per request and per iteration, peak RSS; `--loop floor` replays the same requests in "
-        "`floor.py`'s bare SimPy loop",
+        "`floor.py`'s bare SimPy loop; `--shards N` compares one process with N shards "
+        "(`shards.py` records such runs)",
         "a day (≥ 10 M requests) ≤ 15 min on one core, ≤ 1 GB",
         "**{full[wall_s]:,.1f} s** for {full[requests]:,} requests ({full[us_per_request]:.1f} "
         "µs per request, {full[us_per_iteration]:.2f} µs per iteration), peak RSS "
