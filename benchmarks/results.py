@@ -198,7 +198,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                    + _met(r["full"]["peak_rss_mib"] <= 1024, "memory"))),
     "shards": Benchmark(
         "`python -m benchmarks.shards [--replicas 64 256 1024] [--shards 2 4] [--hours H] "
-        "[--workers process\\|ray] [--repeat K]`",
+        "[--workers process\\|ray] [--repeat K] [--round-trip]`",
         "`fleet_day.py`'s fleet (`least_tokens` on a 50 ms snapshot) in one process and in N "
         "shards (`simulate(..., shards=N)`: local worker processes or Ray actors), a slice of "
         "the day: wall and CPU times, speed-up, windows synchronised and their cost, each "

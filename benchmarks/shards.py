@@ -1,7 +1,8 @@
 """Sharded fleets: speed-up over one process, the synchronisation's cost, a day's projection.
 
 ``python -m benchmarks.shards [--replicas 64 256 1024] [--shards 2 4] [--hours 0.02]
-[--start-hour 14] [--workers process|ray] [--ray-address A] [--repeat K] [--record]``
+[--start-hour 14] [--workers process|ray] [--ray-address A] [--repeat K] [--record]``;
+``--round-trip`` only times a small message's round trip to a forked process (a window's floor).
 
 For each fleet size and shard count: :mod:`benchmarks.fleet_day`'s fleet (Llama-2-7B / A100-80GB
 replicas, ServeGen ``m-large`` at 50 % mean utilisation, ``least_tokens`` on a snapshot
@@ -21,9 +22,37 @@ from __future__ import annotations
 import argparse
 import os
 
+import multiprocessing
+import statistics
+import time
+
 from benchmarks.fleet_day import compare, fleet_config
 from benchmarks.fleet_day import parser as fleet_parser
 from benchmarks.results import day_projection, projection_text
+
+
+def _echo(conn) -> None:
+    while (message := conn.recv()) is not None:
+        conn.send(message)
+
+
+def pipe_round_trip(n: int = 5000) -> tuple[float, float]:
+    """Median and mean seconds of a small message's round trip to a forked process over a pipe
+    (a window's floor: the coordinator's send, the worker's wake-up and reply)."""
+    ctx = multiprocessing.get_context("fork")
+    conn, child = ctx.Pipe()
+    worker = ctx.Process(target=_echo, args=(child,), daemon=True)
+    worker.start()
+    message = (0.05, ([1, 2], [0.1, 0.2], [10, 20], [5, 6], [0, 0], [None, None], [0, 1]), False)
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        conn.send(message)
+        conn.recv()
+        times.append(time.perf_counter() - started)
+    conn.send(None)
+    worker.join()
+    return statistics.median(times), statistics.fmean(times)
 
 
 def main(argv=None) -> None:
@@ -37,7 +66,14 @@ def main(argv=None) -> None:
     p.add_argument("--ray-address")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--record", action="store_true")
+    p.add_argument("--round-trip", action="store_true",
+                   help="only measure a pipe round trip to a forked process (median, mean)")
     args = p.parse_args(argv)
+    if args.round_trip:
+        median, mean = pipe_round_trip()
+        print(f"pipe round trip to a forked process: median {median * 1e6:.0f} us, mean "
+              f"{mean * 1e6:.0f} us (5,000 trips; load average {os.getloadavg()[0]:.1f})")
+        return
     last = None
     for replicas in args.replicas:
         for shards in args.shards:
