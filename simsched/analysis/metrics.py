@@ -70,6 +70,10 @@ class Results:
         self.attempts = None
         # One row per replica failure (simsched.cluster.failures), where replicas fail.
         self.failures = None
+        # Degraded links (simsched.cluster.links): one row per degraded interval of a link,
+        # one per KV transfer attempt.
+        self.links = None
+        self.transfers = None
         self._itl = itl
 
     def __repr__(self) -> str:

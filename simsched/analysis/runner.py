@@ -293,6 +293,11 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     clients = engine.clients
     failures = engine.failures.frame() if engine.failures is not None else None
+    links = transfers = None
+    if engine.link_faults is not None:      # degraded links: timelines, transfer attempts
+        links, transfers = (engine.link_faults.links_frame(sim_time),
+                            engine.link_faults.transfers_frame())
+        info.update(engine.link_faults.info())
     if failures is not None:
         info["num_replica_failures"] = len(failures)
     if clients is not None:
@@ -359,6 +364,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     results.fleet = fleet
     results.attempts = attempts
     results.failures = failures
+    results.links, results.transfers = links, transfers
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -44,6 +44,7 @@ from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.clients import run_client
 from simsched.cluster.failures import Failures
+from simsched.cluster.links import LinkFaults
 from simsched.cluster.retries import Clients
 from simsched.cluster.sessions import run_sessions
 from simsched.cluster.work_end import WorkEnd
@@ -168,7 +169,8 @@ class Cluster:
         # Client deadlines, cancellations, retries (simsched.cluster.retries): they replace
         # each request's life, before anything wraps it.
         faults = config.faults
-        self.clients = Clients(self, faults, config.seed) if faults.enabled else None
+        self.clients = Clients(self, faults, config.seed) \
+            if faults.clients or faults.replicas else None
         # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
         # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
         self.on_replica_added = None
@@ -192,6 +194,10 @@ class Cluster:
         if faults.replicas:
             self.failures = self.fleet.failures = Failures(self, self.fleet, self.clients,
                                                            faults, config.seed)
+        # Degraded links (simsched.cluster.links): the disaggregated links and the remote tier.
+        self.link_faults = LinkFaults(self, faults, config.seed) if faults.links else None
+        if self.link_faults is not None and self.work_end is None:
+            self.work_end = WorkEnd(self)   # a link's drawn events go on: end with the work
         if self.clients is not None and self.work_end is None:
             # Timers of attempts that ended early stay on the clock: the run ends with the
             # work (simsched.cluster.work_end), not when the last stale timer fires.

@@ -402,10 +402,18 @@ def disagg_request(cluster, req, process=None, done=None):
     shard_bytes = (req.num_computed_tokens - cached) * d.kv_bytes[i]
     d.kv_transfer_bytes[req.id] = shard_bytes * d.tp[i]
     started = env.now
-    yield d.links[i].transfer(shard_bytes)
+    faults = cluster.link_faults
+    if faults is None:
+        yield d.links[i].transfer(shard_bytes)
+        arrived = True
+    else:   # degraded links (simsched.cluster.links): retried, or recomputed on the target
+        arrived = yield from faults.move(req, i, j, shard_bytes, d.kv_transfer_bytes[req.id])
     d.kv_transfer_time[req.id] = env.now - started
     replica.release(req)
     owners[req.id] = j
-    target.receive(req, (process, first, done))
+    if arrived:
+        target.receive(req, (process, first, done))
+    else:
+        target.recompute(req, (process, first, done), cached, env.now)
     yield from _wait(cluster, req, done)
     d.decode.load.finished(kd, req)

@@ -214,6 +214,18 @@ def late(env: simpy.Environment, delay: float) -> simpy.Event:
     return event
 
 
+def at_time(env: simpy.Environment, when: float) -> simpy.Event:
+    """A timeout processed at the absolute time ``when`` (not before now), so the clock lands
+    on ``when`` itself (see :class:`Arrivals`: a relative delay can miss it by an ulp)."""
+    event = _new_event(simpy.Event)
+    event.env = env
+    event.callbacks = []
+    event._ok = True
+    event._value = None
+    heapq.heappush(env._queue, (max(when, env._now), NORMAL, next(env._eid), event))
+    return event
+
+
 def iteration_clock(env: simpy.Environment) -> tuple[list, object, simpy.Event]:
     """The GPU loop's handles on the clock (see the module docstring): the event heap (SimPy
     never replaces it), the event-id counter, and the loop's iteration-end event (triggered, and
