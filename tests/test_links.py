@@ -326,3 +326,17 @@ def test_per_pool_failure_distributions():
     slow = failures(mtbf=0.5, restart_time=(("default", ("fixed", 0.4)),))
     back = (slow["back_at"] - slow["failed_at"]).dropna()
     assert len(back) and np.allclose(back, 0.5)
+
+
+def test_fuzz_links_slice():
+    """A slice of the fuzz campaign's disaggregated cases with degraded links (scheduled and
+    drawn, retried or recomputed), every invariant and result check on, none failing."""
+    import warnings
+
+    from benchmarks.fuzz import run_one
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = [run_one((45, index, 1.0, 1.0)) for index in (3, 4, 10, 14, 16, 20)]
+    assert [kind for _, _, kind in out] == ["links"] * 6
+    assert [e for e in out if e[1]] == []
