@@ -340,3 +340,15 @@ def test_fuzz_links_slice():
         out = [run_one((45, index, 1.0, 1.0)) for index in (3, 4, 10, 14, 16, 20)]
     assert [kind for _, _, kind in out] == ["links"] * 6
     assert [e for e in out if e[1]] == []
+
+
+def test_link_flags_parse_and_name_the_syntax():
+    import argparse
+
+    from simsched.cli.fault_flags import parse_link_event
+
+    assert parse_link_event("60:30:0:0") == (60.0, 30.0, 0, 0.0)
+    assert parse_link_event("1:2:remote:0.5") == (1.0, 2.0, "remote", 0.5)
+    for bad in ("1:2:0", "1:2:x:0.5", "a:2:0:0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="AT:DURATION:LINK:FRACTION"):
+            parse_link_event(bad)

@@ -241,6 +241,8 @@ class Results:
             out["attempts"] = self.attempts
         if self.failures is not None:
             out["failures"] = self.failures
+        if self.links is not None:      # degraded links: timelines, KV transfer attempts
+            out.update(links=self.links, transfers=self.transfers)
         return out
 
     def resolved_config(self) -> dict:
