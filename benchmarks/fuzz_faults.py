@@ -75,7 +75,8 @@ def links_variant(rng: np.random.Generator, cfg: SimConfig,
                   requests: list[tuple]) -> SimConfig:
     """A disaggregated case whose KV-transfer links slow down or go down: scheduled events on
     its prefill replicas' links (down, or a fraction of the bandwidth), drawn ones, either
-    ``on_link_down`` rule."""
+    ``on_link_down`` rule; and in half the cases replica failures (scheduled, and drawn per
+    role)."""
     step = 1.0 if cfg.hardware.cost_model == "unit" else 8e-3
     last = max(t for t, *_ in requests)
     prefill = [i for i, role in enumerate(cfg.cluster.replica_roles()) if role == "prefill"]
@@ -91,7 +92,24 @@ def links_variant(rng: np.random.Generator, cfg: SimConfig,
         f["link_mtbf"] = _lifetime(rng, float(step * rng.uniform(5, 200)))
         f["link_mttr"] = _lifetime(rng, float(step * rng.uniform(0.1, 20)))
         f["link_fraction"] = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.05, 0.9))
+    if rng.random() < 0.5:          # replicas of the pool fail too (any role)
+        roles = cfg.cluster.replica_roles()
+        n = len(roles)
+        f["replica_failures"] = tuple(
+            (float(np.round(rng.uniform(0, last + 50 * step) * 1024) / 1024),
+             int(rng.integers(n))) for _ in range(int(rng.integers(1, 4))))
+        if rng.random() < 0.3:      # drawn per role (the pools)
+            f["mtbf"] = tuple((role, _lifetime(rng, span_(rng, step, 20, 400)))
+                              for role in sorted(set(roles)) if rng.random() < 0.7) \
+                or _lifetime(rng, span_(rng, step, 20, 400))
+        f["restart_time"] = span_(rng, step, 0, 30)
+        f["model_load_time"] = span_(rng, step, 0, 20)
     return cfg.replace(faults=FaultsConfig(**f))
+
+
+def span_(rng: np.random.Generator, step: float, low: float, high: float) -> float:
+    """A duration of ``low`` to ``high`` iterations."""
+    return float(step * rng.uniform(low, high))
 
 
 def faults_margin(cfg: SimConfig) -> float:

@@ -153,6 +153,9 @@ class Results:
             out["num_attempts"] = len(self.attempts)
             for name in ("num_wasted_prefill_tokens", "num_wasted_decode_tokens"):
                 out[name] = int(df[name].sum())
+        elif self.failures is not None:
+            # Replica failures in a disaggregated pool (no client attempts): requests lost.
+            out["num_failed"] = int((df["status"] == Status.FAILED.value).sum())
         for name in ("ttft", "tpot", "e2el", "queue_time"):
             column = df[name].to_numpy()
             keep = ~np.isnan(column)

@@ -300,6 +300,9 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
         info.update(engine.link_faults.info())
     if failures is not None:
         info["num_replica_failures"] = len(failures)
+        lost = getattr(engine.failures, "num_aborted_kv_tokens", None)
+        if lost is not None:    # a disaggregated pool's failures: the KV its requests lost
+            info["num_aborted_kv_tokens"] = info.get("num_aborted_kv_tokens", 0) + lost
     if clients is not None:
         info.update(num_retries=clients.num_retries,
                     num_retries_refused=clients.num_budget_refusals)

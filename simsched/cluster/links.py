@@ -44,6 +44,9 @@ import numpy as np
 from simsched.cluster.disagg import Link
 from simsched.cluster.timeline import LinkTimeline
 from simsched.engine.simpy_fast import at_time
+from simsched.request import Status
+
+FAILED = Status.FAILED
 
 __all__ = ["FaultyLink", "LinkFaults", "TRANSFER_COLUMNS", "LINK_COLUMNS"]
 
@@ -106,6 +109,15 @@ class FaultyLink(Link):
         self._drain()               # the bytes moved so far, at the old bandwidth
         self.bandwidth = self.nominal * fraction
         self._schedule()
+
+    def cut(self) -> None:
+        """Fail every transfer on the link now (its sender failed); the link stays up."""
+        self._drain()
+        failed = self.active + self.joining
+        self.active, self.joining = [], []
+        self._version += 1
+        for entry in failed:
+            entry[1].succeed(False)
 
     def _go_down(self) -> None:
         self._drain()
@@ -176,12 +188,17 @@ class LinkFaults:
             self.transfers.append(row)
             if not failed:
                 return True
+            if req.status is FAILED:    # its sender or receiver failed (disagg_failures)
+                row[7] = "lost"
+                return False
             if self.cfg.on_link_down == "recompute":
                 row[7] = "recompute"
                 return False
             row[7] = "retry"
             if link.down:
                 yield link.back
+            if req.status is FAILED:
+                return False
 
     # ------------------------------------------------------------------ records
     def transfers_frame(self):

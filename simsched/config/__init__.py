@@ -112,11 +112,11 @@ class SimConfig:
     def _check_faults(self) -> None:
         """What ``faults`` may be combined with (the rest is checked by its own section)."""
         faults, cl = self.faults, self.cluster
-        if cl.disaggregated and (faults.clients or faults.replicas):
-            raise ValueError("faults: client timeouts, cancellations, retries and replica "
-                             "failures are not supported with disaggregated prefill/decode "
-                             "(cluster.roles or num_prefill/num_decode_replicas) yet; degraded "
-                             "links (faults.link_events, link_mtbf) are")
+        if cl.disaggregated and faults.clients:
+            raise ValueError("faults: client timeouts, cancellations and retries are not "
+                             "supported with disaggregated prefill/decode (cluster.roles or "
+                             "num_prefill/num_decode_replicas) yet; replica failures and "
+                             "degraded links (faults.link_events, link_mtbf) are")
         if faults.clients and not self.client.is_open:
             raise ValueError("faults: client timeouts, cancellations and retries are not "
                              "supported with a benchmark client (client.client_type "
@@ -132,8 +132,10 @@ class SimConfig:
         if faults.replicas and self.scheduler.lora is not None:
             raise ValueError("faults: replica failures are not supported with scheduler.lora "
                              "yet")
+        # Pools: the autoscaling pools, a disaggregated cluster's roles, or the one default.
         pools = {p["name"] for p in cl.autoscaling.pool_specs()} \
-            if cl.autoscaling is not None else {"default"}
+            if cl.autoscaling is not None else set(cl.replica_roles()) if cl.disaggregated \
+            else {"default"}
         for name in ("mtbf", "restart_time"):
             value = getattr(faults, name)
             if is_per_pool(value):
