@@ -55,7 +55,11 @@ def link_scenarios() -> dict[str, FaultsConfig | None]:
             f"link at {LINK_FRACTION:.0%}": FaultsConfig(link_events=(event + (LINK_FRACTION,),)),
             "link down, retry": FaultsConfig(link_events=(event + (0.0,),), on_link_down="retry"),
             "link down, recompute": FaultsConfig(link_events=(event + (0.0,),),
-                                                 on_link_down="recompute")}
+                                                 on_link_down="recompute"),
+            # The same outage as a failure of the replica itself (restart + model load).
+            "prefill replica 0 fails": FaultsConfig(
+                replica_failures=((LINK_AT, 0),), restart_time=LINK_DOWN_TIME / 2,
+                model_load_time=LINK_DOWN_TIME / 2)}
 
 
 def run_link(name: str, cfg: SimConfig, faults, times: dict):
@@ -68,7 +72,8 @@ def run_link(name: str, cfg: SimConfig, faults, times: dict):
            "kv_transfer_time_max": float(df["kv_transfer_time"].max()),
            "num_transfer_failures": info.get("num_kv_transfer_failures", 0),
            "num_recomputed": info.get("num_kv_transfer_recomputes", 0),
-           "ttft_p99_on_0": float(np.percentile(df.loc[df["prefill_replica"] == 0, "ttft"], 99))}
+           "num_failed": int((df["status"] == "failed").sum()),
+           "ttft_p99_on_0": _p99(df.loc[df["prefill_replica"] == 0, "ttft"].to_numpy())}
     span = times["duration"]
     edges = np.linspace(0.0, span, NUM_LINK_BINS + 1)
     arrival = df["arrival_at"].to_numpy()

@@ -23,7 +23,8 @@ is down fails at once. Then (``faults.on_link_down``):
 
 Each transfer attempt is a row of :attr:`LinkFaults.transfers` (``Results.transfers``): its
 request, prefill and decode replicas, start, end, bytes, ``outcome`` (``arrived``, ``failed``)
-and what followed a failure (``retry``, ``recompute``).
+and what followed a failure (``retry``, ``recompute``; ``lost``: its sender or receiver failed,
+:mod:`simsched.cluster.disagg_failures`).
 
 **The remote KV tier** (``"remote"``) keeps its analytic link: its loads and stores take their
 bytes at the timeline's bandwidth (:meth:`~simsched.cluster.timeline.LinkTimeline.finish`);

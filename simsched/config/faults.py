@@ -38,8 +38,10 @@ Replicas (clusters; :mod:`simsched.cluster.failures`):
   ``cluster.autoscaling.model_load_time``, 60 s without autoscaling). ``bill_while_down``:
   whether its GPUs are billed while it is down. ``mtbf`` and ``restart_time`` may also be
   lifetime distributions (exponential, Weibull, lognormal; :mod:`simsched.config.lifetimes`) or
-  per pool, ``((pool name, value), ...)`` (the autoscaling pools' names; a fixed cluster's one
-  pool is ``"default"``); a pool ``mtbf`` does not name never fails.
+  per pool, ``((pool name, value), ...)`` (the autoscaling pools' names; a disaggregated
+  cluster's roles, ``prefill``, ``decode``, ``mixed``; a fixed cluster's one pool is
+  ``"default"``); a pool ``mtbf`` does not name never fails. In a disaggregated pool a failure
+  also loses the hand-offs from and to the replica (:mod:`simsched.cluster.disagg_failures`).
 
 Links (disaggregated clusters' KV-transfer links, the remote KV tier's link;
 :mod:`simsched.cluster.links`):
