@@ -9,29 +9,28 @@ import pandas as pd
 import pytest
 
 from simsched import SimConfig
-from simsched.analysis.runner import run
 from simsched.config import ClusterConfig
 from simsched.config.faults import FaultsConfig
-from simsched.cost import hardware
-from simsched.engine.invariants import check_final_state
-from simsched.engine.result_checks import check_results
+
+from tests.test_links import DISAGG as BASE
+from tests.test_links import _run as _run_with
 
 PROMPT, OUTPUT = 256, 40
 BLOCKS = PROMPT // 16
-# 1P1D (and 2P2D below) with a slow link: a transfer takes about 0.13 s.
-BASE = SimConfig().replace(check_invariants=True, seed=3).replace(
-    cluster=ClusterConfig(num_replicas=2, roles=("prefill", "decode"), link_bandwidth_gbps=1.0,
-                          link_latency=0.0))
+# 1P1D with a slow link (tests.test_links): a transfer takes about 0.13 s.
 ONE = pd.DataFrame([(0.0, PROMPT, OUTPUT)],
                    columns=["arrival_at", "num_prompt_tokens", "num_output_tokens"])
 
 
 def _run(config=BASE, rows=ONE, **faults):
-    res, engine = run(config.replace(faults=FaultsConfig(**faults)) if faults else config, rows,
-                      keep_engine=True)
-    check_results(res)
-    check_final_state(engine)
-    return res, engine
+    return _run_with(config, rows, **faults)
+
+
+def _pool(router: str) -> SimConfig:
+    """2P2D with the same links."""
+    return BASE.replace(cluster=ClusterConfig(
+        num_replicas=4, roles=("prefill", "prefill", "decode", "decode"), router=router,
+        link_bandwidth_gbps=1.0, link_latency=0.0))
 
 
 def _plain():
@@ -105,9 +104,7 @@ def test_a_decode_failure_frees_the_prompt_held_for_it_on_the_prefill_replica(mo
 def test_routers_avoid_a_failed_replica_until_it_is_back():
     rows = pd.DataFrame([(0.05 * i, 128, 8) for i in range(60)],
                         columns=["arrival_at", "num_prompt_tokens", "num_output_tokens"])
-    cfg = BASE.replace(cluster=ClusterConfig(
-        num_replicas=4, roles=("prefill", "prefill", "decode", "decode"), router="round_robin",
-        link_bandwidth_gbps=1.0, link_latency=0.0))
+    cfg = _pool("round_robin")
     at, down = 0.5, 1.0
     res, _ = _run(cfg, rows, replica_failures=((at, 0), (at, 2)), restart_time=0.5,
                   model_load_time=0.5)
@@ -133,9 +130,7 @@ def test_with_every_decode_replica_down_requests_fail_at_once():
 def test_failures_drawn_per_role():
     rows = pd.DataFrame([(0.02 * i, 128, 16) for i in range(100)],
                         columns=["arrival_at", "num_prompt_tokens", "num_output_tokens"])
-    cfg = BASE.replace(cluster=ClusterConfig(
-        num_replicas=4, roles=("prefill", "prefill", "decode", "decode"), router="least_tokens",
-        link_bandwidth_gbps=1.0, link_latency=0.0))
+    cfg = _pool("least_tokens")
     res, _ = _run(cfg, rows, mtbf=(("decode", ("weibull", 2.0, 0.4)),), restart_time=0.1,
                   model_load_time=0.1)
     assert len(res.failures) and set(res.failures["replica"]) <= {2, 3}
@@ -143,4 +138,3 @@ def test_failures_drawn_per_role():
         cfg.replace(faults=FaultsConfig(mtbf=(("gpu", 1.0),)))
     with pytest.raises(ValueError, match="not supported with disaggregated"):
         cfg.replace(faults=FaultsConfig(max_num_attempts=2))
-    assert hardware is not None

@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from simsched.cluster.failures import (DEFAULT_MODEL_LOAD_TIME, DEFAULT_RESTART_TIME,
-                                       FAILURE_STREAM, _lost_admissions)
+                                       FAILURE_STREAM, _lost_admissions, failures_frame,
+                                       scheduled)
 from simsched.cluster.removal import fire
 from simsched.config.lifetimes import draw_lifetime, for_pool
 from simsched.request import Status
@@ -57,19 +58,12 @@ class DisaggFailures:
             if not isinstance(link, FaultyLink):
                 d.links[i] = FaultyLink(cluster.env, link.bandwidth, link.latency)
         if faults.replica_failures:
-            self.env.process(self._scheduled(faults.replica_failures))
+            self.env.process(scheduled(self.env, faults.replica_failures, self.fail))
         if faults.mtbf is not None:
             for g, role in enumerate(d.roles):
                 mtbf = for_pool(faults.mtbf, role)
                 if mtbf is not None:
                     self.env.process(self._drawn(g, mtbf))
-
-    def _scheduled(self, plan):
-        env = self.env
-        for at, g in plan:
-            if at > env.now:
-                yield env.timeout(at - env.now)
-            self.fail(g)
 
     def _drawn(self, g: int, mtbf: tuple):
         env = self.env
@@ -165,9 +159,5 @@ class DisaggFailures:
         self.back.pop(g).succeed()
 
     def frame(self):
-        """One row per failure: replica, when it failed, when it was back (NaN: not within
-        the run) and the requests it lost."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=["replica", "failed_at", "back_at",
-                                                "num_failed_requests"])
+        """One row per failure (:func:`~simsched.cluster.failures.failures_frame`)."""
+        return failures_frame(self.rows)

@@ -55,6 +55,22 @@ def _lost_admissions(replica) -> tuple[set, int]:
     return set(sched.planned), max(0, sched.num_cached_tokens - logged)
 
 
+def scheduled(env, plan, fail):
+    """A process failing replica ``g`` (``fail(g)``) at each ``(at, g)`` of ``plan``."""
+    for at, g in plan:
+        if at > env.now:
+            yield env.timeout(at - env.now)
+        fail(g)
+
+
+def failures_frame(rows):
+    """One row per failure: replica, when it failed, when it was back (NaN: not within the run)
+    and the requests it lost."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=["replica", "failed_at", "back_at", "num_failed_requests"])
+
+
 class Failures:
     """The failures of a run's replicas (see the module docstring); ``fleet`` is the run's
     :class:`~simsched.cluster.fleet.Fleet`, ``clients`` its :class:`~simsched.cluster.retries.
@@ -72,7 +88,7 @@ class Failures:
         self.restarting: set[int] = set()
         self.back: dict[int, object] = {}   # replica -> event fired when it is back
         if faults.replica_failures:
-            self.env.process(self._scheduled(faults.replica_failures))
+            self.env.process(scheduled(self.env, faults.replica_failures, self.fail))
         if faults.mtbf is not None:
             for g in range(len(fleet.replicas)):
                 self.watch(g)
@@ -87,12 +103,6 @@ class Failures:
             if mtbf is not None:        # a pool per-pool mtbf does not name never fails
                 self.env.process(self._drawn(g, mtbf))
 
-    def _scheduled(self, plan):
-        env = self.env
-        for at, g in plan:
-            if at > env.now:
-                yield env.timeout(at - env.now)
-            self.fail(g)
 
     def _drawn(self, g: int, mtbf: tuple):
         env, fleet = self.env, self.fleet
@@ -182,9 +192,5 @@ class Failures:
         self.back.pop(g).succeed()
 
     def frame(self):
-        """One row per failure: replica, when it failed, when it was back (NaN: not within
-        the run) and the requests it lost."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=["replica", "failed_at", "back_at",
-                                                "num_failed_requests"])
+        """One row per failure (see :func:`failures_frame`)."""
+        return failures_frame(self.rows)

@@ -24,8 +24,8 @@ import numpy as np
 
 from simsched.config.serialize import _tuples
 
-__all__ = ["LIFETIME_KINDS", "parse_lifetime", "parse_per_pool", "draw_lifetime",
-           "lifetime_mean"]
+__all__ = ["LIFETIME_KINDS", "parse_lifetime", "parse_per_pool", "is_per_pool", "for_pool",
+           "draw_lifetime", "lifetime_mean"]
 
 LIFETIME_KINDS = {"exponential": 1, "weibull": 2, "lognormal": 2, "fixed": 1, "uniform": 2}
 
