@@ -116,19 +116,14 @@ class FaultyLink(Link):
         self._drain()
         failed = self.active + self.joining
         self.active, self.joining = [], []
-        self._version += 1
+        self._version += 1          # the scheduled completion is void
         for entry in failed:
             entry[1].succeed(False)
 
     def _go_down(self) -> None:
-        self._drain()
-        failed = self.active + self.joining
-        self.active, self.joining = [], []
-        self._version += 1          # the scheduled completion is void
         self.down = True
         self.back = self.env.event()
-        for entry in failed:
-            entry[1].succeed(False)
+        self.cut()
 
 
 class LinkFaults:
