@@ -20,7 +20,7 @@ requests that may add up to 4 replicas, 20 s to provision and load), and ``no fa
 capacity with impatient clients (1 s TTFT timeout, 6 attempts, no backoff) against the same
 clients without retries and with a retry budget of 10 % and a jittered backoff. A degraded
 KV-transfer link in a 4P4D pool (slowed, or down with retries or recomputation):
-:mod:`experiments.incidents_links`.
+:mod:`experiments._incidents_links`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import pandas as pd
 
 import simsched
 from experiments._common import parser, print_table, save_plot, try_plots, write_frames
-from experiments.incidents_links import plot_links, run_links
+from experiments._incidents_links import plot_links, run_links
 from simsched import SimConfig
 from simsched.analysis.fleet_metrics import slo_met
 from simsched.analysis.plots import _figure
@@ -205,7 +205,7 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     runs.attrs.update(capacity=cap, compress=compress, fail_at=times["fail_at"],
                       back_at=times["back_at"], peak_rate=float(times["windows"].max()))
     timeline = pd.concat(frames, ignore_index=True)
-    # A degraded KV-transfer link in a disaggregated pool (experiments.incidents_links).
+    # A degraded KV-transfer link in a disaggregated pool (experiments._incidents_links).
     links, links_timeline, link_times = run_links(
         base, args.quick, None if args.quiet else (lambda m: print(m, flush=True)))
     print_table(runs)
