@@ -138,3 +138,15 @@ def test_failures_drawn_per_role():
         cfg.replace(faults=FaultsConfig(mtbf=(("gpu", 1.0),)))
     with pytest.raises(ValueError, match="not supported with disaggregated"):
         cfg.replace(faults=FaultsConfig(max_num_attempts=2))
+
+
+def test_bytes_on_their_way_to_a_failed_decode_replica_arrive_to_nobody():
+    start, t, _ = _plain()
+    at = start + t / 3
+    res, _ = _run(replica_failures=((at, 1),), restart_time=1.0, model_load_time=0.5,
+                  link_events=((1e4, 1.0, 0, 0.5),))
+    (only,) = res.transfers.itertuples()
+    # The transfer is not cut (its sender is up): it ends as it would have, and is lost.
+    assert (only.outcome, only.then) == ("arrived", "lost")
+    assert only.ended_at == pytest.approx(start + t, rel=1e-12)
+    assert res.requests.iloc[0].status == "failed"

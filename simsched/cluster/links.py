@@ -182,11 +182,11 @@ class LinkFaults:
             row = [req.id, i, j, started, env.now, num_bytes, "failed" if failed else "arrived",
                    ""]
             self.transfers.append(row)
-            if not failed:
-                return True
             if req.status is FAILED:    # its sender or receiver failed (disagg_failures)
                 row[7] = "lost"
                 return False
+            if not failed:
+                return True
             if self.cfg.on_link_down == "recompute":
                 row[7] = "recompute"
                 return False
