@@ -14,10 +14,12 @@ that a config refuses a snapshot interval below the bound. Usage::
 
     python -m benchmarks.fuzz --n 10000 --workers 2 --seed 0 [--cluster 0.3] [--faults 0.5]
 
-With ``--faults P`` a share P of the cases (not disaggregated ones) also get client deadlines,
-cancellations, retries, hedges and replica failures (:func:`faults_variant`), from a stream of
-their own; every attempt must then end exactly once, every request be finished, given up after
-its last attempt, cancelled or rejected, and KV and work balance through aborts and failures.
+With ``--faults P`` a share P of the cases also get client deadlines, cancellations, retries,
+hedges and replica failures (:func:`faults_variant`), or, disaggregated ones, degraded
+KV-transfer links (:func:`links_variant`: scheduled and drawn slow-downs and outages, retried or
+recomputed), from a stream of their own; every attempt must then end exactly once, every request
+be finished, given up after its last attempt, cancelled or rejected, and KV and work balance
+through aborts, failures, failed transfers and recomputations.
 
 Prints the number of configurations run, the failures (with the case index to reproduce with
 ``--only``) and the wall time.
@@ -45,7 +47,7 @@ from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
 from simsched.workloads.workload import WorkloadConfig
 
 from benchmarks.common import add_record_option, record
-from benchmarks.fuzz_faults import faults_margin, faults_variant
+from benchmarks.fuzz_faults import faults_margin, faults_variant, links_variant
 
 MODEL_CONTEXT = 4096  # llama-2-7b, the default model
 
@@ -318,12 +320,13 @@ def servable(engine, row, comfortably: bool) -> bool:
     return bool(first) and (output == 1 or any(whole(j) for j in decode))
 
 
-def run_one(args: tuple) -> tuple[int, str]:
+def run_one(args: tuple) -> tuple[int, str, str]:
     """Run case ``index`` of seed ``seed`` (a cluster with probability ``cluster``); return
-    (index, error text or '')."""
+    (index, error text or '', the case's kind: ``plain``, ``faults`` or ``links``)."""
     seed, index, cluster, faults = args
     rng = np.random.default_rng([seed, index])
     table = None
+    kind = "plain"
     try:
         cfg, requests = random_case(rng)
         more = np.random.default_rng([seed, index, 1])
@@ -332,18 +335,20 @@ def run_one(args: tuple) -> tuple[int, str]:
             if more.random() < 0.1:
                 check_refusals(more, cfg)
         # Faults from a stream of their own (a case index names the same base case), where
-        # they are supported (not with prefill/decode roles).
+        # they are supported: with prefill/decode roles, degraded links only.
         wrong = np.random.default_rng([seed, index, 2])
-        if wrong.random() < faults and not cfg.cluster.disaggregated:
-            cfg = faults_variant(wrong, cfg, requests)
+        if wrong.random() < faults:
+            kind = "links" if cfg.cluster.disaggregated else "faults"
+            cfg = links_variant(wrong, cfg, requests) if kind == "links" \
+                else faults_variant(wrong, cfg, requests)
     except Exception:  # a generator bug, not a simulator bug, but report it all the same
-        return index, "case generation failed:\n" + traceback.format_exc()
+        return index, "case generation failed:\n" + traceback.format_exc(), kind
     try:
         check_case(cfg, requests, table)
     except Exception as exc:  # every failure is collected and reported
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return index, f"{detail}\n  config: {cfg.flat()}\n  requests: {requests}"
-    return index, ""
+        return index, f"{detail}\n  config: {cfg.flat()}\n  requests: {requests}", kind
+    return index, "", kind
 
 
 def main(argv=None) -> int:
@@ -367,10 +372,12 @@ def main(argv=None) -> int:
     tasks = [(args.seed, i, args.cluster, args.faults) for i in indices]
     started = time.perf_counter()
     failures = []
+    kinds: dict[str, int] = {}
     if args.workers > 1 and len(tasks) > 1:
         with multiprocessing.Pool(args.workers) as pool:
-            for done, (index, error) in enumerate(
+            for done, (index, error, kind) in enumerate(
                     pool.imap_unordered(run_one, tasks, chunksize=20), 1):
+                kinds[kind] = kinds.get(kind, 0) + 1
                 if error:
                     failures.append((index, error))
                 if done % 500 == 0:
@@ -378,7 +385,8 @@ def main(argv=None) -> int:
                           f"{time.perf_counter() - started:.0f} s", flush=True)
     else:
         for task in tasks:
-            index, error = run_one(task)
+            index, error, kind = run_one(task)
+            kinds[kind] = kinds.get(kind, 0) + 1
             if error:
                 failures.append((index, error))
     elapsed = time.perf_counter() - started
@@ -388,6 +396,9 @@ def main(argv=None) -> int:
     print(f"configurations run: {len(tasks)}; failures: {len(failures)}"
           + (f" (cases {[i for i, _ in failures[:50]]})" if failures else "")
           + f"; time: {elapsed:.1f} s")
+    if args.faults > 0:     # how many cases drew faults, and degraded links
+        print(f"cases with faults: {kinds.get('faults', 0)}; with degraded links "
+              f"(disaggregated): {kinds.get('links', 0)}")
     if args.record:
         record("fuzz", "faults" if args.faults > 0 else "cluster" if args.cluster > 0
                else "full",

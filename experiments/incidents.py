@@ -18,7 +18,9 @@ first token and retry failed or timed-out attempts, 3 attempts, backoff 1 s doub
 jitter), ``retries + autoscaler`` (the 10 s clients on a threshold autoscaler on waiting
 requests that may add up to 4 replicas, 20 s to provision and load), and ``no failure``. The retry storm: the same fleet at ``STORM_LOAD`` of its
 capacity with impatient clients (1 s TTFT timeout, 6 attempts, no backoff) against the same
-clients without retries and with a retry budget of 10 % and a jittered backoff.
+clients without retries and with a retry budget of 10 % and a jittered backoff. A degraded
+KV-transfer link in a 4P4D pool (slowed, or down with retries or recomputation):
+:mod:`experiments._incidents_links`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import pandas as pd
 
 import simsched
 from experiments._common import parser, print_table, save_plot, try_plots, write_frames
+from experiments._incidents_links import plot_links, run_links
 from simsched import SimConfig
 from simsched.analysis.fleet_metrics import slo_met
 from simsched.analysis.plots import _figure
@@ -202,21 +205,27 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     runs.attrs.update(capacity=cap, compress=compress, fail_at=times["fail_at"],
                       back_at=times["back_at"], peak_rate=float(times["windows"].max()))
     timeline = pd.concat(frames, ignore_index=True)
+    # A degraded KV-transfer link in a disaggregated pool (experiments._incidents_links).
+    links, links_timeline, link_times = run_links(
+        base, args.quick, None if args.quiet else (lambda m: print(m, flush=True)))
     print_table(runs)
-    write_frames(out, runs=runs, timeline=timeline)
+    print_table(links)
+    write_frames(out, runs=runs, timeline=timeline, links=links, links_timeline=links_timeline)
     names = list(scenarios(times))
     plots = try_plots(lambda: [
         save_plot(out / "incidents_failure.png", lambda: _plot(
             timeline, names, times, "one replica of 16 fails at the peak")),
         save_plot(out / "incidents_retry_storm.png", lambda: _plot(
             timeline, list(storm_scenarios(storm_times)), storm_times,
-            f"a retry storm at {STORM_LOAD:.0%} load"))])
+            f"a retry storm at {STORM_LOAD:.0%} load")),
+        save_plot(out / "incidents_link.png", lambda: plot_links(links_timeline, link_times))])
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
         for path in plots:
             if path is not None:
                 shutil.copy(path, Path(args.img) / path.name)
-    return {"runs": runs, "timeline": timeline}
+    return {"runs": runs, "timeline": timeline, "links": links,
+            "links_timeline": links_timeline}
 
 
 if __name__ == "__main__":

@@ -70,6 +70,10 @@ class Results:
         self.attempts = None
         # One row per replica failure (simsched.cluster.failures), where replicas fail.
         self.failures = None
+        # Degraded links (simsched.cluster.links): one row per degraded interval of a link,
+        # one per KV transfer attempt.
+        self.links = None
+        self.transfers = None
         self._itl = itl
 
     def __repr__(self) -> str:
@@ -149,6 +153,9 @@ class Results:
             out["num_attempts"] = len(self.attempts)
             for name in ("num_wasted_prefill_tokens", "num_wasted_decode_tokens"):
                 out[name] = int(df[name].sum())
+        elif self.failures is not None:
+            # Replica failures in a disaggregated pool (no client attempts): requests lost.
+            out["num_failed"] = int((df["status"] == Status.FAILED.value).sum())
         for name in ("ttft", "tpot", "e2el", "queue_time"):
             column = df[name].to_numpy()
             keep = ~np.isnan(column)
@@ -237,6 +244,8 @@ class Results:
             out["attempts"] = self.attempts
         if self.failures is not None:
             out["failures"] = self.failures
+        if self.links is not None:      # degraded links: timelines, KV transfer attempts
+            out.update(links=self.links, transfers=self.transfers)
         return out
 
     def resolved_config(self) -> dict:

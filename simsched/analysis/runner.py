@@ -319,8 +319,16 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     disagg = engine.disagg.columns() if engine.disagg is not None else None
     clients = engine.clients
     failures = engine.failures.frame() if engine.failures is not None else None
+    links = transfers = None
+    if engine.link_faults is not None:      # degraded links: timelines, transfer attempts
+        links, transfers = (engine.link_faults.links_frame(sim_time),
+                            engine.link_faults.transfers_frame())
+        info.update(engine.link_faults.info())
     if failures is not None:
         info["num_replica_failures"] = len(failures)
+        lost = getattr(engine.failures, "num_aborted_kv_tokens", None)
+        if lost is not None:    # a disaggregated pool's failures: the KV its requests lost
+            info["num_aborted_kv_tokens"] = info.get("num_aborted_kv_tokens", 0) + lost
     if clients is not None:
         info.update(num_retries=clients.num_retries,
                     num_retries_refused=clients.num_budget_refusals)
@@ -387,6 +395,7 @@ def run(config: SimConfig | None = None, requests: Iterable | pd.DataFrame | Non
     results.fleet = fleet
     results.attempts = attempts
     results.failures = failures
+    results.links, results.transfers = links, transfers
     note = rejection_note(req_df, hint=from_workload)
     if note:
         warnings.warn(note, RejectionWarning, stacklevel=3)

@@ -66,7 +66,9 @@ STRUCTURED_EXAMPLES = {
     "stages": "[[8,600],[20,600]]",
     "retry_on": '["failed","timed_out"]', "replica_failures": "[[300,2]]",
     "cancel_time": '["exponential",10]', "restart_time": '["uniform",20,40]',
-    "model_load_time": '["fixed",60]',
+    "model_load_time": '["fixed",60]', "mtbf": '[["default",["weibull",0.8,3600]]]',
+    "link_events": "[[60,30,0,0]]", "link_mtbf": '["weibull",1.5,600]',
+    "link_mttr": '["lognormal",30,0.5]',
 }
 # --set takes these as JSON
 _MAPPINGS = ("model_spec", "parallel", "lora", "autoscaling", "speculative")

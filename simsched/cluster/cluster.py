@@ -43,7 +43,9 @@ from simsched.engine.invariants import check_invariants
 from simsched.engine.lora import lora_blocks_left
 from simsched.engine.kv.tiers import share_remote_tier
 from simsched.cluster.clients import run_client
+from simsched.cluster.disagg_failures import DisaggFailures
 from simsched.cluster.failures import Failures
+from simsched.cluster.links import LinkFaults
 from simsched.cluster.retries import Clients
 from simsched.cluster.sessions import run_sessions
 from simsched.cluster.work_end import WorkEnd
@@ -168,7 +170,10 @@ class Cluster:
         # Client deadlines, cancellations, retries (simsched.cluster.retries): they replace
         # each request's life, before anything wraps it.
         faults = config.faults
-        self.clients = Clients(self, faults, config.seed) if faults.enabled else None
+        # (In a disaggregated pool replicas fail without clients: simsched.cluster.
+        # disagg_failures.)
+        self.clients = Clients(self, faults, config.seed) \
+            if faults.clients or (faults.replicas and not cl.disaggregated) else None
         # Called with each replica an autoscaled fleet adds, before its GPU loop first runs
         # (a step recorder must wrap its scheduler by then: simsched.engine.steps).
         self.on_replica_added = None
@@ -180,7 +185,7 @@ class Cluster:
             # The run, its bill and its timeline end with the work, not with a provisioning
             # timer or the autoscaler's next sample (simsched.cluster.work_end).
             self.work_end = WorkEnd(self, self.autoscaler.close)
-        elif faults.replicas:
+        elif faults.replicas and not cl.disaggregated:
             # Failing replicas leave and rejoin the routing set: a fleet's (no autoscaler).
             self.fleet = fleet.fixed_fleet(self, router_rng(config.seed))
         elif cl.disaggregated:
@@ -189,9 +194,16 @@ class Cluster:
                 or cl.rate_limit is not None:
             self._setup_routing(cl)
         self.failures = None
-        if faults.replicas:
+        if faults.replicas and self.disagg is not None:
+            self.failures = DisaggFailures(self, faults, config.seed)
+        elif faults.replicas:
             self.failures = self.fleet.failures = Failures(self, self.fleet, self.clients,
                                                            faults, config.seed)
+        # Degraded links (simsched.cluster.links): the disaggregated links and the remote tier.
+        self.link_faults = LinkFaults(self, faults, config.seed) if faults.links else None
+        if (self.link_faults is not None or self.failures is not None) \
+                and self.work_end is None:
+            self.work_end = WorkEnd(self)   # drawn events go on: end with the work
         if self.clients is not None and self.work_end is None:
             # Timers of attempts that ended early stay on the clock: the run ends with the
             # work (simsched.cluster.work_end), not when the last stale timer fires.

@@ -47,6 +47,9 @@ from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot
 from simsched.cost import hardware
 from simsched.engine.simpy_fast import done_event
+from simsched.request import Status
+
+FAILED = Status.FAILED
 
 __all__ = ["Link", "Disagg", "disagg_request", "transfer_time"]
 
@@ -178,6 +181,7 @@ class Disagg:
         self.links = {i: Link(cluster.env, bandwidth, latency) for i in first
                       if self.roles[i] == "prefill"}
         self.min_prompt = cl.disagg_min_prompt_tokens
+        self.down: set[int] = set()     # failed replicas (simsched.cluster.disagg_failures)
         # What each replica can ever hold (admitted once it is empty): KV tokens, and the longest
         # prompt + output it may serve (max_model_len); a decode (or whole) stage needs the
         # peak KV, prompt + output - 1 tokens, a prefill stage handing off only the prompt's.
@@ -213,12 +217,16 @@ class Disagg:
         request to one that can never hold it would strand it, so its choice is overridden.
         """
         handoff = first and req.num_output_tokens > 1
-        roles = self.roles
-        if self.fits(i, req, handoff and roles[i] == "prefill"):
+        roles, down = self.roles, self.down
+        if self.fits(i, req, handoff and roles[i] == "prefill") and i not in down:
             return k, i
         outstanding = pool.view.outstanding
         able = [k for k, i in enumerate(pool.members)
                 if self.fits(i, req, handoff and roles[i] == "prefill")]
+        if down and able:               # all that can are down: (-2, -2)
+            able = [k for k in able if pool.members[k] not in down]
+            if not able:
+                return -2, -2
         if not able:
             return -1, -1
         k = min(able, key=outstanding.__getitem__)
@@ -359,7 +367,10 @@ def disagg_request(cluster, req, process=None, done=None):
         pool = d.decode if local else d.prefill
         k, i = d.refit(pool, *choice, req, first=not local)
     if i < 0:
-        cluster.reject(req, d.why_not(req, local))
+        if i == -2:     # every replica that could take it is down (disagg_failures)
+            req.status, req.reject_reason = FAILED, f"failed: no replica up at t={env.now:g} s"
+        else:
+            cluster.reject(req, d.why_not(req, local))
         return
     replica = cluster.replicas[i]
     if cluster.queue_full(req, i):
@@ -377,6 +388,10 @@ def disagg_request(cluster, req, process=None, done=None):
         return
     pool.load.routed(k, req)
     yield from _wait(cluster, req, first)
+    # (A request whose replica failed ends there: simsched.cluster.disagg_failures.)
+    if req.status is FAILED:
+        pool.load.aborted(k, req)
+        return
     pool.load.first_token(k, req)
     if not handoff:
         d.decode_replica[req.id] = i
@@ -386,6 +401,11 @@ def disagg_request(cluster, req, process=None, done=None):
     # Handed off: the prefill replica holds the prompt's KV until the transfer ends.
     pool.load.finished(k, req)
     kd, j = d.refit(d.decode, *(planned or d.decode.choose(req)), req, first=False)
+    if j < 0:                   # every decode replica that could take it is down
+        cluster.failures.num_aborted_kv_tokens += req.num_computed_tokens
+        replica.release(req)
+        req.status, req.reject_reason = FAILED, f"failed: no replica up at t={env.now:g} s"
+        return
     target = cluster.replicas[j]
     d.decode_replica[req.id] = j
     d.decode.load.routed(kd, req)
@@ -398,14 +418,27 @@ def disagg_request(cluster, req, process=None, done=None):
         wake = env.event()
         target.kv_waiters.append(wake)
         yield wake
+        if req.status is FAILED:
+            d.decode.load.aborted(kd, req)
+            return
     d.kv_wait_time[req.id] = env.now - asked
     shard_bytes = (req.num_computed_tokens - cached) * d.kv_bytes[i]
     d.kv_transfer_bytes[req.id] = shard_bytes * d.tp[i]
     started = env.now
-    yield d.links[i].transfer(shard_bytes)
+    faults = cluster.link_faults
+    if faults is None:
+        arrived = (yield d.links[i].transfer(shard_bytes)) is not False
+    else:   # degraded links (simsched.cluster.links): retried, or recomputed on the target
+        arrived = yield from faults.move(req, i, j, shard_bytes, d.kv_transfer_bytes[req.id])
     d.kv_transfer_time[req.id] = env.now - started
+    if req.status is FAILED:
+        d.decode.load.aborted(kd, req)
+        return
     replica.release(req)
     owners[req.id] = j
-    target.receive(req, (process, first, done))
+    if arrived:
+        target.receive(req, (process, first, done))
+    else:
+        target.recompute(req, (process, first, done), cached, env.now)
     yield from _wait(cluster, req, done)
-    d.decode.load.finished(kd, req)
+    d.decode.load.finished(kd, req)     # (finished or failed: off its figures alike)

@@ -30,12 +30,14 @@ import bisect
 import numpy as np
 
 from simsched.cluster.removal import fire
+from simsched.config.lifetimes import draw_lifetime, for_pool
 from simsched.engine.abort import AbortedWork
 from simsched.request import Status
 from simsched.workloads.sessions import draw
 
 FAILED = Status.FAILED
 DEFAULT_MODEL_LOAD_TIME = ("fixed", 60.0)       # the autoscaler's default
+DEFAULT_RESTART_TIME = ("fixed", 30.0)          # a pool a per-pool restart_time does not name
 FAILURE_STREAM = 8
 
 
@@ -51,6 +53,22 @@ def _lost_admissions(replica) -> tuple[set, int]:
     logged = int(np.frombuffer(rows, dtype=log.dtype)["num_cached_tokens"].sum()) \
         if len(rows) else 0
     return set(sched.planned), max(0, sched.num_cached_tokens - logged)
+
+
+def scheduled(env, plan, fail):
+    """A process failing replica ``g`` (``fail(g)``) at each ``(at, g)`` of ``plan``."""
+    for at, g in plan:
+        if at > env.now:
+            yield env.timeout(at - env.now)
+        fail(g)
+
+
+def failures_frame(rows):
+    """One row per failure: replica, when it failed, when it was back (NaN: not within the run)
+    and the requests it lost."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=["replica", "failed_at", "back_at", "num_failed_requests"])
 
 
 class Failures:
@@ -70,27 +88,26 @@ class Failures:
         self.restarting: set[int] = set()
         self.back: dict[int, object] = {}   # replica -> event fired when it is back
         if faults.replica_failures:
-            self.env.process(self._scheduled(faults.replica_failures))
+            self.env.process(scheduled(self.env, faults.replica_failures, self.fail))
         if faults.mtbf is not None:
             for g in range(len(fleet.replicas)):
                 self.watch(g)
 
+    def _pool(self, g: int) -> str:
+        return self.fleet.pools[self.fleet.pool_of[g]]["name"]
+
     def watch(self, g: int) -> None:
-        """Draw failures of replica ``g`` (with ``mtbf``) for the rest of the run."""
+        """Draw failures of replica ``g`` (with ``mtbf``: its pool's) for the rest of the run."""
         if self.cfg.mtbf is not None:
-            self.env.process(self._drawn(g))
+            mtbf = for_pool(self.cfg.mtbf, self._pool(g))
+            if mtbf is not None:        # a pool per-pool mtbf does not name never fails
+                self.env.process(self._drawn(g, mtbf))
 
-    def _scheduled(self, plan):
-        env = self.env
-        for at, g in plan:
-            if at > env.now:
-                yield env.timeout(at - env.now)
-            self.fail(g)
 
-    def _drawn(self, g: int):
+    def _drawn(self, g: int, mtbf: tuple):
         env, fleet = self.env, self.fleet
         while fleet.state[g] in ("routable", "failed"):
-            yield env.timeout(float(self.rng.exponential(self.cfg.mtbf)))
+            yield env.timeout(draw_lifetime(mtbf, self.rng))
             back = self.back.get(g)
             if back is not None:
                 yield back              # down already (a scheduled failure): wait for it
@@ -147,7 +164,8 @@ class Failures:
         if draining:
             fleet.state[g] = "stopped"      # it was being removed: it stays down
             return True
-        restart = float(draw(self.cfg.restart_time, self.rng, 1, False)[0])
+        restart_time = for_pool(self.cfg.restart_time, self._pool(g), DEFAULT_RESTART_TIME)
+        restart = float(draw(restart_time, self.rng, 1, False)[0])
         load = float(draw(self.model_load_time, self.rng, 1, False)[0])
         unit = len(fleet.units)
         billed_from = now if self.cfg.bill_while_down else now + restart
@@ -174,9 +192,5 @@ class Failures:
         self.back.pop(g).succeed()
 
     def frame(self):
-        """One row per failure: replica, when it failed, when it was back (NaN: not within
-        the run) and the requests it lost."""
-        import pandas as pd
-
-        return pd.DataFrame(self.rows, columns=["replica", "failed_at", "back_at",
-                                                "num_failed_requests"])
+        """One row per failure (see :func:`failures_frame`)."""
+        return failures_frame(self.rows)

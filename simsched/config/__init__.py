@@ -24,6 +24,7 @@ from simsched.config import serialize
 from simsched.config.checks import check_bool, check_float, check_int, plain
 from simsched.config.client import ClientConfig
 from simsched.config.faults import FaultsConfig
+from simsched.config.lifetimes import is_per_pool
 from simsched.config.cluster import LINK_PRESETS, REPLICA_SECTIONS, ROLES, ClusterConfig
 from simsched.config.parts import (COST_MODELS, PREEMPTION_MODES, SCHEDULER_STYLES, CacheConfig,
                                    HardwareConfig, SchedulerConfig)
@@ -111,10 +112,11 @@ class SimConfig:
     def _check_faults(self) -> None:
         """What ``faults`` may be combined with (the rest is checked by its own section)."""
         faults, cl = self.faults, self.cluster
-        if cl.disaggregated:
-            raise ValueError("faults: client timeouts, cancellations, retries and replica "
-                             "failures are not supported with disaggregated prefill/decode "
-                             "(cluster.roles or num_prefill/num_decode_replicas) yet")
+        if cl.disaggregated and faults.clients:
+            raise ValueError("faults: client timeouts, cancellations and retries are not "
+                             "supported with disaggregated prefill/decode (cluster.roles or "
+                             "num_prefill/num_decode_replicas) yet; replica failures and "
+                             "degraded links (faults.link_events, link_mtbf) are")
         if faults.clients and not self.client.is_open:
             raise ValueError("faults: client timeouts, cancellations and retries are not "
                              "supported with a benchmark client (client.client_type "
@@ -130,6 +132,38 @@ class SimConfig:
         if faults.replicas and self.scheduler.lora is not None:
             raise ValueError("faults: replica failures are not supported with scheduler.lora "
                              "yet")
+        # Pools: the autoscaling pools, a disaggregated cluster's roles, or the one default.
+        pools = {p["name"] for p in cl.autoscaling.pool_specs()} \
+            if cl.autoscaling is not None else set(cl.replica_roles()) if cl.disaggregated \
+            else {"default"}
+        for name in ("mtbf", "restart_time"):
+            value = getattr(faults, name)
+            if is_per_pool(value):
+                unknown = sorted({pool for pool, _ in value} - pools)
+                if unknown:
+                    raise ValueError(f"faults.{name}: pool(s) {unknown} are not among the "
+                                     f"cluster's pools {sorted(pools)}")
+        if faults.links:
+            self._check_links()
+
+    def _check_links(self) -> None:
+        """Degraded links need links: a disaggregated cluster's prefill replicas' (by replica
+        index) or the remote KV tier's (``"remote"``)."""
+        faults, cl = self.faults, self.cluster
+        roles = cl.replica_roles() if cl.disaggregated else []
+        prefill = [i for i, role in enumerate(roles) if role == "prefill"]
+        for at, _, link, _ in faults.link_events:
+            if link == "remote":
+                if cl.kv_remote_tier is None:
+                    raise ValueError(f"faults.link_events: link 'remote' (at t={at:g} s) needs "
+                                     "cluster.kv_remote_tier")
+            elif link not in prefill:
+                raise ValueError(f"faults.link_events: link {link} (at t={at:g} s) is not a "
+                                 f"prefill replica's KV-transfer link (prefill replicas: "
+                                 f"{prefill})")
+        if faults.link_mtbf is not None and not prefill and cl.kv_remote_tier is None:
+            raise ValueError("faults.link_mtbf: there is no link to fail (needs prefill "
+                             "replicas of a disaggregated cluster or cluster.kv_remote_tier)")
 
     def replica_configs(self) -> list["SimConfig"]:
         """One config per replica: this one with the replica's scheduler, cache and hardware.

@@ -223,6 +223,16 @@ class Replica:
         self.scheduler.arrive(req)
         self.wake()
 
+    def recompute(self, req: Request, handles: tuple, cached: int, now: float) -> None:
+        """``req``'s KV transfer to here failed and it is recomputed here instead: its
+        reservation is freed (a prefix cache keeps the ``cached`` tokens it matched) and it
+        queues to prefill its prompt and the tokens it generated (simsched.cluster.links)."""
+        self.scheduler.drop_incoming(req, cached)
+        if not self.add(req, handles, now):
+            raise SimulationError(f"request {req.id}: recomputing a failed KV transfer on replica "
+                                  f"{self.index}, which cannot hold it: {req.reject_reason}")
+        self.notify_memory()
+
     def notify_memory(self) -> None:
         """Tell transfers waiting for KV blocks here to try again."""
         waiters, self.kv_waiters = self.kv_waiters, []

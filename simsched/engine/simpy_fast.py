@@ -227,6 +227,12 @@ def event_at(env: simpy.Environment, at: float, priority: float) -> simpy.Event:
     return event
 
 
+def at_time(env: simpy.Environment, when: float) -> simpy.Event:
+    """A timeout processed at the absolute time ``when`` (not before now), so the clock lands
+    on ``when`` itself (see :class:`Arrivals`: a relative delay can miss it by an ulp)."""
+    return event_at(env, max(when, env._now), NORMAL)
+
+
 def iteration_clock(env: simpy.Environment) -> tuple[list, object, simpy.Event]:
     """The GPU loop's handles on the clock (see the module docstring): the event heap (SimPy
     never replaces it), the event-id counter, and the loop's iteration-end event (triggered, and

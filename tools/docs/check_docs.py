@@ -160,6 +160,7 @@ def _blocks() -> dict[str, Block]:
         "autoscaling-results": Block("docs/autoscaling.md", a.autoscaling_results, False),
         "autoscaling-removal": Block("docs/autoscaling.md", a.autoscaling_removal, True),
         "faults-incidents": Block("docs/faults.md", fa.faults_incidents, False),
+        "faults-links": Block("docs/faults.md", fa.faults_links, False),
         "speculative-runs": Block("docs/speculative.md", sp.speculative_runs, False),
         "speculative-crossover": Block("docs/speculative.md", sp.speculative_crossover, False),
         # Machine-dependent figures: not re-measured here, rendered from what the benchmark

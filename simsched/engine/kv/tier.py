@@ -20,7 +20,7 @@ class Tier:
                  "latency", "lru", "blocks", "num_used", "free_at", "num_hit_tokens",
                  "num_load_bytes", "load_time", "num_loads", "num_store_bytes", "store_time",
                  "num_offered_blocks", "num_written_blocks", "num_duplicate_blocks",
-                 "num_copied_blocks", "num_evicted_blocks", "gpus")
+                 "num_copied_blocks", "num_evicted_blocks", "gpus", "timeline")
 
     def __init__(self, cfg, bytes_per_block: float, gpus: int = 1) -> None:
         if bytes_per_block <= 0:
@@ -42,6 +42,9 @@ class Tier:
         self.num_store_bytes = self.store_time = 0.0
         self.num_offered_blocks = self.num_written_blocks = 0
         self.num_duplicate_blocks = self.num_evicted_blocks = self.num_copied_blocks = 0
+        # The link's bandwidth over time when it degrades (simsched.cluster.links; None: never):
+        # an object whose finish(start, latency, bytes, bytes/s) says when a transfer is done.
+        self.timeline = None
 
     def covering(self, key: int, pos: int) -> int:
         """How far from position ``pos`` of segment ``key`` this tier holds blocks (``pos`` if
@@ -95,7 +98,12 @@ class Tier:
             self.num_written_blocks += added
             nbytes = added * self.bytes_per_block
             duration = nbytes / self.write_bps
-            self.free_at = (now if now > self.free_at else self.free_at) + duration
+            start = now if now > self.free_at else self.free_at
+            if self.timeline is None:
+                self.free_at = start + duration
+            else:
+                self.free_at = self.timeline.finish(start, 0.0, nbytes, self.write_bps)
+                duration = self.free_at - start
             self.num_store_bytes += nbytes
             self.store_time += duration
             if self.num_used > self.capacity_blocks:
@@ -121,8 +129,12 @@ class Tier:
         the seconds from ``now`` until they are there."""
         nbytes = num_blocks * self.bytes_per_block
         start = now if now > self.free_at else self.free_at
-        duration = self.latency + nbytes / self.read_bps
-        self.free_at = start + duration
+        if self.timeline is None:
+            duration = self.latency + nbytes / self.read_bps
+            self.free_at = start + duration
+        else:
+            self.free_at = self.timeline.finish(start, self.latency, nbytes, self.read_bps)
+            duration = self.free_at - start
         self.num_load_bytes += nbytes
         self.load_time += duration
         self.num_loads += 1

@@ -49,7 +49,7 @@ class TieredPrefixCache(PrefixCache):
     """
 
     __slots__ = ("config", "tiers", "env", "bytes_per_block", "gpus", "_memo", "_pending",
-                 "load_time_of", "exposed_load_time", "num_offered_blocks")
+                 "load_time_of", "exposed_load_time", "num_offered_blocks", "link_faults")
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float, hit_rule: str,
                  config) -> None:
@@ -64,6 +64,7 @@ class TieredPrefixCache(PrefixCache):
         self.load_time_of: dict[int, float] = {}
         self.exposed_load_time = 0.0
         self.num_offered_blocks = 0
+        self.link_faults = False    # a tier's link may be down (simsched.cluster.links)
 
     def bind(self, env, hw, cost_model):
         """Build the tiers for ``hw``'s KV bytes and return ``cost_model`` wrapped so that each
@@ -94,6 +95,9 @@ class TieredPrefixCache(PrefixCache):
         else:
             limit = min(target // self.block_size, -(-(target - 1) // self.block_size))
         nodes, tiers = self._nodes, self.tiers
+        if self.link_faults:        # a tier whose link is down serves no hit: recomputed
+            now = self.env.now
+            tiers = [t for t in tiers if t.timeline is None or not t.timeline.down_at(now)]
         hit = evictable = total = 0
         on_gpu = True               # still in the GPU's leading run
         loads = None                # tier -> [blocks, keys]
@@ -265,6 +269,8 @@ def join_remote_tier(kv, tier: Tier | None) -> None:
         raise ValueError("cluster.kv_remote_tier needs every replica to have cache.kv_tiers and "
                          f"the same KV bytes per block and GPUs (got {got})")
     kv.tiers.append(tier)
+    if tier.timeline is not None:   # its link degrades (simsched.cluster.links)
+        kv.link_faults = True
 
 
 def tier_summary(caches: list) -> dict:

@@ -57,6 +57,23 @@ class HandoffMixin:
         self.incoming[req.id] = req
         return cached
 
+    def drop_incoming(self, req: Request, cached: int) -> None:
+        """Free the blocks reserved for ``req``'s KV, which will not arrive (its transfer
+        failed), keeping the ``cached`` prefix tokens it matched in a prefix cache, and make it
+        recompute what it had: its prompt and the tokens it generated, as a recompute
+        preemption does (the dropped KV counts in ``num_recomputed_tokens``)."""
+        self.drop_reservation(req, cached)
+        req.num_recomputed_tokens += req.num_computed_tokens
+        req.prefill_target = req.num_prompt_tokens + req.num_generated
+        req.num_computed_tokens = 0
+
+    def drop_reservation(self, req: Request, cached: int = 0) -> None:
+        """Free the blocks reserved for ``req``'s KV, which will not arrive here (or has
+        arrived and is lost), keeping the ``cached`` prefix tokens it matched in a prefix
+        cache."""
+        del self.incoming[req.id]
+        self.kv.free(req.id, cached)
+
     def arrive(self, req: Request) -> None:
         """``req``'s KV has arrived: it joins the decoders at the next iteration."""
         self.ready.append(req)
