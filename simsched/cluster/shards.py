@@ -128,7 +128,7 @@ class ShardedCluster:
     :mod:`simsched.analysis.shard_workers`).
     """
 
-    fleet = disagg = clients = failures = autoscaler = None
+    fleet = disagg = clients = failures = autoscaler = link_faults = None
 
     def __init__(self, config, requests, shards: int, open_shards, specs: list) -> None:
         check_shardable(config, shards)
