@@ -136,6 +136,11 @@ class Engine:
     name: str
     recipe: Callable[[object], Recipe]
     engine_overhead: str = "vllm_v1"
+    # The engine's own settings on top of the shared ones, (config, row) -> config (None: vLLM,
+    # the defaults), and why one of its rows cannot be simulated, row -> reason ('' or None: it
+    # can). experiments.silicon_engines sets both for SGLang and TensorRT-LLM.
+    configure: Callable[[SimConfig, object], SimConfig] | None = None
+    refuse: Callable[[object], str] | None = None
 
 
 ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
@@ -192,7 +197,8 @@ def why_not(row, engine: str) -> str:
         return f"no preset for {row.model_path} at precision {row.precision}"
     if pd.isna(row.tp_size) or pd.isna(row.concurrency):
         return "layout or concurrency not recorded"
-    return ""
+    refuse = ENGINES[engine].refuse if engine in ENGINES else None
+    return (refuse(row) or "") if refuse is not None else ""
 
 
 def config_of(row, engine: Engine, num_prompts: int | None = None,
@@ -227,6 +233,8 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
         enable_prefix_caching=recipe.enable_prefix_caching,
         engine_overhead=engine.engine_overhead, client=client, seed=0,
         kernel_profile=None if kernels == "default" else kernels)
+    if engine.configure is not None:
+        cfg = engine.configure(cfg, row)
     return cfg, kind
 
 
@@ -429,6 +437,13 @@ def main(argv=None) -> pd.DataFrame:
           f"to {out}")
     table.attrs.update(summary=summ, groups=grp, coverage=cov)
     return table
+
+
+# The SGLang and TensorRT-LLM engines (their recipes and settings: experiments.silicon_engines;
+# it is handed the classes above, as this module may run as __main__).
+from experiments import silicon_engines  # noqa: E402
+
+silicon_engines.register(ENGINES, Engine, Recipe, MODEL_PRESETS)
 
 
 if __name__ == "__main__":
