@@ -173,10 +173,9 @@ def gpu_spec(hw) -> GPUSpec:
     from simsched.cost.profiles import PROFILES   # profiles import this module
 
     name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
-    from simsched.cost.profiles.aiconfigurator import engine_profile_name
-
-    own = engine_profile_name(getattr(hw, "engine_overhead", ""), _AIC_TABLES.get(hw.gpu, hw.gpu))
-    if own is not None:
+    # The engine's own tables (aic-<engine>-<gpu>: SGLang, TensorRT-LLM) where measured.
+    own = f"{AIC}{getattr(hw, 'engine_overhead', '')}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
+    if own in PROFILES:
         return dataclasses.replace(gpu, kernels=own, calibration="measured")
     if name not in PROFILES:
         have = sorted(p[len(AIC):] for p in PROFILES if p.startswith(AIC))

@@ -132,15 +132,9 @@ class AIConfiguratorProfile(CalibrationProfile):
 
 def profiles() -> list[AIConfiguratorProfile]:
     """One profile per GPU with shipped tables, and one per other engine's table set
-    (``aic-sglang-h200``, ...: :func:`engine_profile_name`)."""
+    (``aic-sglang-h200``, ...)."""
     return [AIConfiguratorProfile(g) for g in aic.gpus() + aic.engine_sets()]
 
-
-def engine_profile_name(engine: str, gpu: str) -> str | None:
-    """The profile of ``engine``'s own tables on ``gpu`` (None when AIConfigurator measured none
-    for it: that GPU's vLLM tables stand in)."""
-    name = f"{engine}-{gpu}"
-    return PREFIX + name if name in aic.engine_sets() else None
 
 
 def profile_name(gpu: str) -> str:
