@@ -126,16 +126,8 @@ def plot(table: pd.DataFrame, out: Path, kernels: str = "default") -> Path:
     for row, engine in zip(axes, engines):
         mine = ok[ok.backend == engine]
         for ax, m, unit in zip(row, ("ttft", "tpot"), ("TTFT (ms)", "TPOT (ms)")):
-            for (model, gpu), part in mine.groupby(["model", "gpu"]):
-                ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=10, alpha=0.7,
-                           marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
-            vals = mine[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy()
-            lo, hi = max(0.1, float(np.nanmin(vals)) * 0.8), float(np.nanmax(vals)) * 1.2
-            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-            for f in (0.8, 1.25):
-                ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-            ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}",
-                   ylabel=f"simulated {unit}", title=f"{engine} {m.upper()}: median |error| "
+            vs.scatter_panel(ax, mine, m, unit, size=10)
+            ax.set(title=f"{engine} {m.upper()}: median |error| "
                    f"{100 * mine[f'{m}_error'].abs().median():.0f} % ({len(mine)} rows)")
         row[1].legend(fontsize=6, ncol=2, loc="upper left")
     fig.suptitle(f"SGLang and TensorRT-LLM silicon rows (H100/H200), {kernels} kernels")

@@ -359,6 +359,20 @@ def summary(table: pd.DataFrame) -> dict:
             "worst_tpot_group": float(g.tpot_error.max()) if len(g) else np.nan}
 
 
+def scatter_panel(ax, ok: pd.DataFrame, m: str, unit: str, size: float = 12) -> None:
+    """One log-log panel: measured against simulated ``m`` (ttft / tpot) of the rows ``ok``,
+    one colour per (model, GPU), the diagonal and +-25 % lines."""
+    for (model, gpu), part in ok.groupby(["model", "gpu"]):
+        ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=size, alpha=0.7,
+                   marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
+    lo = max(1e-1, float(np.nanmin(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 0.8)
+    hi = float(np.nanmax(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 1.2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.8, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"simulated {unit}")
+
+
 def plot(table: pd.DataFrame, out: Path) -> Path:
     """Measured vs simulated TTFT and TPOT (log-log), one colour per model; the figure file."""
     import matplotlib
@@ -369,19 +383,11 @@ def plot(table: pd.DataFrame, out: Path) -> Path:
     ok = table[table.expressible]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     for ax, m, unit in zip(axes, ("ttft", "tpot"), ("TTFT (ms)", "TPOT (ms)")):
-        for (model, gpu), part in ok.groupby(["model", "gpu"]):
-            ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=12, alpha=0.7,
-                       marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
-        lo = max(1e-1, float(np.nanmin(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 0.8)
-        hi = float(np.nanmax(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 1.2
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        for f in (0.8, 1.25):
-            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}",
-               ylabel=f"simulated {unit}", title=f"{m.upper()}: median |error| "
-               f"{100 * ok[f'{m}_error'].abs().median():.0f} %")
+        scatter_panel(ax, ok, m, unit)
+        ax.set(title=f"{m.upper()}: median |error| {100 * ok[f'{m}_error'].abs().median():.0f} %")
     axes[1].legend(fontsize=6, ncol=2, loc="upper left")
-    fig.suptitle(f"vLLM silicon rows (H100/H200): {len(ok)} simulated")
+    fig.suptitle(f"{', '.join(sorted(ok.backend.unique()))} silicon rows (H100/H200): "
+                 f"{len(ok)} simulated")
     fig.tight_layout()
     path = Path(out) / "silicon.png"
     fig.savefig(path, dpi=90)
