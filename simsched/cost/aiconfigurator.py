@@ -305,6 +305,12 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
     return None
 
 
+# Each engine's custom all-reduce (the manifest's kernel source) as coverage() names it.
+_AR_LABELS = {"vLLM_custom_graph": "vLLM custom all-reduce",
+              "SGLang_CustomAllReduce_graph": "SGLang custom all-reduce",
+              "TRTLLM": "TensorRT-LLM custom all-reduce"}
+
+
 def coverage(gpu: str) -> dict[str, str]:
     """Per kernel class, what the tables hold for ``gpu`` (``describe()`` prints it)."""
     t, m = tables(gpu), entry(gpu)
@@ -320,8 +326,8 @@ def coverage(gpu: str) -> dict[str, str]:
         "generation attention": f"measured (KV {', '.join(kv)}; batch up to "
                                 f"{int(t['gen_batch'][-1])}, context up to "
                                 f"{int(t['gen_seq'][-1])})",
-        "all-reduce": f"measured ({m['all_reduce']['custom'].split(' (')[0]} and NCCL, "
-                      f"TP {ar})"
+        "all-reduce": f"measured ({_AR_LABELS.get(m['all_reduce']['custom'].split(' (')[0])} "
+                      f"and NCCL, TP {ar})"
                       + (f"; TP {others} extrapolated" if others else ""),
         "element-wise, cached-prefix attention":
             "derived: H200 fits scaled by HBM bandwidth / FLOP/s",
