@@ -5,7 +5,7 @@
 
 Runs :func:`experiments.validate_silicon.validate` on the SGLang and TensorRT-LLM rows of
 ``../shared/data/real-serving/silicon/hopper.csv`` (their recipes: :mod:`experiments.
-silicon_engines`), each with the GPU's default kernels and with the engine's own AIConfigurator
+_silicon_engines`), each with the GPU's default kernels and with the engine's own AIConfigurator
 tables (``hardware.kernel_profile="aiconfigurator"``: SGLang 0.5.9's, TensorRT-LLM 1.2.0rc5's),
 and reports per engine and kernel choice: coverage, the median absolute and signed TTFT and TPOT
 errors, and the errors per (GPU, model, precision, layout).

@@ -138,7 +138,7 @@ class Engine:
     engine_overhead: str = "vllm_v1"
     # The engine's own settings on top of the shared ones, (config, row) -> config (None: vLLM,
     # the defaults), and why one of its rows cannot be simulated, row -> reason ('' or None: it
-    # can). experiments.silicon_engines sets both for SGLang and TensorRT-LLM.
+    # can). experiments._silicon_engines sets both for SGLang and TensorRT-LLM.
     configure: Callable[[SimConfig, object], SimConfig] | None = None
     refuse: Callable[[object], str] | None = None
 
@@ -445,9 +445,9 @@ def main(argv=None) -> pd.DataFrame:
     return table
 
 
-# The SGLang and TensorRT-LLM engines (their recipes and settings: experiments.silicon_engines;
+# The SGLang and TensorRT-LLM engines (their recipes and settings: experiments._silicon_engines;
 # it is handed the classes above, as this module may run as __main__).
-from experiments import silicon_engines  # noqa: E402
+from experiments import _silicon_engines as silicon_engines  # noqa: E402
 
 silicon_engines.register(ENGINES, Engine, Recipe, MODEL_PRESETS)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import silicon_engines as se
+from experiments import _silicon_engines as se
 from experiments import validate_silicon as vs
 
 
