@@ -136,6 +136,11 @@ class Engine:
     name: str
     recipe: Callable[[object], Recipe]
     engine_overhead: str = "vllm_v1"
+    # The engine's own settings on top of the shared ones, (config, row) -> config (None: vLLM,
+    # the defaults), and why one of its rows cannot be simulated, row -> reason ('' or None: it
+    # can). experiments._silicon_engines sets both for SGLang and TensorRT-LLM.
+    configure: Callable[[SimConfig, object], SimConfig] | None = None
+    refuse: Callable[[object], str] | None = None
 
 
 ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
@@ -192,7 +197,8 @@ def why_not(row, engine: str) -> str:
         return f"no preset for {row.model_path} at precision {row.precision}"
     if pd.isna(row.tp_size) or pd.isna(row.concurrency):
         return "layout or concurrency not recorded"
-    return ""
+    refuse = ENGINES[engine].refuse if engine in ENGINES else None
+    return (refuse(row) or "") if refuse is not None else ""
 
 
 def config_of(row, engine: Engine, num_prompts: int | None = None,
@@ -227,6 +233,8 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
         enable_prefix_caching=recipe.enable_prefix_caching,
         engine_overhead=engine.engine_overhead, client=client, seed=0,
         kernel_profile=None if kernels == "default" else kernels)
+    if engine.configure is not None:
+        cfg = engine.configure(cfg, row)
     return cfg, kind
 
 
@@ -351,6 +359,20 @@ def summary(table: pd.DataFrame) -> dict:
             "worst_tpot_group": float(g.tpot_error.max()) if len(g) else np.nan}
 
 
+def scatter_panel(ax, ok: pd.DataFrame, m: str, unit: str, size: float = 12) -> None:
+    """One log-log panel: measured against simulated ``m`` (ttft / tpot) of the rows ``ok``,
+    one colour per (model, GPU), the diagonal and +-25 % lines."""
+    for (model, gpu), part in ok.groupby(["model", "gpu"]):
+        ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=size, alpha=0.7,
+                   marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
+    lo = max(1e-1, float(np.nanmin(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 0.8)
+    hi = float(np.nanmax(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 1.2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.8, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"simulated {unit}")
+
+
 def plot(table: pd.DataFrame, out: Path) -> Path:
     """Measured vs simulated TTFT and TPOT (log-log), one colour per model; the figure file."""
     import matplotlib
@@ -361,19 +383,11 @@ def plot(table: pd.DataFrame, out: Path) -> Path:
     ok = table[table.expressible]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     for ax, m, unit in zip(axes, ("ttft", "tpot"), ("TTFT (ms)", "TPOT (ms)")):
-        for (model, gpu), part in ok.groupby(["model", "gpu"]):
-            ax.scatter(part[f"{m}_ms"], part[f"sim_{m}_ms"], s=12, alpha=0.7,
-                       marker="o" if gpu == "h200" else "^", label=f"{model} {gpu}")
-        lo = max(1e-1, float(np.nanmin(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 0.8)
-        hi = float(np.nanmax(ok[[f"{m}_ms", f"sim_{m}_ms"]].to_numpy())) * 1.2
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        for f in (0.8, 1.25):
-            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}",
-               ylabel=f"simulated {unit}", title=f"{m.upper()}: median |error| "
-               f"{100 * ok[f'{m}_error'].abs().median():.0f} %")
+        scatter_panel(ax, ok, m, unit)
+        ax.set(title=f"{m.upper()}: median |error| {100 * ok[f'{m}_error'].abs().median():.0f} %")
     axes[1].legend(fontsize=6, ncol=2, loc="upper left")
-    fig.suptitle(f"vLLM silicon rows (H100/H200): {len(ok)} simulated")
+    fig.suptitle(f"{', '.join(sorted(ok.backend.unique()))} silicon rows (H100/H200): "
+                 f"{len(ok)} simulated")
     fig.tight_layout()
     path = Path(out) / "silicon.png"
     fig.savefig(path, dpi=90)
@@ -429,6 +443,13 @@ def main(argv=None) -> pd.DataFrame:
           f"to {out}")
     table.attrs.update(summary=summ, groups=grp, coverage=cov)
     return table
+
+
+# The SGLang and TensorRT-LLM engines (their recipes and settings: experiments._silicon_engines;
+# it is handed the classes above, as this module may run as __main__).
+from experiments import _silicon_engines as silicon_engines  # noqa: E402
+
+silicon_engines.register(ENGINES, Engine, Recipe, MODEL_PRESETS)
 
 
 if __name__ == "__main__":

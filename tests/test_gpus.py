@@ -38,7 +38,8 @@ def test_every_gpu_of_the_brief_has_tables_and_a_profile():
 
 def test_package_data_stays_small():
     total = sum(p.stat().st_size for p in aic.DATA.iterdir())
-    assert total < 1.5 * 2**20, f"{total / 2**20:.1f} MiB of AIConfigurator tables"
+    # 1.5 MiB of vLLM tables for nine GPUs and 0.6 MiB of SGLang and TensorRT-LLM tables.
+    assert total < 2.25 * 2**20, f"{total / 2**20:.1f} MiB of AIConfigurator tables"
     assert "Apache License" in (aic.DATA / "LICENSE").read_text()
     assert "github.com/ai-dynamo/aiconfigurator" in (aic.DATA / "README.md").read_text()
 

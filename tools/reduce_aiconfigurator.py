@@ -3,9 +3,12 @@
 AIConfigurator (github.com/ai-dynamo/aiconfigurator, Apache-2.0) measures kernels per GPU, op,
 serving framework and version under ``aic-core/src/aiconfigurator_core/systems/data/<gpu>/<op>/
 <framework>/<version>/*.parquet``. This script reads the vLLM tables of the nine GPUs simsched
-covers from a Git checkout or mirror of that repository (read with ``git show``, so a bare mirror
-works and the commit is recorded), keeps what the cost model uses and writes one compressed
-``.npz`` per GPU plus ``manifest.json`` to ``simsched/cost/data/aiconfigurator/``:
+covers, and the SGLang and TensorRT-LLM tables of the H100 and H200 (:data:`ENGINE_SYSTEMS`), from
+a Git checkout or mirror of that repository (read with ``git show``, so a bare mirror works and
+the commit is recorded), keeps what the cost model uses and writes one compressed ``.npz`` per
+GPU (``<gpu>.npz``: vLLM's; ``<engine>-<gpu>.npz``: another engine's, the same arrays) plus
+``manifest.json`` (``gpus``: the vLLM sets; ``engines``: the others) to
+``simsched/cost/data/aiconfigurator/``:
 
 Latencies are float16 milliseconds.
 
@@ -63,6 +66,16 @@ SYSTEMS = {
     "l40s": ("l40s", "0.24.0"),
     "rtx-pro-6000": ("rtx_pro_6000_server", "0.24.0"),
 }
+# The other engines' tables: engine -> (its version whose tables are read, simsched GPU ->
+# AIConfigurator system). SGLang 0.5.9 is the sglang engine's version; TensorRT-LLM 1.2.0rc5 is
+# the oldest 1.x with tables on both GPUs (the silicon rows run 1.0-1.3).
+ENGINE_SYSTEMS = {
+    "sglang": ("0.5.9", {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}),
+    "trtllm": ("1.2.0rc5", {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}),
+}
+# Each framework's custom all-reduce as captured in a CUDA graph (kernel_source).
+CUSTOM_ALLREDUCE = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllReduce_graph",
+                    "trtllm": "TRTLLM"}
 GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 HEAD_DIMS = (64, 128)
 # MoE weight formats (index = the dtype code in moe_keys' first column).
@@ -102,18 +115,20 @@ class Repo:
     def parquet(self, rel: str) -> pd.DataFrame:
         return pd.read_parquet(io.BytesIO(self.read(rel)))
 
-    def table(self, system: str, op: str, version: str, name: str) -> pd.DataFrame:
-        """A vLLM table, following the version's ``reuse.yaml`` (a table measured once and
-        declared valid for a later version) when the version has no file of its own."""
-        rel = f"data/{system}/{op}/vllm/{version}/{name}.parquet"
+    def table(self, system: str, op: str, version: str, name: str,
+              framework: str = "vllm") -> pd.DataFrame:
+        """A ``framework``'s table, following the version's ``reuse.yaml`` (a table measured
+        once and declared valid for a later version) when the version has no file of its own."""
+        rel = f"data/{system}/{op}/{framework}/{version}/{name}.parquet"
         if self.exists(rel):
             return self.parquet(rel)
-        reuse = f"data/{system}/{op}/vllm/{version}/reuse.yaml"
+        reuse = f"data/{system}/{op}/{framework}/{version}/reuse.yaml"
         if self.exists(reuse):
             for line in self.read(reuse).decode().splitlines():
                 if line.strip().startswith("from_version:"):
                     donor = line.split(":", 1)[1].strip()
-                    return self.parquet(f"data/{system}/{op}/vllm/{donor}/{name}.parquet")
+                    return self.parquet(
+                        f"data/{system}/{op}/{framework}/{donor}/{name}.parquet")
         raise ValueError(f"{rel}: not in the repository at {self.commit[:10]}")
 
 
@@ -193,16 +208,26 @@ def generation_tables(df: pd.DataFrame) -> tuple[dict, dict]:
     return arrays, sources
 
 
-def allreduce_tables(repo: Repo, system: str, version: str) -> tuple[dict, dict]:
+def _version_key(v: str) -> tuple:
+    """Order of version strings such as 0.24.0, 0.5.6.post2, 1.2.0rc5 (numbers, then the rest)."""
+    import re
+    return tuple(int(x) if x.isdigit() else -1 for x in re.findall(r"\d+|[a-z]+", v))
+
+
+def allreduce_tables(repo: Repo, system: str, version: str,
+                     framework: str = "vllm") -> tuple[dict, dict]:
     """Custom (CUDA-graph) and NCCL all-reduce latency by (GPUs, message bytes)."""
-    # The newest vLLM version up to the kernels' one with an all-reduce table (the L40S has
-    # none for 0.24.0: 0.22.0's).
+    # The newest version up to the kernels' one with an all-reduce table (the L40S has none
+    # for vLLM 0.24.0: 0.22.0's).
     versions = [v.rsplit("/", 1)[1] for v in repo._git(
-        "ls-tree", "--name-only", repo.commit, f"{ROOT}/data/{system}/comm/vllm/").decode().split()]
-    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
-    ar_version = max((v for v in versions if key(v) <= key(version)), key=key)
-    custom = repo.table(system, "comm", ar_version, "custom_allreduce_perf")
-    custom = custom[custom.kernel_source == "vLLM_custom_graph"]
+        "ls-tree", "--name-only", repo.commit,
+        f"{ROOT}/data/{system}/comm/{framework}/").decode().split()]
+    key = _version_key
+    ar_version = max((v for v in versions if key(v) <= key(version)
+                      and repo.exists(f"data/{system}/comm/{framework}/{v}/"
+                                      "custom_allreduce_perf.parquet")), key=key)
+    custom = repo.table(system, "comm", ar_version, "custom_allreduce_perf", framework)
+    custom = custom[custom.kernel_source == CUSTOM_ALLREDUCE[framework]]
     nccl_versions = sorted(
         repo._git("ls-tree", "--name-only", repo.commit, f"{ROOT}/data/{system}/comm/nccl/")
         .decode().split(), key=lambda p: tuple(int(x) for x in p.rsplit("/", 1)[1].split(".")))
@@ -218,7 +243,8 @@ def allreduce_tables(repo: Repo, system: str, version: str) -> tuple[dict, dict]
         grid = np.full((len(gpus), len(sizes)), np.nan, dtype=DTYPE)
         grid[np.searchsorted(gpus, d.num_gpus), np.searchsorted(sizes, d.message_size)] = d.latency
         arrays[name] = grid
-    return arrays, {"custom": f"vLLM_custom_graph (vllm {ar_version})", "nccl": nccl_version}
+    return arrays, {"custom": f"{CUSTOM_ALLREDUCE[framework]} ({framework} {ar_version})",
+                    "nccl": nccl_version}
 
 
 def moe_tables(df: pd.DataFrame) -> tuple[dict, dict]:
@@ -255,32 +281,48 @@ def write_npz(path: Path, arrays: dict) -> None:
             z.writestr(info, buf.getvalue(), compresslevel=9)
 
 
+def one_set(repo: Repo, system: str, version: str, framework: str = "vllm") -> tuple[dict, dict]:
+    """The arrays and manifest entry of one (GPU, framework, version)."""
+    arrays, entry = {}, {"system": system, framework: version}
+
+    def table(op: str, name: str) -> pd.DataFrame:
+        return repo.table(system, op, version, name, framework)
+
+    a, entry["gemm"] = gemm_tables(table("gemm", "gemm_perf"))
+    arrays.update(a)
+    a, entry["context_attention"] = context_tables(table("attention", "context_attention_perf"))
+    arrays.update(a)
+    a, entry["generation_attention"] = generation_tables(
+        table("attention", "generation_attention_perf"))
+    arrays.update(a)
+    a, entry["all_reduce"] = allreduce_tables(repo, system, version, framework)
+    arrays.update(a)
+    try:
+        a, entry["moe"] = moe_tables(table("moe", "moe_perf"))
+        arrays.update(a)
+    except ValueError:          # no MoE table for this GPU and version
+        pass
+    return arrays, entry
+
+
 def reduce(repo: Repo, out: Path = OUT) -> dict:
     """Write every GPU's tables and the manifest; return the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"source": "github.com/ai-dynamo/aiconfigurator", "commit": repo.commit,
-                "licence": "Apache-2.0", "gpus": {}}
+                "licence": "Apache-2.0", "gpus": {}, "engines": {}}
     for gpu, (system, version) in SYSTEMS.items():
-        arrays, entry = {}, {"system": system, "vllm": version}
-        a, entry["gemm"] = gemm_tables(repo.table(system, "gemm", version, "gemm_perf"))
-        arrays.update(a)
-        a, entry["context_attention"] = context_tables(
-            repo.table(system, "attention", version, "context_attention_perf"))
-        arrays.update(a)
-        a, entry["generation_attention"] = generation_tables(
-            repo.table(system, "attention", version, "generation_attention_perf"))
-        arrays.update(a)
-        a, entry["all_reduce"] = allreduce_tables(repo, system, version)
-        arrays.update(a)
-        try:
-            a, entry["moe"] = moe_tables(repo.table(system, "moe", version, "moe_perf"))
-            arrays.update(a)
-        except ValueError:          # no vLLM MoE table for this GPU and version
-            pass
+        arrays, entry = one_set(repo, system, version)
         write_npz(out / f"{gpu}.npz", arrays)
         manifest["gpus"][gpu] = entry
         tables = [k for k in sorted(arrays) if arrays[k].ndim > 1]
         print(f"{gpu:<14} {system:<20} vllm {version}: {len(tables)} tables")
+    for engine, (version, systems) in ENGINE_SYSTEMS.items():
+        for gpu, system in systems.items():
+            arrays, entry = one_set(repo, system, version, engine)
+            write_npz(out / f"{engine}-{gpu}.npz", arrays)
+            manifest["engines"][f"{engine}-{gpu}"] = {**entry, "engine": engine, "gpu": gpu}
+            tables = [k for k in sorted(arrays) if arrays[k].ndim > 1]
+            print(f"{engine}-{gpu:<7} {system:<20} {engine} {version}: {len(tables)} tables")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     (out / "LICENSE").write_bytes(repo._git("show", f"{repo.commit}:LICENSE"))
     return manifest

@@ -2,7 +2,10 @@
 
 The tables (``cost/data/aiconfigurator/<gpu>.npz``, reduced from github.com/ai-dynamo/
 aiconfigurator's vLLM kernel databases by ``python -m tools.reduce_aiconfigurator``;
-Apache-2.0, licence beside them) hold, per GPU, latencies in milliseconds of:
+Apache-2.0, licence beside them) hold, per GPU, latencies in milliseconds of the kernels below.
+The same arrays measured under SGLang 0.5.9 and TensorRT-LLM 1.2.0rc5 on the H100 and H200 are
+the table sets ``<engine>-<gpu>`` (:func:`engine_sets`; ``sglang-h200.npz``, ...): every function
+here takes a GPU name or such a set name.
 
 * GEMMs by tokens ``m`` x output width ``n`` x input width ``k`` for bf16, fp8, fp8 block-scaled
   and NVFP4 weights;
@@ -39,15 +42,30 @@ def manifest() -> dict:
 
 
 def gpus() -> list[str]:
-    """The simsched GPU names with shipped AIConfigurator tables."""
+    """The simsched GPU names with shipped AIConfigurator (vLLM) tables."""
     return sorted(manifest()["gpus"])
+
+
+def engine_sets() -> list[str]:
+    """The other engines' table sets, ``<engine>-<gpu>`` (SGLang's, TensorRT-LLM's)."""
+    return sorted(manifest().get("engines", {}))
+
+
+def entry(name: str) -> dict:
+    """The manifest entry of a GPU's vLLM tables or of an engine's table set."""
+    m = manifest()
+    found = m["gpus"].get(name) or m.get("engines", {}).get(name)
+    if found is None:
+        raise ValueError(f"gpu: no AIConfigurator kernel tables for {name!r}; measured: "
+                         f"{gpus()}; engine sets: {engine_sets()}")
+    return found
 
 
 @functools.lru_cache(maxsize=None)
 def tables(gpu: str) -> dict[str, np.ndarray]:
-    """Every array of ``gpu``'s table file (GEMM holes filled, see :func:`_fill_gemm`)."""
-    if gpu not in manifest()["gpus"]:
-        raise ValueError(f"gpu: no AIConfigurator kernel tables for {gpu!r}; measured: {gpus()}")
+    """Every array of ``gpu``'s table file (GEMM holes filled, see :func:`_fill_gemm`);
+    ``gpu`` may be an engine's table set (:func:`engine_sets`)."""
+    entry(gpu)
     with np.load(DATA / f"{gpu}.npz", allow_pickle=False) as z:
         arrays = {k: z[k].astype(float) if z[k].dtype.kind == "f" else z[k] for k in z.files}
     for key in [k for k in arrays if k.startswith("gemm_") and arrays[k].ndim == 3]:
@@ -287,9 +305,15 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
     return None
 
 
+# Each engine's custom all-reduce (the manifest's kernel source) as coverage() names it.
+_AR_LABELS = {"vLLM_custom_graph": "vLLM custom all-reduce",
+              "SGLang_CustomAllReduce_graph": "SGLang custom all-reduce",
+              "TRTLLM": "TensorRT-LLM custom all-reduce"}
+
+
 def coverage(gpu: str) -> dict[str, str]:
     """Per kernel class, what the tables hold for ``gpu`` (``describe()`` prints it)."""
-    t, m = tables(gpu), manifest()["gpus"][gpu]
+    t, m = tables(gpu), entry(gpu)
     dtypes = [d for d in GEMM_DTYPES if f"gemm_{d}" in t]
     kv = sorted(m["generation_attention"])
     ar = measured_all_reduce_gpus(gpu)
@@ -302,7 +326,8 @@ def coverage(gpu: str) -> dict[str, str]:
         "generation attention": f"measured (KV {', '.join(kv)}; batch up to "
                                 f"{int(t['gen_batch'][-1])}, context up to "
                                 f"{int(t['gen_seq'][-1])})",
-        "all-reduce": f"measured (vLLM custom all-reduce and NCCL, TP {ar})"
+        "all-reduce": f"measured ({_AR_LABELS.get(m['all_reduce']['custom'].split(' (')[0])} "
+                      f"and NCCL, TP {ar})"
                       + (f"; TP {others} extrapolated" if others else ""),
         "element-wise, cached-prefix attention":
             "derived: H200 fits scaled by HBM bandwidth / FLOP/s",
@@ -311,5 +336,6 @@ def coverage(gpu: str) -> dict[str, str]:
                         "derived: H200 fits scaled by the datasheet"),
         "MoE attention/dense parts, MLA, INT4 models": "derived: H200 fits scaled by the "
                                  "datasheet" + ("" if "gemm_fp8" in t else "; FP8 weights too"),
-        "vllm": f"vLLM {m['vllm']} kernels",
+        **({"vllm": f"vLLM {m['vllm']} kernels"} if "engine" not in m else
+           {m["engine"]: f"{m['engine']} {m[m['engine']]} kernels"}),
     }

@@ -13,12 +13,16 @@ and a client-side ``output_delay``, without vLLM's async plan-ahead (each engine
 makes its own decisions: :mod:`simsched.engine.engines`).
 
 What is measured and what is assumed: the GPU kernel times are simsched's calibrated kernels
-(the AIConfigurator tables shipped in ``data/aiconfigurator`` are vLLM's only: AIConfigurator's
-SGLang and TensorRT-LLM kernel tables are not bundled, so the same kernels time every engine).
-``step_gap`` is measured (the H200 whole-step profile, as for ``vllm_v1``). The per-layer,
-sampler, all-reduce and output terms are vLLM 0.15's fitted ones (data/fits/engine-vllm-v1.json),
-**assumed** to carry over: no SGLang or TensorRT-LLM run is bundled to fit them on.
-:data:`OVERRIDES` is where a fit per engine goes.
+by default, the same for every engine; with ``hardware.kernel_profile="aiconfigurator"`` each
+engine reads its own measured kernels where AIConfigurator has them (SGLang 0.5.9's and
+TensorRT-LLM 1.2.0rc5's GEMM, attention, all-reduce and fused-MoE tables on the H100 and H200:
+profiles ``aic-sglang-<gpu>``, ``aic-trtllm-<gpu>``; vLLM's tables elsewhere), the all-reduce
+then being the engine's measured one. ``step_gap`` is measured (the H200 whole-step profile, as
+for ``vllm_v1``). The per-layer, sampler, all-reduce and output terms are vLLM 0.15's fitted ones
+(data/fits/engine-vllm-v1.json), **assumed** to carry over. ``experiments.engine_silicon``
+checks what fitting one of them per engine on the SGLang and TensorRT-LLM silicon rows would
+give, leaving one (GPU, model) group out: no such term reaches the error targets there, so none
+is shipped (docs/engines.md). :data:`OVERRIDES` is where a fit per engine goes.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ OVERRIDES: dict[str, dict[str, float]] = {"sglang": {}, "trtllm": {}}
 
 DESCRIPTIONS = {
     "sglang": "SGLang 0.5.9 (overlap scheduler, CUDA graphs, custom all-reduce, detokenizer "
-              "output path); vllm_v1's kernel and host terms, assumed",
+              "output path); vllm_v1's host and output terms, assumed",
     "trtllm": "TensorRT-LLM 1.x PyTorch executor (overlap scheduler, CUDA graphs, custom "
-              "all-reduce); vllm_v1's kernel and host terms, assumed",
+              "all-reduce); vllm_v1's host and output terms, assumed",
 }
 
 

@@ -160,7 +160,9 @@ _AIC_TABLES = {"h100-sxm-pcap": "h100-sxm"}
 
 def gpu_spec(hw) -> GPUSpec:
     """``hw.gpu``'s catalog entry; with ``hw.kernel_profile="aiconfigurator"`` its kernels come
-    from that GPU's AIConfigurator tables (an error naming the field when none are shipped)."""
+    from that GPU's AIConfigurator tables (an error naming the field when none are shipped):
+    those measured under the engine of ``hw.engine_overhead`` (``sglang``, ``trtllm``) where
+    AIConfigurator has them (H100, H200), else its vLLM tables."""
     gpu = GPUS[hw.gpu]
     choice = getattr(hw, "kernel_profile", None)
     if choice is None:
@@ -171,6 +173,10 @@ def gpu_spec(hw) -> GPUSpec:
     from simsched.cost.profiles import PROFILES   # profiles import this module
 
     name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
+    # The engine's own tables (aic-<engine>-<gpu>: SGLang, TensorRT-LLM) where measured.
+    own = f"{AIC}{getattr(hw, 'engine_overhead', '')}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
+    if own in PROFILES:
+        return dataclasses.replace(gpu, kernels=own, calibration="measured")
     if name not in PROFILES:
         have = sorted(p[len(AIC):] for p in PROFILES if p.startswith(AIC))
         raise ValueError(f"hardware.kernel_profile='aiconfigurator': no AIConfigurator kernel "
@@ -181,7 +187,12 @@ def gpu_spec(hw) -> GPUSpec:
 def kernel_source(gpu: GPUSpec) -> str:
     """Where ``gpu``'s kernel times come from (measured, derived or extrapolated)."""
     if gpu.kernels.startswith(AIC):
-        return _AIC_KERNELS.replace("tables", f"tables of the {gpu.kernels[len(AIC):]}")
+        tables = gpu.kernels[len(AIC):]
+        for engine, label in (("sglang-", "SGLang"), ("trtllm-", "TensorRT-LLM")):
+            if tables.startswith(engine):      # an engine's own tables (<engine>-<gpu>)
+                return _AIC_KERNELS.replace("vLLM kernel tables", f"{label} kernel tables of "
+                                            f"the {tables[len(engine):]}")
+        return _AIC_KERNELS.replace("tables", f"tables of the {tables}")
     return GPU_SOURCES.get(gpu.name, (f"extrapolated from the {gpu.kernels} fits "
                                       f"(user-defined GPU)", ""))[0]
 

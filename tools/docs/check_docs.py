@@ -180,6 +180,8 @@ def _blocks() -> dict[str, Block]:
         "engines-defaults": Block("docs/engines.md", en.engines_defaults, True),
         "engines-parity": Block("docs/engines.md", en.engines_parity, True),
         "engines-choice": Block("docs/engines.md", en.engines_choice, False),
+        # The silicon rows live beside the checkout (../shared), never in the package.
+        "engines-silicon": Block("docs/engines.md", en.engines_silicon, False),
         "calibration-loo": Block("docs/calibration.md", cb.calibration_loo, False),
         "calibration-single": Block("docs/calibration.md", cb.calibration_single, False),
         "calibration-round-trip": Block("docs/calibration.md", cb.calibration_round_trip,

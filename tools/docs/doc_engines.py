@@ -58,3 +58,46 @@ def engines_choice(runs) -> str:
     if points.peak_request_throughput.min() <= 0:
         raise Drift("engine_choice: an engine served nothing")
     return "\n".join(lines) + f"\n\nWhere each saturates: {sat}.\n"
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:.0f}"
+
+
+def engines_silicon(runs) -> str:
+    """Coverage and errors of experiments.engine_silicon on the SGLang / TensorRT-LLM rows, with
+    the check of single named per-engine terms (leaving one (GPU, model) group out)."""
+    from tools.docs.doc_format import claim
+
+    table = runs.get("engine_silicon")
+    if table.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    summ, cov, terms = table.attrs["summary"], table.attrs["coverage"], table.attrs["terms"]
+    names = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    lines = []
+    for engine in ("sglang", "trtllm"):
+        c = cov[cov.engine == engine]
+        total, ok = int(c.rows.sum()), int(c[c.reason == "expressible"].rows.sum())
+        others = "; ".join(f"{r.reason}: {r.rows}" for r in c.itertuples()
+                           if r.reason != "expressible")
+        lines.append(f"{names[engine]}: {ok} of {total} rows simulated ({others}).")
+    lines += ["", "| engine | kernels | rows | median abs. TTFT error % (signed) | median abs. "
+              "TPOT error % (signed) | worst group TTFT / TPOT % |", "|---|---|---|---|---|---|"]
+    for r in summ.itertuples():
+        lines.append(f"| {names[r.engine]} | {r.kernels} | {r.expressible} | "
+                     f"{_pct(r.ttft_error)} ({_pct(r.ttft_bias)}) | {_pct(r.tpot_error)} "
+                     f"({_pct(r.tpot_bias)}) | {_pct(r.worst_ttft_group)} / "
+                     f"{_pct(r.worst_tpot_group)} |")
+    default = summ[summ.kernels == "default"]
+    claim(bool((default.ttft_bias < 0).all()), "TTFT is simulated too short for both engines")
+    lines += ["", "One named term per engine fitted on that engine's rows (default kernels, first "
+              "order; reported, not shipped), median abs. error %: before, in-sample, leaving one "
+              "(GPU, model) group out:", "",
+              "| engine | term | fitted value | before | in-sample | leave-one-group-out |",
+              "|---|---|---|---|---|---|"]
+    for r in terms[terms.kernels == "default"].itertuples():
+        value = (f"{r.value_ms:.1f} ms" if r.term != "kernel_per_layer"
+                 else f"{1e3 * r.value_ms:.0f} us")
+        lines.append(f"| {names[r.engine]} | `{r.term}` ({r.metric.upper()}) | {value} | "
+                     f"{_pct(r.before)} | {_pct(r.in_sample)} | {_pct(r.loo)} |")
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,6 @@
-"""Profiles from AIConfigurator's measured vLLM kernels, one per GPU.
+"""Profiles from AIConfigurator's measured vLLM kernels, one per GPU, and SGLang's and
+TensorRT-LLM's on the H100 and H200 (``aic-sglang-h200``, ...), which
+``hardware.kernel_profile="aiconfigurator"`` picks for an engine profile of that name.
 
 The tables and how they are read: :mod:`simsched.cost.aiconfigurator`.
 
@@ -42,9 +44,13 @@ class AIConfiguratorProfile(CalibrationProfile):
     """One GPU's AIConfigurator tables as a calibration profile (``name``: ``aic-<gpu>``)."""
 
     def __init__(self, gpu: str) -> None:
-        self.gpu_name = gpu
+        self.gpu_name = gpu       # a GPU, or an engine's table set ``<engine>-<gpu>``
         self.name = PREFIX + gpu
-        self.description = f"AIConfigurator vLLM kernel tables, {gpu} (Apache-2.0)"
+        m = aic.entry(gpu)
+        engine = m.get("engine", "vllm")
+        what = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}[engine]
+        self.description = (f"AIConfigurator {what} {m[engine]} kernel tables, "
+                            f"{m.get('gpu', gpu)} (Apache-2.0)")
 
     def coefficients(self) -> dict:
         """The H200 fits (element-wise ops, MoE/MLA paths); the tables are read in :meth:`build`."""
@@ -125,8 +131,10 @@ class AIConfiguratorProfile(CalibrationProfile):
 
 
 def profiles() -> list[AIConfiguratorProfile]:
-    """One profile per GPU with shipped tables."""
-    return [AIConfiguratorProfile(g) for g in aic.gpus()]
+    """One profile per GPU with shipped tables, and one per other engine's table set
+    (``aic-sglang-h200``, ...)."""
+    return [AIConfiguratorProfile(g) for g in aic.gpus() + aic.engine_sets()]
+
 
 
 def profile_name(gpu: str) -> str:

@@ -1,0 +1,169 @@
+"""The SGLang and TensorRT-LLM rows of ``experiments.validate_silicon``: recipes and settings.
+
+:func:`register` adds an ``sglang`` and a ``trtllm`` :class:`~experiments.validate_silicon.Engine`
+to ``validate_silicon.ENGINES`` (validate_silicon calls it on import), so
+
+    python -m experiments.validate_silicon --engine sglang [--quick]
+    python -m experiments.validate_silicon --engine trtllm [--quick]
+
+rebuild those rows of ``hopper.csv`` as they were served. Each row runs simsched's engine of that
+name (``scheduler.engine``: SGLang 0.5.9's or TensorRT-LLM 1.x's scheduler, :mod:`simsched.engine
+.engines`) with its engine profile (``hardware.engine_overhead``: :mod:`simsched.cost.
+engine_profiles`) and the server settings of the row's recipe (:func:`settings`), read from
+InferenceX's per-recipe launch scripts where the row has one (``benchmarks/single_node/
+fixed_seq_len/`` at commit 843c625):
+
+* ``dsr1_fp8_h200.sh`` (SGLang, DeepSeek-R1 on the H200; taken for DeepSeek-V3 too, the same
+  architecture, no script of its own): radix cache off, ``--max-running-requests`` 512 at 1k/1k
+  (256 otherwise), ``--chunked-prefill-size`` and ``--max-prefill-tokens`` 32,768,
+  ``--mem-fraction-static`` 0.82;
+* ``dsr1_fp8_h200_trt.sh`` (TensorRT-LLM, DeepSeek-R1 / V3 on the H200): FP8 KV cache,
+  ``free_gpu_memory_fraction`` 0.75, block reuse off, ``max_num_tokens`` = max(8,192,
+  ISL + C + 64 rounded up to 64), attention DP and EP as the row's layout;
+* ``deprecated/gptoss_fp4_h200_trt.sh`` (TensorRT-LLM, gpt-oss-120b on the H200):
+  ``max_batch_size`` C, ``max_num_tokens`` 20,000, ``free_gpu_memory_fraction`` 0.85.
+
+The other rows (AIConfigurator's own runs, and InferenceX database rows without a published
+script) take the engine's defaults (``SimConfig.preset('sglang' | 'trtllm')``: SGLang 0.5.9's
+``ServerArgs`` on an 80-141 GiB GPU, TensorRT-LLM 1.x's ``LlmArgs``), and ``recipe`` says so.
+
+Memory: SGLang's ``--mem-fraction-static`` is, like vLLM's ``gpu_memory_utilization``, a share of
+the whole GPU for weights and KV cache (default: 0.85 assumed on 80-141 GiB GPUs, SGLang sizes it
+from the GPU's memory); TensorRT-LLM's ``free_gpu_memory_fraction`` (default 0.9) is a share of
+what is free *after* the weights are loaded, converted here to simsched's whole-GPU share
+``w + f (1 - w)`` with ``w`` the weights' share of the GPU.
+
+Refused, by name: rows on more GPUs than one 8-GPU NVLink node (``tp_size x attention_dp_size``
+or ``moe_tp_size x moe_ep_size`` above 8: multi-node serving is not modelled); models without a
+preset (Qwen3.5's hybrid linear attention, GLM-5) fall under ``validate_silicon``'s own reason.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from simsched.cost import shapes
+from simsched.cost.hardware import GPUS as GPU_SPECS
+from simsched.cost.hardware import MODELS
+
+# (Hugging Face id, precision) -> preset, beyond validate_silicon's: the bf16 Llama-3.1-8B
+# (TensorRT-LLM on the H100), the same checkpoint quantised to FP8 on load (SGLang's
+# ``--quantization fp8``: per-tensor FP8 weights, the FP8 preset's shapes and dtype), and
+# gpt-oss-120b labelled ``fp8`` (TensorRT-LLM 1.3 on the H100: the MXFP4 checkpoint, the only one
+# published, with FP8 activations).
+MODEL_PRESETS = {
+    ("meta-llama/Llama-3.1-8B-Instruct", "bf16"): "llama-3.1-8b",
+    ("meta-llama/Llama-3.1-8B-Instruct", "fp8"): "llama-3.1-8b-fp8",
+    ("openai/gpt-oss-120b", "fp8"): "gpt-oss-120b",
+}
+ENGINES = ("sglang", "trtllm")
+NODE_GPUS = 8
+_IX = "InferenceX benchmarks/single_node/fixed_seq_len/"
+# Engine defaults where no recipe is published (simsched.config.presets: the same values).
+SGLANG_DEFAULT = dict(max_num_seqs=4096, max_num_batched_tokens=8192, mem=0.85,
+                      kv_cache_dtype="auto", prefix=True, options={})
+TRTLLM_DEFAULT = dict(max_num_seqs=2048, max_num_batched_tokens=8192, mem=0.9,
+                      kv_cache_dtype="auto", prefix=True, options={})
+
+
+def num_gpus(row) -> int:
+    """GPUs a row's deployment spans (attention ranks x TP, or the MoE ranks if more)."""
+    def size(x) -> int:
+        return int(x) if x == x and x > 0 else 1     # NaN / 0: 1
+    return max(size(row.tp_size) * size(row.attention_dp_size),
+               size(row.moe_tp_size) * size(row.moe_ep_size))
+
+
+def refuse(row) -> str:
+    """Why an SGLang / TensorRT-LLM row cannot be simulated beyond validate_silicon's own
+    reasons ('' when it can)."""
+    if num_gpus(row) > NODE_GPUS:
+        return (f"multi-node deployment ({num_gpus(row)} GPUs): serving across nodes is not "
+                f"modelled (one {NODE_GPUS}-GPU NVLink node)")
+    return ""
+
+
+def settings(row, engine: str) -> dict:
+    """The launch settings of ``row``'s recipe for ``engine`` (``sglang`` or ``trtllm``):
+    ``source``, ``max_num_seqs``, ``max_num_batched_tokens``, ``mem`` (the engine's own memory
+    flag), ``kv_cache_dtype``, ``prefix`` (radix cache / block reuse), ``options``
+    (``scheduler.engine_options``) and, for TensorRT-LLM, ``chunked``."""
+    model, gpu, c = row.model, row.gpu, int(row.concurrency)
+    isl, osl = int(row.isl), int(row.osl)
+    deepseek = model in ("deepseek-r1", "deepseek-v3")
+    if engine == "sglang":
+        if deepseek and gpu == "h200":
+            # dsr1_fp8_h200.sh: --disable-radix-cache, --max-running-requests 512 (1k/1k) or
+            # 256, --chunked-prefill-size / --max-prefill-tokens 32768, --mem-fraction-static
+            # 0.82 (DeepSeek-V3: no script; R1's, the same architecture, assumed).
+            source = _IX + "dsr1_fp8_h200.sh" + (" (assumed for V3)" if model != "deepseek-r1"
+                                                  else "")
+            return dict(source=source, max_num_seqs=512 if (isl, osl) == (1024, 1024) else 256,
+                        max_num_batched_tokens=32768, mem=0.82, kv_cache_dtype="auto",
+                        prefix=False, options={"max_prefill_tokens": 32768})
+        return dict(source="SGLang 0.5.9 defaults (no recipe published)", **SGLANG_DEFAULT)
+    if engine != "trtllm":
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    if deepseek and gpu == "h200":
+        # dsr1_fp8_h200_trt.sh: FP8 KV, free_gpu_memory_fraction 0.75, enable_block_reuse
+        # false, max_num_tokens max(8192, ceil((C + ISL + 64) / 64) x 64), no chunking.
+        source = _IX + "dsr1_fp8_h200_trt.sh" + (" (assumed for V3)" if model != "deepseek-r1"
+                                                  else "")
+        tokens = max(8192, (c + isl + 64 + 63) // 64 * 64)
+        return dict(source=source, max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"],
+                    max_num_batched_tokens=tokens, mem=0.75, kv_cache_dtype="fp8",
+                    prefix=False, options={}, chunked=False)
+    if model == "gpt-oss-120b" and gpu == "h200":
+        # deprecated/gptoss_fp4_h200_trt.sh: max_batch_size C, max_num_tokens 20000,
+        # free_gpu_memory_fraction 0.85, KV auto, block reuse default (on).
+        return dict(source=_IX + "deprecated/gptoss_fp4_h200_trt.sh", max_num_seqs=c,
+                    max_num_batched_tokens=20000, mem=0.85, kv_cache_dtype="auto",
+                    prefix=True, options={}, chunked=False)
+    return dict(source="TensorRT-LLM 1.x defaults (no recipe published)", chunked=False,
+                **TRTLLM_DEFAULT)
+
+
+def memory_share(row, engine: str, mem: float, tp: int) -> float:
+    """simsched's ``gpu_memory_utilization`` for the engine's memory flag ``mem``: SGLang's is
+    already a whole-GPU share; TensorRT-LLM's is a share of the memory left after the weights."""
+    if engine == "sglang":
+        return mem
+    spec, gpu = MODELS[row.model], GPU_SPECS[row.gpu]
+    ranks = num_gpus(row)
+    w = shapes.weight_bytes(spec, tp=tp, moe_ranks=ranks) / gpu.memory_bytes
+    return min(0.99, w + mem * max(0.0, 1.0 - w))
+
+
+def recipe(recipe_cls, engine: str, row):
+    """``row``'s settings as validate_silicon's ``Recipe`` (the shared fields)."""
+    s = settings(row, engine)
+    isl, osl = int(row.isl), int(row.osl)
+    return recipe_cls(s["source"], s["max_num_seqs"], s["max_num_batched_tokens"], s["mem"],
+                      s["kv_cache_dtype"], s["prefix"], isl + osl + 256)
+
+
+def configure(engine: str, cfg, row):
+    """``cfg`` (validate_silicon's shared settings of ``row``) run by ``engine`` as its recipe
+    sets it: the engine's scheduler and profile, its page size, its options, its memory flag
+    converted, TensorRT-LLM's unchunked context."""
+    s = settings(row, engine)
+    tp = cfg.hardware.tensor_parallel_size
+    changes = {"scheduler.engine": engine, "hardware.engine_overhead": engine,
+               "cache.block_size": 1 if engine == "sglang" else 32,
+               "scheduler.engine_options": dict(s["options"]),
+               "gpu_memory_utilization": memory_share(row, engine, s["mem"], tp)}
+    if engine == "trtllm":
+        changes["scheduler.enable_chunked_prefill"] = s["chunked"]
+    return cfg.replace(**changes)
+
+
+def register(engines: dict, engine_cls, recipe_cls, model_presets: dict) -> None:
+    """Add the ``sglang`` and ``trtllm`` engines to validate_silicon's ``engines`` (built with its
+    ``Engine`` and ``Recipe`` classes, passed in: validate_silicon may run as ``__main__``) and
+    this module's model presets to ``model_presets``."""
+    for key, preset in MODEL_PRESETS.items():
+        model_presets.setdefault(key, preset)
+    for name in ENGINES:
+        engines[name] = engine_cls(name, functools.partial(recipe, recipe_cls, name),
+                                   engine_overhead=name,
+                                   configure=functools.partial(configure, name), refuse=refuse)
