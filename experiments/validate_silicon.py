@@ -131,11 +131,20 @@ def vllm_recipe(row) -> Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """How simsched reproduces one backend's rows: its recipe per row and engine profile."""
+    """How simsched reproduces one backend's rows: its recipe per row and engine profile.
+    ``engine_terms``: None (the profile's shipped terms), a dict of terms, or a function of the
+    row giving them (leave-one-group-out folds: ``experiments.fit_silicon_terms``); the row's
+    cost model is then built with them (:func:`simsched.cost.factory.engine_terms_cost_model`)."""
 
     name: str
     recipe: Callable[[object], Recipe]
     engine_overhead: str = "vllm_v1"
+    engine_terms: dict | Callable[[object], dict] | None = None
+
+    def terms_of(self, row) -> dict | None:
+        """The engine terms ``row`` is simulated with (None: the shipped profile's)."""
+        t = self.engine_terms
+        return t(row) if callable(t) else t
 
 
 ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
@@ -237,7 +246,9 @@ def simulate_row(row, engine: Engine, num_prompts: int | None = None,
     out = {"layout": label, "recipe": engine.recipe(row).source}
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
-        s = simulate(cfg).summary()
+        terms = engine.terms_of(row)
+        cm = None if terms is None else factory.engine_terms_cost_model(cfg.hardware, terms)
+        s = simulate(cfg, cost_model=cm).summary()
     except ValueError as exc:          # e.g. the weights do not fit at this layout
         return {**out, "reason": str(exc).split("\n")[0]}
     return {**out, "client": kind, "sim_ttft_ms": s["ttft_p50"] * 1e3,
@@ -249,6 +260,7 @@ def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
     out = {r.id: simulate_row(r, engine, kernels=kernels) for r in rows.itertuples()}
     factory._cached_cost_model.cache_clear()
     factory._cached_parallel_model.cache_clear()
+    factory._cached_with_terms.cache_clear()
     return out
 
 

@@ -1,0 +1,208 @@
+"""Fit the prefill and fused-MoE terms of :mod:`simsched.cost.vllm_silicon` on the Hopper vLLM
+rows of the silicon set, and report them leaving one (GPU, model) group out.
+
+    python -m experiments.fit_silicon_terms [--quick] [--update] [--out DIR]
+
+The rows are ``experiments.validate_silicon``'s (read its docstring and the data README; the
+Blackwell rows are never read). The terms (``prefill_gemm_scale``, ``moe_expert_scale``,
+``prefill_layer_time``; per step, layer and kernel class, never per model) are fitted as follows:
+
+1. every expressible row is simulated with neutral terms (the shipped ``vllm_v1`` profile) and
+   once per term with that term alone at its probe value (:data:`PROBES`): four passes;
+2. each row's simulated log TTFT and log TPOT are taken as linear in each term between its
+   neutral and probe values (a surrogate: queueing makes the real response curve, which the
+   final passes below measure);
+3. the terms minimise the mean absolute log error of TTFT and TPOT over the rows, each
+   (GPU, model) group weighted equally, on a grid (:data:`GRID`);
+4. two more passes simulate every row with the terms fitted on all rows (in-sample) and with
+   the terms fitted without the row's own (GPU, model) group (leave-one-group-out, the
+   headline: how a model or GPU no row was fitted on would fare).
+
+Printed and written to ``--out``: ``rows.csv`` (every row's measured and simulated TTFT and
+TPOT under the shipped profile, in-sample and leave-one-group-out), ``groups.csv`` (median
+absolute errors per (GPU, model) group under each), ``folds.csv`` (each fold's terms) and
+``summary.csv``. ``--update`` writes the in-sample terms and these figures to
+``simsched/cost/data/vllm_silicon_terms.json``, which :func:`simsched.cost.vllm_silicon.terms`
+reads. ``--quick``: the rows at concurrency <= 16 only (the fit and its figures are then of
+those rows; never used for ``--update``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simsched.cost import vllm_silicon, vllm_v1
+from experiments import validate_silicon as vs
+from experiments._common import print_table
+from experiments._common import parser as make_parser
+
+PROBES = {"prefill_gemm_scale": 2.0, "moe_expert_scale": 2.0, "prefill_layer_time": 200e-6}
+GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.05), 4),
+        "moe_expert_scale": np.round(np.arange(1.0, 4.001, 0.1), 4),
+        "prefill_layer_time": np.round(np.arange(0.0, 400.1e-6, 20e-6), 9)}
+QUICK_MAX_CONCURRENCY = 16
+GROUP = ["gpu", "model"]
+METRICS = ("ttft", "tpot")
+
+
+def _engine(terms) -> vs.Engine:
+    base = vs.ENGINES["vllm"]
+    return vs.Engine(base.name, base.recipe, base.engine_overhead, terms)
+
+
+def _pass(rows: pd.DataFrame, terms) -> pd.DataFrame:
+    """validate_silicon's table of ``rows`` simulated with ``terms`` (a dict or a function of
+    the row), indexed by row id."""
+    shipped = vs.ENGINES["vllm"]
+    vs.ENGINES["vllm"] = _engine(terms)
+    try:
+        table = vs.validate(rows, "vllm")
+    finally:
+        vs.ENGINES["vllm"] = shipped
+    return table[table.expressible].set_index("id")
+
+
+def _with(**changes) -> dict:
+    return {**vllm_v1.terms(), **vllm_silicon.NEUTRAL, **changes}
+
+
+def surrogate(base: pd.DataFrame, probes: dict[str, pd.DataFrame], grid: np.ndarray
+              ) -> dict[str, np.ndarray]:
+    """Log simulated TTFT and TPOT (rows x grid points) under each grid point's terms: each
+    term's effect linear in it between neutral and its probe (``grid``: points x terms)."""
+    out = {}
+    for m in METRICS:
+        y0 = np.log(base[f"sim_{m}_ms"].to_numpy())
+        pred = np.repeat(y0[:, None], len(grid), axis=1)
+        for j, name in enumerate(vllm_silicon.TERMS):
+            d = np.log(probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy()) - y0
+            u = (grid[:, j] - vllm_silicon.NEUTRAL[name]) \
+                / (PROBES[name] - vllm_silicon.NEUTRAL[name])
+            pred += d[:, None] * u[None, :]
+        out[m] = pred
+    return out
+
+
+def fit(base: pd.DataFrame, pred: dict, grid: np.ndarray, keep: np.ndarray) -> dict:
+    """The grid point minimising the mean absolute log error of TTFT and TPOT over the rows
+    ``keep`` (boolean), each (GPU, model) group weighted equally."""
+    rows = base[keep]
+    sizes = rows.groupby(GROUP)[GROUP[0]].transform("size").to_numpy()
+    w = (1.0 / sizes) / (1.0 / sizes).sum()
+    loss = np.zeros(len(grid))
+    for m in METRICS:
+        meas = np.log(rows[f"{m}_ms"].to_numpy())
+        loss += (np.abs(pred[m][keep] - meas[:, None]) * w[:, None]).sum(axis=0)
+    best = grid[int(np.argmin(loss))]
+    return {name: float(v) for name, v in zip(vllm_silicon.TERMS, best)}
+
+
+def _group_key(row) -> tuple:
+    return (row.gpu, row.model)
+
+
+def errors(table: pd.DataFrame) -> dict:
+    """Median absolute error % of TTFT and TPOT, and the worst (GPU, model) group's."""
+    g = table.groupby(GROUP).agg(ttft=("ttft_error", lambda e: 100 * e.abs().median()),
+                                 tpot=("tpot_error", lambda e: 100 * e.abs().median()))
+    return {"rows": int(len(table)),
+            "ttft_error": float(100 * table.ttft_error.abs().median()),
+            "tpot_error": float(100 * table.tpot_error.abs().median()),
+            "worst_ttft_group": float(g.ttft.max()), "worst_tpot_group": float(g.tpot.max())}
+
+
+def group_errors(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Median absolute (and signed) error % per (GPU, model) group under each run."""
+    parts = []
+    for name, t in tables.items():
+        g = t.groupby(GROUP).agg(
+            rows=("ttft_error", "size"),
+            ttft=("ttft_error", lambda e: 100 * e.abs().median()),
+            ttft_bias=("ttft_error", lambda e: 100 * e.median()),
+            tpot=("tpot_error", lambda e: 100 * e.abs().median()),
+            tpot_bias=("tpot_error", lambda e: 100 * e.median()))
+        parts.append(g.add_prefix(f"{name}_").rename(columns={f"{name}_rows": "rows"})
+                     if not parts else g.drop(columns="rows").add_prefix(f"{name}_"))
+    return pd.concat(parts, axis=1).reset_index()
+
+
+def main(argv=None) -> pd.DataFrame:
+    """Fit, report, write (module docstring); return the summary table (``attrs``: ``terms``,
+    ``folds``, ``groups``, ``rows``)."""
+    parser = make_parser("fit_silicon_terms", __doc__,
+                         f"the rows at concurrency <= {QUICK_MAX_CONCURRENCY} only")
+    parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
+    parser.add_argument("--update", action="store_true",
+                        help="write the fitted terms to the package data")
+    args = parser.parse_args(argv)
+    if args.update and args.quick:
+        parser.error("--update fits on every row: drop --quick")
+    raw = vs.load(Path(args.data))
+    if raw is None:
+        print(f"fit_silicon_terms skipped: {args.data} not found")
+        return pd.DataFrame()
+    rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
+    if args.quick:
+        rows = rows[rows.concurrency <= QUICK_MAX_CONCURRENCY]
+    base = _pass(rows, _with())
+    probes = {name: _pass(rows, _with(**{name: value})) for name, value in PROBES.items()}
+    base = base[np.isfinite(base.sim_ttft_ms) & np.isfinite(base.sim_tpot_ms)]
+    grid = np.array(list(itertools.product(*(GRID[t] for t in vllm_silicon.TERMS))))
+    pred = surrogate(base, probes, grid)
+    keys = np.array([_group_key(r) for r in base.itertuples()], dtype=object)
+    key_of = [tuple(k) for k in keys]
+    everything = fit(base, pred, grid, np.ones(len(base), dtype=bool))
+    folds = {}
+    for key in sorted(set(key_of)):
+        folds[key] = fit(base, pred, grid, np.array([k != key for k in key_of]))
+    insample = _pass(rows.loc[rows.id.isin(base.index)], _with(**everything))
+    logo = _pass(rows.loc[rows.id.isin(base.index)],
+                 lambda r: _with(**folds[_group_key(r)]))
+    tables = {"shipped": base, "insample": insample, "logo": logo}
+    summary = pd.DataFrame([{"terms": name, **errors(t)} for name, t in tables.items()])
+    groups = group_errors(tables)
+    fold_table = pd.DataFrame([{"gpu": k[0], "model": k[1], **v} for k, v in folds.items()])
+    per_row = base[["gpu", "model", "layout", "isl", "osl", "concurrency", "ttft_ms",
+                    "tpot_ms", "sim_ttft_ms", "sim_tpot_ms"]].copy()
+    for name in ("insample", "logo"):
+        for m in METRICS:
+            per_row[f"sim_{m}_ms_{name}"] = tables[name].loc[per_row.index, f"sim_{m}_ms"]
+    print("terms fitted on every row: " + ", ".join(
+        f"{k} {v * vllm_silicon.UNITS[k][1]:.3g} {vllm_silicon.UNITS[k][0]}"
+        for k, v in everything.items()))
+    print("\nmedian absolute error %: shipped vllm_v1, in-sample, leave-one-group-out")
+    print_table(summary, digits=3)
+    print("\nper (GPU, model) group")
+    print_table(groups, digits=3)
+    print("\nleave-one-group-out folds (terms fitted without the group)")
+    print_table(fold_table, digits=4)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_row.to_csv(out / "rows.csv")
+    groups.to_csv(out / "groups.csv", index=False)
+    fold_table.to_csv(out / "folds.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    if args.update:
+        record = {"terms": everything,
+                  "fitted_on": f"{len(base)} vLLM rows of {Path(args.data).name} (H100-SXM, "
+                               f"H200), {len(folds)} (GPU, model) groups",
+                  "fitted_at": datetime.date.today().isoformat(),
+                  "refit_command": "python -m experiments.fit_silicon_terms --update",
+                  "errors": {r.terms: {k: getattr(r, k) for k in summary.columns
+                                       if k != "terms"} for r in summary.itertuples()},
+                  "folds": fold_table.to_dict(orient="records")}
+        vllm_silicon.DATA.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        vllm_silicon.shipped.cache_clear()
+        print(f"wrote {vllm_silicon.DATA}")
+    summary.attrs.update(terms=everything, folds=fold_table, groups=groups, rows=per_row)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

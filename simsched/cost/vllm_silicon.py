@@ -1,0 +1,98 @@
+"""Prefill and fused-MoE terms of a vLLM deployment, fitted on AIConfigurator's silicon rows.
+
+The shipped ``vllm_v1`` profile (:mod:`simsched.cost.vllm_v1`) was fitted on dense vLLM 0.15
+runs with short prompts. On the silicon rows (vLLM 0.12-0.18 on H100/H200, prompts of 1k-8k
+tokens, MoE and FP8 models: ``experiments.validate_silicon``) one prefill takes longer than the
+kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Three named
+terms say by how much, each per kernel class, layer or step, never per model:
+
+* ``prefill_gemm_scale`` (x): the GEMM time (the linear table: projections, MLPs, experts,
+  their element-wise work) of a step that prefills, against the kernel tables. A long
+  compute-bound step runs at the power-limited clock: on an H200 a Llama-3.1-70B layer's FP8
+  GEMMs back to back for a whole 7,424-token prefill take 1.14x their one-by-one time (bf16:
+  1.15x; SM clock 1,365-1,440 MHz at 690 W; ``benchmarks/device/h200_prefill_sustained.py``);
+  the fit also absorbs what else a prefill step does that the tables do not time.
+* ``moe_expert_scale`` (x): the routed experts' time in every step (their GEMMs, or the
+  measured fused layer where a table has it), against the dense GEMM model: vLLM's fused-MoE
+  kernels (Triton, Marlin for 4-bit experts) reach less of the GPU than a dense GEMM of the
+  same rows.
+* ``prefill_layer_time`` (s per layer): host work per layer of a step that prefills: vLLM
+  captures CUDA graphs only up to its capture sizes, so a prefill step launches its layers'
+  kernels one by one (piecewise). On the H200 an eagerly launched layer of a Llama-3-8B shape
+  costs 36-105 us of wall time beyond its CUDA graph at 256-2,048 tokens (same script).
+
+With ``prefill_gemm_scale = moe_expert_scale = 1`` and ``prefill_layer_time = 0`` (:data:`NEUTRAL`)
+the model is the shipped one, bit for bit; the shipped ``vllm_v1`` profile keeps them so. The
+fitted values (``data/vllm_silicon_terms.json``, refitted by ``python -m
+experiments.fit_silicon_terms``, which also reports leave-one-group-out errors) are used by
+passing :func:`terms` as ``engine_terms``
+(:func:`simsched.cost.factory.engine_terms_cost_model` builds the cost model).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+
+from simsched.cost import calibration as cal
+from simsched.cost import vllm_v1
+
+TERMS = ("prefill_gemm_scale", "moe_expert_scale", "prefill_layer_time")
+NEUTRAL = {"prefill_gemm_scale": 1.0, "moe_expert_scale": 1.0, "prefill_layer_time": 0.0}
+UNITS = {"prefill_gemm_scale": ("x", 1.0), "moe_expert_scale": ("x", 1.0),
+         "prefill_layer_time": ("us per layer and prefill step", 1e6)}
+DATA = cal.DATA_DIR / "vllm_silicon_terms.json"
+
+
+def check(terms: dict, where: str = "engine_terms") -> dict:
+    """The three terms of ``terms`` (absent: neutral), checked: scales > 0, the layer time
+    >= 0, all finite; an error names ``where`` and the term."""
+    out = {}
+    for name in TERMS:
+        value = terms.get(name, NEUTRAL[name])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ValueError(f"{where}.{name} must be a finite number, got {value!r}")
+        if (name.endswith("scale") and value <= 0) or value < 0:
+            raise ValueError(f"{where}.{name} must be {'> 0' if name.endswith('scale') else '>= 0'}"
+                             f", got {value!r}")
+        out[name] = float(value)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def shipped() -> dict:
+    """The shipped record (``terms``, how they were fitted and the figures of that fit)."""
+    try:
+        record = json.loads(DATA.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{DATA}: the fitted silicon terms are missing; run `python -m "
+                         f"experiments.fit_silicon_terms --update`") from None
+    check(record.get("terms", {}), str(DATA))
+    return record
+
+
+def terms() -> dict:
+    """The ``vllm_v1`` terms with the fitted silicon terms added (seconds; scales as factors):
+    pass as ``engine_terms`` to a calibrated cost model
+    (:func:`simsched.cost.factory.engine_terms_cost_model`)."""
+    return {**vllm_v1.terms(), **check(shipped()["terms"], str(DATA))}
+
+
+def apply(k, terms: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the linear table with the experts scaled, the seconds a prefilling step adds by token
+    count or None) for kernel tables ``k`` under ``terms``; neutral terms return ``k.linear``
+    itself and None, so the model stays the shipped one bit for bit."""
+    t = check(terms)
+    linear = k.linear
+    if t["moe_expert_scale"] != 1.0 and getattr(k, "moe_experts", None) is not None:
+        linear = linear + (t["moe_expert_scale"] - 1.0) * k.moe_experts
+    if t["prefill_gemm_scale"] == 1.0 and t["prefill_layer_time"] == 0.0:
+        return linear, None
+    extra = (t["prefill_gemm_scale"] - 1.0) * linear \
+        + k.spec.num_layers * t["prefill_layer_time"]
+    extra[0] = 0.0
+    return linear, extra
