@@ -38,8 +38,7 @@ class KernelTables:
     :func:`simsched.cost.calibration.fit_all` returns also works). ``parallel`` (a
     :class:`simsched.config.parallel.ParallelConfig`) and a non-plain model (MoE, MLA,
     quantised) route the linear part through :mod:`simsched.cost.moe`; ``moe_comm`` is then its
-    expert-parallel all-to-all seconds by token count and ``moe_experts`` the routed experts'
-    part of ``linear`` (both None for a plain model).
+    expert-parallel all-to-all seconds by token count (None for a plain model).
     """
 
     def __init__(self, spec: ModelSpec, gpu: GPUSpec, tp: int = 1, model_name: str | None = None,
@@ -83,7 +82,6 @@ class KernelTables:
         self.comm = comm
         self.num_collectives = 2 * spec.num_layers if tp > 1 else 0
         self.moe_comm = None
-        self.moe_experts = None         # the routed experts' part of linear (MoE models)
         if (parallel is not None or not spec.is_plain) and not self.linear_complete:
             moe.apply(self, coefficients[gpu.kernels], n, parallel)  # MoE, MLA, quantised
         if spec.sliding_window:
