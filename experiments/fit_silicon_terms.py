@@ -4,16 +4,18 @@ rows of the silicon set, and report them leaving one (GPU, model) group out.
     python -m experiments.fit_silicon_terms [--quick] [--update] [--out DIR]
 
 The rows are ``experiments.validate_silicon``'s (read its docstring and the data README; the
-Blackwell rows are never read). The terms (``prefill_gemm_scale``, ``moe_expert_scale``,
-``prefill_layer_time``; per step, layer and kernel class, never per model) are fitted as follows:
+Blackwell rows are never read). The terms (:data:`simsched.cost.vllm_silicon.TERMS`: per step,
+layer and kernel class, never per model) are fitted as follows:
 
 1. every expressible row is simulated with neutral terms (the shipped ``vllm_v1`` profile) and
-   once per term with that term alone at its probe value (:data:`PROBES`): four passes;
+   once per term with that term alone at its probe value (:data:`PROBES`): five passes
+   (``--baseline``: the neutral pass read from a ``validate_silicon`` rows.csv instead);
 2. each row's simulated log TTFT and log TPOT are taken as linear in each term between its
    neutral and probe values (a surrogate: queueing makes the real response curve, which the
    final passes below measure);
 3. the terms minimise the mean absolute log error of TTFT and TPOT over the rows, each
-   (GPU, model) group weighted equally, on a grid (:data:`GRID`);
+   (GPU, model) group weighted equally, by coordinate descent over a grid per term
+   (:data:`GRID`);
 4. two more passes simulate every row with the terms fitted on all rows (in-sample) and with
    the terms fitted without the row's own (GPU, model) group (leave-one-group-out, the
    headline: how a model or GPU no row was fitted on would fare).
@@ -30,7 +32,6 @@ those rows; never used for ``--update``).
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 from pathlib import Path
 
@@ -42,10 +43,12 @@ from experiments import validate_silicon as vs
 from experiments._common import print_table
 from experiments._common import parser as make_parser
 
-PROBES = {"prefill_gemm_scale": 2.0, "moe_expert_scale": 2.0, "prefill_layer_time": 200e-6}
-GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.05), 4),
-        "moe_expert_scale": np.round(np.arange(1.0, 4.001, 0.1), 4),
-        "prefill_layer_time": np.round(np.arange(0.0, 400.1e-6, 20e-6), 9)}
+PROBES = {"prefill_gemm_scale": 2.0, "moe_expert_scale": 2.0, "prefill_layer_time": 200e-6,
+          "large_allreduce_scale": 0.5}
+GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.025), 4),
+        "moe_expert_scale": np.round(np.arange(1.0, 4.001, 0.05), 4),
+        "prefill_layer_time": np.round(np.arange(0.0, 500.1e-6, 10e-6), 9),
+        "large_allreduce_scale": np.round(np.arange(0.2, 1.501, 0.025), 4)}
 QUICK_MAX_CONCURRENCY = 16
 GROUP = ["gpu", "model"]
 METRICS = ("ttft", "tpot")
@@ -72,35 +75,51 @@ def _with(**changes) -> dict:
     return {**vllm_v1.terms(), **vllm_silicon.NEUTRAL, **changes}
 
 
-def surrogate(base: pd.DataFrame, probes: dict[str, pd.DataFrame], grid: np.ndarray
-              ) -> dict[str, np.ndarray]:
-    """Log simulated TTFT and TPOT (rows x grid points) under each grid point's terms: each
-    term's effect linear in it between neutral and its probe (``grid``: points x terms)."""
+def sensitivities(base: pd.DataFrame, probes: dict[str, pd.DataFrame]) -> dict:
+    """Per metric: (rows' log simulated value under neutral terms, rows x terms change of the
+    log value from neutral to each term's probe)."""
     out = {}
     for m in METRICS:
         y0 = np.log(base[f"sim_{m}_ms"].to_numpy())
-        pred = np.repeat(y0[:, None], len(grid), axis=1)
-        for j, name in enumerate(vllm_silicon.TERMS):
-            d = np.log(probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy()) - y0
-            u = (grid[:, j] - vllm_silicon.NEUTRAL[name]) \
-                / (PROBES[name] - vllm_silicon.NEUTRAL[name])
-            pred += d[:, None] * u[None, :]
-        out[m] = pred
+        d = np.column_stack([np.log(probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy()) - y0
+                             for name in vllm_silicon.TERMS])
+        out[m] = (y0, d)
     return out
 
 
-def fit(base: pd.DataFrame, pred: dict, grid: np.ndarray, keep: np.ndarray) -> dict:
-    """The grid point minimising the mean absolute log error of TTFT and TPOT over the rows
-    ``keep`` (boolean), each (GPU, model) group weighted equally."""
+def _units(name: str, values) -> np.ndarray:
+    """How far ``values`` of a term are from neutral, in units of its probe's distance."""
+    return (np.asarray(values, dtype=float) - vllm_silicon.NEUTRAL[name]) \
+        / (PROBES[name] - vllm_silicon.NEUTRAL[name])
+
+
+def fit(base: pd.DataFrame, sens: dict, keep: np.ndarray) -> dict:
+    """The terms minimising the mean absolute log error of TTFT and TPOT over the rows ``keep``
+    (boolean), each (GPU, model) group weighted equally, under the surrogate (each term's
+    effect on a row's log value linear between neutral and its probe): coordinate descent over
+    each term's grid (:data:`GRID`) until no term moves."""
     rows = base[keep]
     sizes = rows.groupby(GROUP)[GROUP[0]].transform("size").to_numpy()
     w = (1.0 / sizes) / (1.0 / sizes).sum()
-    loss = np.zeros(len(grid))
-    for m in METRICS:
-        meas = np.log(rows[f"{m}_ms"].to_numpy())
-        loss += (np.abs(pred[m][keep] - meas[:, None]) * w[:, None]).sum(axis=0)
-    best = grid[int(np.argmin(loss))]
-    return {name: float(v) for name, v in zip(vllm_silicon.TERMS, best)}
+    meas = {m: np.log(rows[f"{m}_ms"].to_numpy()) for m in METRICS}
+    theta = dict(vllm_silicon.NEUTRAL)
+    for _ in range(50):
+        moved = False
+        for j, name in enumerate(vllm_silicon.TERMS):
+            loss = np.zeros(len(GRID[name]))
+            for m in METRICS:
+                y0, d = sens[m]
+                u = np.array([_units(t, theta[t]) for t in vllm_silicon.TERMS])
+                u[j] = 0.0
+                rest = y0[keep] + d[keep] @ u
+                pred = rest[:, None] + d[keep][:, j][:, None] * _units(name, GRID[name])[None, :]
+                loss += (np.abs(pred - meas[m][:, None]) * w[:, None]).sum(axis=0)
+            best = float(GRID[name][int(np.argmin(loss))])
+            moved |= best != theta[name]
+            theta[name] = best
+        if not moved:
+            break
+    return theta
 
 
 def _group_key(row) -> tuple:
@@ -138,6 +157,9 @@ def main(argv=None) -> pd.DataFrame:
     parser = make_parser("fit_silicon_terms", __doc__,
                          f"the rows at concurrency <= {QUICK_MAX_CONCURRENCY} only")
     parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
+    parser.add_argument("--baseline", default=None,
+                        help="rows.csv of a validate_silicon run with the shipped profile (the "
+                             "neutral pass, not simulated again)")
     parser.add_argument("--update", action="store_true",
                         help="write the fitted terms to the package data")
     args = parser.parse_args(argv)
@@ -150,17 +172,23 @@ def main(argv=None) -> pd.DataFrame:
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     if args.quick:
         rows = rows[rows.concurrency <= QUICK_MAX_CONCURRENCY]
-    base = _pass(rows, _with())
+    if args.baseline:
+        base = pd.read_csv(args.baseline)
+        base = base[base.expressible & base.id.isin(rows.id)].set_index("id")
+    else:
+        base = _pass(rows, _with())
     probes = {name: _pass(rows, _with(**{name: value})) for name, value in PROBES.items()}
-    base = base[np.isfinite(base.sim_ttft_ms) & np.isfinite(base.sim_tpot_ms)]
-    grid = np.array(list(itertools.product(*(GRID[t] for t in vllm_silicon.TERMS))))
-    pred = surrogate(base, probes, grid)
-    keys = np.array([_group_key(r) for r in base.itertuples()], dtype=object)
-    key_of = [tuple(k) for k in keys]
-    everything = fit(base, pred, grid, np.ones(len(base), dtype=bool))
+    ok = np.isfinite(base.sim_ttft_ms) & np.isfinite(base.sim_tpot_ms)
+    for p in probes.values():
+        ok &= np.isfinite(p.reindex(base.index).sim_ttft_ms) \
+            & np.isfinite(p.reindex(base.index).sim_tpot_ms)
+    base = base[ok]
+    sens = sensitivities(base, probes)
+    key_of = [_group_key(r) for r in base.itertuples()]
+    everything = fit(base, sens, np.ones(len(base), dtype=bool))
     folds = {}
     for key in sorted(set(key_of)):
-        folds[key] = fit(base, pred, grid, np.array([k != key for k in key_of]))
+        folds[key] = fit(base, sens, np.array([k != key for k in key_of]))
     insample = _pass(rows.loc[rows.id.isin(base.index)], _with(**everything))
     logo = _pass(rows.loc[rows.id.isin(base.index)],
                  lambda r: _with(**folds[_group_key(r)]))

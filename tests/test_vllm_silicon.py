@@ -89,3 +89,15 @@ def test_shipped_terms_load_and_reach_a_run():
     fitted = simulate(cfg, cost_model=model).summary()
     slower = any(terms[t] != vllm_silicon.NEUTRAL[t] for t in vllm_silicon.TERMS)
     assert (fitted["ttft_p50"] > shipped["ttft_p50"]) == slower
+
+
+def test_large_allreduce_scale_moves_only_calls_above_the_custom_limit():
+    base = _model("llama-3-8b", tp=4)
+    fast = _model("llama-3-8b", _terms(large_allreduce_scale=0.5), tp=4)
+    # llama-3-8b: 4,096 channels x 2 bytes = 8 KiB per token; 8 MiB from 1,024 tokens.
+    small, large = Batch([], [], 64, 64000), Batch([4000], [0], 0, 0)
+    assert fast.breakdown(small)["communication"] == base.breakdown(small)["communication"]
+    assert fast.breakdown(large)["communication"] == pytest.approx(
+        0.5 * base.breakdown(large)["communication"], rel=1e-12)
+    comm = np.array(fast._comm)
+    assert np.all(np.diff(comm) >= 0)           # more tokens never cost less

@@ -109,7 +109,8 @@ class CalibratedCostModel:
             # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles).
             terms = engine_terms if engine_terms is not None else vllm_v1.terms() \
                 if engine_overhead == "vllm_v1" else engine_profiles.terms(engine_overhead)
-            comm = vllm_v1.comm_table(k, terms["allreduce_latency"])
+            comm = vllm_silicon.scale_comm(k, vllm_v1.comm_table(k, terms["allreduce_latency"]),
+                                           terms)
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
             # (the breakdown's embedding part; a power cap slows it like the other kernels).
             lm_head = lm_head + terms["sampler_per_logit"] * spec.vocab_size * n

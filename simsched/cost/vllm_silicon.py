@@ -20,8 +20,12 @@ terms say by how much, each per kernel class, layer or step, never per model:
   captures CUDA graphs only up to its capture sizes, so a prefill step launches its layers'
   kernels one by one (piecewise). On the H200 an eagerly launched layer of a Llama-3-8B shape
   costs 36-105 us of wall time beyond its CUDA graph at 256-2,048 tokens (same script).
+* ``large_allreduce_scale`` (x): the tensor-parallel all-reduces above vLLM's custom
+  all-reduce limit (8 MiB: a prefill's), against the kernel tables' NCCL (the A100 NCCL profile
+  scaled by link bandwidth; AIConfigurator's measured NCCL on its own profiles). vLLM on Hopper
+  may take other paths for them (symmetric-memory all-reduce over NVLink SHARP).
 
-With ``prefill_gemm_scale = moe_expert_scale = 1`` and ``prefill_layer_time = 0`` (:data:`NEUTRAL`)
+With the scales 1 and ``prefill_layer_time = 0`` (:data:`NEUTRAL`)
 the model is the shipped one, bit for bit; the shipped ``vllm_v1`` profile keeps them so. The
 fitted values (``data/vllm_silicon_terms.json``, refitted by ``python -m
 experiments.fit_silicon_terms``, which also reports leave-one-group-out errors) are used by
@@ -40,10 +44,12 @@ import numpy as np
 from simsched.cost import calibration as cal
 from simsched.cost import vllm_v1
 
-TERMS = ("prefill_gemm_scale", "moe_expert_scale", "prefill_layer_time")
-NEUTRAL = {"prefill_gemm_scale": 1.0, "moe_expert_scale": 1.0, "prefill_layer_time": 0.0}
+TERMS = ("prefill_gemm_scale", "moe_expert_scale", "prefill_layer_time", "large_allreduce_scale")
+NEUTRAL = {"prefill_gemm_scale": 1.0, "moe_expert_scale": 1.0, "prefill_layer_time": 0.0,
+           "large_allreduce_scale": 1.0}
 UNITS = {"prefill_gemm_scale": ("x", 1.0), "moe_expert_scale": ("x", 1.0),
-         "prefill_layer_time": ("us per layer and prefill step", 1e6)}
+         "prefill_layer_time": ("us per layer and prefill step", 1e6),
+         "large_allreduce_scale": ("x", 1.0)}
 DATA = cal.DATA_DIR / "vllm_silicon_terms.json"
 
 
@@ -96,3 +102,15 @@ def apply(k, terms: dict) -> tuple[np.ndarray, np.ndarray | None]:
         + k.spec.num_layers * t["prefill_layer_time"]
     extra[0] = 0.0
     return linear, extra
+
+
+def scale_comm(k, comm: np.ndarray, terms: dict) -> np.ndarray:
+    """The all-reduce table ``comm`` of kernel tables ``k`` with the calls above the custom
+    all-reduce limit scaled by ``large_allreduce_scale`` (neutral: ``comm`` itself)."""
+    scale = check(terms)["large_allreduce_scale"]
+    if scale == 1.0:
+        return comm
+    n = np.arange(len(comm), dtype=float)
+    large = n * k.spec.hidden_size * k.spec.bytes_per_param >= vllm_v1.CUSTOM_AR_MAX_BYTES
+    # More tokens never cost less: a faster large call is never below the custom one before it.
+    return np.maximum.accumulate(np.where(large, comm * scale, comm))
