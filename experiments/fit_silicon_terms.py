@@ -10,9 +10,9 @@ layer and kernel class, never per model) are fitted as follows:
 1. every expressible row is simulated with neutral terms (the shipped ``vllm_v1`` profile) and
    once per term with that term alone at its probe value (:data:`PROBES`): five passes
    (``--baseline``: the neutral pass read from a ``validate_silicon`` rows.csv instead);
-2. each row's simulated log TTFT and log TPOT are taken as linear in each term between its
-   neutral and probe values (a surrogate: queueing makes the real response curve, which the
-   final passes below measure);
+2. each row's simulated TTFT and TPOT are taken as linear in each term between its neutral and
+   probe values (a surrogate: exact for a lone prefill step, while queueing bends the real
+   response curve, which the final passes below measure);
 3. the terms minimise the mean absolute log error of TTFT and TPOT over the rows, each
    (GPU, model) group weighted equally, by coordinate descent over a grid per term
    (:data:`GRID`);
@@ -43,10 +43,10 @@ from experiments import validate_silicon as vs
 from experiments._common import print_table
 from experiments._common import parser as make_parser
 
-PROBES = {"prefill_gemm_scale": 2.0, "moe_expert_scale": 2.0, "prefill_layer_time": 200e-6,
+PROBES = {"prefill_gemm_scale": 2.0, "prefill_expert_scale": 3.0, "prefill_layer_time": 200e-6,
           "large_allreduce_scale": 0.5}
 GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.025), 4),
-        "moe_expert_scale": np.round(np.arange(1.0, 4.001, 0.05), 4),
+        "prefill_expert_scale": np.round(np.arange(1.0, 8.001, 0.05), 4),
         "prefill_layer_time": np.round(np.arange(0.0, 500.1e-6, 10e-6), 9),
         "large_allreduce_scale": np.round(np.arange(0.2, 1.501, 0.025), 4)}
 QUICK_MAX_CONCURRENCY = 16
@@ -76,12 +76,12 @@ def _with(**changes) -> dict:
 
 
 def sensitivities(base: pd.DataFrame, probes: dict[str, pd.DataFrame]) -> dict:
-    """Per metric: (rows' log simulated value under neutral terms, rows x terms change of the
-    log value from neutral to each term's probe)."""
+    """Per metric: (rows' simulated value under neutral terms, rows x terms change of the
+    value from neutral to each term's probe), ms."""
     out = {}
     for m in METRICS:
-        y0 = np.log(base[f"sim_{m}_ms"].to_numpy())
-        d = np.column_stack([np.log(probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy()) - y0
+        y0 = base[f"sim_{m}_ms"].to_numpy()
+        d = np.column_stack([probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy() - y0
                              for name in vllm_silicon.TERMS])
         out[m] = (y0, d)
     return out
@@ -96,7 +96,7 @@ def _units(name: str, values) -> np.ndarray:
 def fit(base: pd.DataFrame, sens: dict, keep: np.ndarray) -> dict:
     """The terms minimising the mean absolute log error of TTFT and TPOT over the rows ``keep``
     (boolean), each (GPU, model) group weighted equally, under the surrogate (each term's
-    effect on a row's log value linear between neutral and its probe): coordinate descent over
+    effect on a row's value linear between neutral and its probe): coordinate descent over
     each term's grid (:data:`GRID`) until no term moves."""
     rows = base[keep]
     sizes = rows.groupby(GROUP)[GROUP[0]].transform("size").to_numpy()
@@ -113,6 +113,8 @@ def fit(base: pd.DataFrame, sens: dict, keep: np.ndarray) -> dict:
                 u[j] = 0.0
                 rest = y0[keep] + d[keep] @ u
                 pred = rest[:, None] + d[keep][:, j][:, None] * _units(name, GRID[name])[None, :]
+                # (a value the surrogate drives below 1 % of the neutral one counts as that)
+                pred = np.log(np.maximum(pred, 0.01 * y0[keep][:, None]))
                 loss += (np.abs(pred - meas[m][:, None]) * w[:, None]).sum(axis=0)
             best = float(GRID[name][int(np.argmin(loss))])
             moved |= best != theta[name]

@@ -33,22 +33,24 @@ def test_neutral_terms_are_the_shipped_model_bit_for_bit(name):
     assert neutral._prefill_extra is None and shipped._prefill_extra is None
 
 
-def test_expert_scale_moves_only_the_routed_experts():
+def test_expert_scale_moves_only_the_routed_experts_of_prefill_steps():
     base = _model("qwen3-30b-a3b")
     k = base.kernels
     assert k.moe_experts is not None
     # The routed experts are a part of the linear time, and the larger part of an MoE layer.
     assert np.all(k.moe_experts <= k.linear + 1e-15)
     assert k.moe_experts[4096] > 0.3 * k.linear[4096]
-    scaled = _model("qwen3-30b-a3b", _terms(moe_expert_scale=1.5))
-    decode = Batch([], [], 16, 16000)
-    step = base.breakdown(decode)
-    assert scaled.breakdown(decode)["linear"] == pytest.approx(
-        step["linear"] + 0.5 * k.moe_experts[16], rel=1e-12)
+    scaled = _model("qwen3-30b-a3b", _terms(prefill_expert_scale=1.5, prefill_gemm_scale=1.2))
+    decode, mixed = Batch([], [], 16, 16000), Batch([900], [0], 3, 4000)
+    assert scaled.iteration_time(decode) == base.iteration_time(decode)
+    assert scaled.breakdown(mixed)["linear"] == pytest.approx(
+        base.breakdown(mixed)["linear"] + 0.2 * k.linear[903] + 1.2 * 0.5 * k.moe_experts[903],
+        rel=1e-12)
     # A dense model has no routed experts: the scale changes nothing.
-    dense, dense_scaled = _model("llama-3-8b"), _model("llama-3-8b", _terms(moe_expert_scale=3.0))
+    dense = _model("llama-3-8b")
+    dense_scaled = _model("llama-3-8b", _terms(prefill_expert_scale=3.0))
     assert getattr(dense.kernels, "moe_experts", None) is None
-    assert dense_scaled.iteration_time(decode) == dense.iteration_time(decode)
+    assert dense_scaled.iteration_time(mixed) == dense.iteration_time(mixed)
 
 
 def test_prefill_terms_add_to_steps_that_prefill_only():
@@ -68,8 +70,8 @@ def test_prefill_terms_add_to_steps_that_prefill_only():
 
 
 def test_terms_are_checked_by_name():
-    with pytest.raises(ValueError, match="moe_expert_scale must be > 0"):
-        _model("qwen3-30b-a3b", _terms(moe_expert_scale=0.0))
+    with pytest.raises(ValueError, match="prefill_expert_scale must be > 0"):
+        _model("qwen3-30b-a3b", _terms(prefill_expert_scale=0.0))
     with pytest.raises(ValueError, match="prefill_layer_time must be >= 0"):
         vllm_silicon.check({"prefill_layer_time": -1e-6})
     with pytest.raises(ValueError, match="prefill_gemm_scale must be a finite number"):

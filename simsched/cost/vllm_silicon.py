@@ -12,10 +12,11 @@ terms say by how much, each per kernel class, layer or step, never per model:
   GEMMs back to back for a whole 7,424-token prefill take 1.14x their one-by-one time (bf16:
   1.15x; SM clock 1,365-1,440 MHz at 690 W; ``benchmarks/device/h200_prefill_sustained.py``);
   the fit also absorbs what else a prefill step does that the tables do not time.
-* ``moe_expert_scale`` (x): the routed experts' time in every step (their GEMMs, or the
-  measured fused layer where a table has it), against the dense GEMM model: vLLM's fused-MoE
-  kernels (Triton, Marlin for 4-bit experts) reach less of the GPU than a dense GEMM of the
-  same rows.
+* ``prefill_expert_scale`` (x): the routed experts' time (their GEMMs, or the measured fused
+  layer where a table has it) in a step that prefills, against the dense GEMM model, on top of
+  ``prefill_gemm_scale``: vLLM's fused-MoE kernels (Triton, Marlin for 4-bit experts) reach
+  less of the GPU than a dense GEMM of the same rows when there are many (decode steps, whose
+  experts are bound by their weight reads, keep the tables' time).
 * ``prefill_layer_time`` (s per layer): host work per layer of a step that prefills: vLLM
   captures CUDA graphs only up to its capture sizes, so a prefill step launches its layers'
   kernels one by one (piecewise). On the H200 an eagerly launched layer of a Llama-3-8B shape
@@ -44,10 +45,10 @@ import numpy as np
 from simsched.cost import calibration as cal
 from simsched.cost import vllm_v1
 
-TERMS = ("prefill_gemm_scale", "moe_expert_scale", "prefill_layer_time", "large_allreduce_scale")
-NEUTRAL = {"prefill_gemm_scale": 1.0, "moe_expert_scale": 1.0, "prefill_layer_time": 0.0,
+TERMS = ("prefill_gemm_scale", "prefill_expert_scale", "prefill_layer_time", "large_allreduce_scale")
+NEUTRAL = {"prefill_gemm_scale": 1.0, "prefill_expert_scale": 1.0, "prefill_layer_time": 0.0,
            "large_allreduce_scale": 1.0}
-UNITS = {"prefill_gemm_scale": ("x", 1.0), "moe_expert_scale": ("x", 1.0),
+UNITS = {"prefill_gemm_scale": ("x", 1.0), "prefill_expert_scale": ("x", 1.0),
          "prefill_layer_time": ("us per layer and prefill step", 1e6),
          "large_allreduce_scale": ("x", 1.0)}
 DATA = cal.DATA_DIR / "vllm_silicon_terms.json"
@@ -88,20 +89,21 @@ def terms() -> dict:
     return {**vllm_v1.terms(), **check(shipped()["terms"], str(DATA))}
 
 
-def apply(k, terms: dict) -> tuple[np.ndarray, np.ndarray | None]:
-    """(the linear table with the experts scaled, the seconds a prefilling step adds by token
-    count or None) for kernel tables ``k`` under ``terms``; neutral terms return ``k.linear``
-    itself and None, so the model stays the shipped one bit for bit."""
+def prefill_extra(k, terms: dict) -> np.ndarray | None:
+    """The seconds a step that prefills adds, by token count, for kernel tables ``k`` under
+    ``terms``; None for neutral terms, so the model stays the shipped one bit for bit."""
     t = check(terms)
     linear = k.linear
-    if t["moe_expert_scale"] != 1.0 and getattr(k, "moe_experts", None) is not None:
-        linear = linear + (t["moe_expert_scale"] - 1.0) * k.moe_experts
-    if t["prefill_gemm_scale"] == 1.0 and t["prefill_layer_time"] == 0.0:
-        return linear, None
+    if t["prefill_gemm_scale"] == 1.0 and t["prefill_layer_time"] == 0.0 \
+            and t["prefill_expert_scale"] == 1.0:
+        return None
     extra = (t["prefill_gemm_scale"] - 1.0) * linear \
         + k.spec.num_layers * t["prefill_layer_time"]
+    experts = getattr(k, "moe_experts", None)
+    if experts is not None:
+        extra = extra + t["prefill_gemm_scale"] * (t["prefill_expert_scale"] - 1.0) * experts
     extra[0] = 0.0
-    return linear, extra
+    return extra
 
 
 def scale_comm(k, comm: np.ndarray, terms: dict) -> np.ndarray:
