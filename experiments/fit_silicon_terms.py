@@ -8,8 +8,8 @@ Blackwell rows are never read). The terms (:data:`simsched.cost.vllm_silicon.TER
 layer and kernel class, never per model) are fitted as follows:
 
 1. every expressible row is simulated with neutral terms (the shipped ``vllm_v1`` profile) and
-   once per term with that term alone at its probe value (:data:`PROBES`): five passes
-   (``--baseline``: the neutral pass read from a ``validate_silicon`` rows.csv instead);
+   once per fitted term with that term alone at its probe value (:data:`PROBES`; ``--baseline``
+   and ``--passes`` read passes already run by ``validate_silicon`` instead);
 2. each row's simulated TTFT and TPOT are taken as linear in each term between its neutral and
    probe values (a surrogate: exact for a lone prefill step, while queueing bends the real
    response curve, which the final passes below measure);
@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +45,10 @@ from experiments import validate_silicon as vs
 from experiments._common import print_table
 from experiments._common import parser as make_parser
 
-PROBES = {"prefill_gemm_scale": 2.0, "prefill_expert_scale": 3.0, "prefill_layer_time": 200e-6,
-          "large_allreduce_scale": 0.5}
+PROBES = {"prefill_gemm_scale": 2.0, "prefill_expert_scale": 3.0, "large_allreduce_scale": 0.5}
+# Terms not fitted here, held at their neutral value: prefill_layer_time (the device script
+# measures a few ms per 80-layer step at most, under the rows' noise).
+FITTED = tuple(PROBES)
 GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.025), 4),
         "prefill_expert_scale": np.round(np.arange(1.0, 8.001, 0.05), 4),
         "prefill_layer_time": np.round(np.arange(0.0, 500.1e-6, 10e-6), 9),
@@ -82,7 +86,7 @@ def sensitivities(base: pd.DataFrame, probes: dict[str, pd.DataFrame]) -> dict:
     for m in METRICS:
         y0 = base[f"sim_{m}_ms"].to_numpy()
         d = np.column_stack([probes[name].loc[base.index, f"sim_{m}_ms"].to_numpy() - y0
-                             for name in vllm_silicon.TERMS])
+                             for name in FITTED])
         out[m] = (y0, d)
     return out
 
@@ -105,11 +109,11 @@ def fit(base: pd.DataFrame, sens: dict, keep: np.ndarray) -> dict:
     theta = dict(vllm_silicon.NEUTRAL)
     for _ in range(50):
         moved = False
-        for j, name in enumerate(vllm_silicon.TERMS):
+        for j, name in enumerate(FITTED):
             loss = np.zeros(len(GRID[name]))
             for m in METRICS:
                 y0, d = sens[m]
-                u = np.array([_units(t, theta[t]) for t in vllm_silicon.TERMS])
+                u = np.array([_units(t, theta[t]) for t in FITTED])
                 u[j] = 0.0
                 rest = y0[keep] + d[keep] @ u
                 pred = rest[:, None] + d[keep][:, j][:, None] * _units(name, GRID[name])[None, :]
@@ -126,6 +130,17 @@ def fit(base: pd.DataFrame, sens: dict, keep: np.ndarray) -> dict:
 
 def _group_key(row) -> tuple:
     return (row.gpu, row.model)
+
+
+class FoldTerms:
+    """A row's engine terms in the leave-one-group-out pass: those fitted without its
+    (GPU, model) group (picklable: the passes run in worker processes)."""
+
+    def __init__(self, folds: dict) -> None:
+        self.folds = folds
+
+    def __call__(self, row) -> dict:
+        return _with(**self.folds[_group_key(row)])
 
 
 def errors(table: pd.DataFrame) -> dict:
@@ -162,6 +177,9 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--baseline", default=None,
                         help="rows.csv of a validate_silicon run with the shipped profile (the "
                              "neutral pass, not simulated again)")
+    parser.add_argument("--passes", default=None,
+                        help="folder with a probe pass per term already run "
+                             "(TERM/rows.csv from `validate_silicon --terms TERM=PROBE`)")
     parser.add_argument("--update", action="store_true",
                         help="write the fitted terms to the package data")
     args = parser.parse_args(argv)
@@ -179,7 +197,14 @@ def main(argv=None) -> pd.DataFrame:
         base = base[base.expressible & base.id.isin(rows.id)].set_index("id")
     else:
         base = _pass(rows, _with())
-    probes = {name: _pass(rows, _with(**{name: value})) for name, value in PROBES.items()}
+    probes = {}
+    for name, value in PROBES.items():
+        done = Path(args.passes or "/nonexistent") / name / "rows.csv"
+        if done.exists():
+            t = pd.read_csv(done)
+            probes[name] = t[t.expressible].set_index("id")
+        else:
+            probes[name] = _pass(rows, _with(**{name: value}))
     ok = np.isfinite(base.sim_ttft_ms) & np.isfinite(base.sim_tpot_ms)
     for p in probes.values():
         ok &= np.isfinite(p.reindex(base.index).sim_ttft_ms) \
@@ -191,9 +216,18 @@ def main(argv=None) -> pd.DataFrame:
     folds = {}
     for key in sorted(set(key_of)):
         folds[key] = fit(base, sens, np.array([k != key for k in key_of]))
-    insample = _pass(rows.loc[rows.id.isin(base.index)], _with(**everything))
-    logo = _pass(rows.loc[rows.id.isin(base.index)],
-                 lambda r: _with(**folds[_group_key(r)]))
+    # The in-sample pass runs in a second process while this one runs the folds' pass.
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "experiments.validate_silicon", "--quiet", "--data", args.data,
+            "--out", str(out / "insample"), "--terms",
+            ",".join(f"{k}={v!r}" for k, v in everything.items())]
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    logo = _pass(rows.loc[rows.id.isin(base.index)], FoldTerms(folds))
+    if child.wait() != 0:
+        raise RuntimeError(f"the in-sample pass failed: {' '.join(argv)}")
+    insample = pd.read_csv(out / "insample" / "rows.csv")
+    insample = insample[insample.expressible & insample.id.isin(base.index)].set_index("id")
     tables = {"shipped": base, "insample": insample, "logo": logo}
     summary = pd.DataFrame([{"terms": name, **errors(t)} for name, t in tables.items()])
     groups = group_errors(tables)
@@ -212,8 +246,6 @@ def main(argv=None) -> pd.DataFrame:
     print_table(groups, digits=3)
     print("\nleave-one-group-out folds (terms fitted without the group)")
     print_table(fold_table, digits=4)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     per_row.to_csv(out / "rows.csv")
     groups.to_csv(out / "groups.csv", index=False)
     fold_table.to_csv(out / "folds.csv", index=False)

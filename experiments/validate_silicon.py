@@ -48,7 +48,7 @@ import pandas as pd
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
 from simsched.config.parallel import ParallelConfig
-from simsched.cost import factory, shapes
+from simsched.cost import factory, shapes, vllm_silicon, vllm_v1
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
@@ -393,6 +393,26 @@ def plot(table: pd.DataFrame, out: Path) -> Path:
     return path
 
 
+def parse_terms(text: str) -> dict | None:
+    """``--terms``: None for 'shipped', the fitted silicon terms for 'fitted', else the vllm_v1
+    terms with ``NAME=VALUE`` pairs (comma-separated) set; a bad pair raises ValueError."""
+    if text == "shipped":
+        return None
+    if text == "fitted":
+        return vllm_silicon.terms()
+    terms = {**vllm_v1.terms(), **vllm_silicon.NEUTRAL}
+    for pair in text.split(","):
+        name, _, value = pair.partition("=")
+        if name.strip() not in terms:
+            raise ValueError(f"unknown term {name.strip()!r}; known: {sorted(terms)}")
+        try:
+            terms[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"{pair!r} is not NAME=NUMBER") from None
+    vllm_silicon.check(terms, "--terms")
+    return terms
+
+
 def main(argv=None) -> pd.DataFrame:
     """Print the coverage, per-group and headline tables; write them and the plot; return the
     per-row table (``attrs['summary']``, ``attrs['groups']``, ``attrs['coverage']``)."""
@@ -404,12 +424,23 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--kernels", default="default", choices=KERNELS,
                         help="kernel profile: the catalog's default for the GPU, or its "
                              "AIConfigurator tables (hardware.kernel_profile)")
+    parser.add_argument("--terms", default="shipped",
+                        help="engine terms: 'shipped' (the profile's), 'fitted' (the vllm_v1 "
+                             "terms with the fitted silicon terms, simsched.cost.vllm_silicon), "
+                             "or NAME=VALUE[,NAME=VALUE...] set on the vllm_v1 terms")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
     args = parser.parse_args(argv)
     if args.engine not in ENGINES:
         parser.error(f"--engine: {args.engine!r} is not registered; registered: "
                      f"{sorted(ENGINES)}")
+    try:
+        terms = parse_terms(args.terms)
+    except ValueError as exc:
+        parser.error(f"--terms: {exc}")
+    if terms is not None:
+        base = ENGINES[args.engine]
+        ENGINES[args.engine] = dataclasses.replace(base, engine_terms=terms)
     rows = load(Path(args.data))
     if rows is None:
         print(f"validate_silicon skipped: {args.data} not found (the silicon rows live in the "
@@ -418,7 +449,11 @@ def main(argv=None) -> pd.DataFrame:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
+    try:
+        table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
+    finally:
+        if terms is not None:
+            ENGINES[args.engine] = base
     cov, grp, summ = coverage(table, args.engine), groups(table), summary(
         table[table.backend == args.engine])
     print(f"coverage of the {args.engine} rows ({(table.backend == args.engine).sum()} of "
