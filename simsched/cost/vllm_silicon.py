@@ -3,7 +3,7 @@
 The shipped ``vllm_v1`` profile (:mod:`simsched.cost.vllm_v1`) was fitted on dense vLLM 0.15
 runs with short prompts. On the silicon rows (vLLM 0.12-0.18 on H100/H200, prompts of 1k-8k
 tokens, MoE and FP8 models: ``experiments.validate_silicon``) one prefill takes longer than the
-kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Three named
+kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Four named
 terms say by how much, each per kernel class, layer or step, never per model:
 
 * ``prefill_gemm_scale`` (x): the GEMM time (the linear table: projections, MLPs, experts,
@@ -20,7 +20,8 @@ terms say by how much, each per kernel class, layer or step, never per model:
 * ``prefill_layer_time`` (s per layer): host work per layer of a step that prefills: vLLM
   captures CUDA graphs only up to its capture sizes, so a prefill step launches its layers'
   kernels one by one (piecewise). On the H200 an eagerly launched layer of a Llama-3-8B shape
-  costs 36-105 us of wall time beyond its CUDA graph at 256-2,048 tokens (same script).
+  costs 36-105 us of wall time beyond its CUDA graph at 256-2,048 tokens (same script): a few
+  ms for a whole step, under the rows' scatter, so the fit holds it at 0.
 * ``large_allreduce_scale`` (x): the tensor-parallel all-reduces above vLLM's custom
   all-reduce limit (8 MiB: a prefill's), against the kernel tables' NCCL (the A100 NCCL profile
   scaled by link bandwidth; AIConfigurator's measured NCCL on its own profiles). vLLM on Hopper
@@ -45,7 +46,8 @@ import numpy as np
 from simsched.cost import calibration as cal
 from simsched.cost import vllm_v1
 
-TERMS = ("prefill_gemm_scale", "prefill_expert_scale", "prefill_layer_time", "large_allreduce_scale")
+TERMS = ("prefill_gemm_scale", "prefill_expert_scale", "prefill_layer_time",
+         "large_allreduce_scale")
 NEUTRAL = {"prefill_gemm_scale": 1.0, "prefill_expert_scale": 1.0, "prefill_layer_time": 0.0,
            "large_allreduce_scale": 1.0}
 UNITS = {"prefill_gemm_scale": ("x", 1.0), "prefill_expert_scale": ("x", 1.0),
@@ -55,7 +57,7 @@ DATA = cal.DATA_DIR / "vllm_silicon_terms.json"
 
 
 def check(terms: dict, where: str = "engine_terms") -> dict:
-    """The three terms of ``terms`` (absent: neutral), checked: scales > 0, the layer time
+    """The four terms of ``terms`` (absent: neutral), checked: scales > 0, the layer time
     >= 0, all finite; an error names ``where`` and the term."""
     out = {}
     for name in TERMS:
