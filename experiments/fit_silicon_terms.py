@@ -52,7 +52,9 @@ FITTED = tuple(PROBES)
 GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.025), 4),
         "prefill_expert_scale": np.round(np.arange(1.0, 8.001, 0.05), 4),
         "prefill_layer_time": np.round(np.arange(0.0, 500.1e-6, 10e-6), 9),
-        "large_allreduce_scale": np.round(np.arange(0.2, 1.501, 0.025), 4)}
+        # At most 1: vLLM's paths for large all-reduces (symmetric memory, else NCCL itself)
+        # are never slower than NCCL; a fit above 1 would stand for other missing prefill time.
+        "large_allreduce_scale": np.round(np.arange(0.2, 1.001, 0.025), 4)}
 QUICK_MAX_CONCURRENCY = 16
 GROUP = ["gpu", "model"]
 METRICS = ("ttft", "tpot")
@@ -258,7 +260,8 @@ def main(argv=None) -> pd.DataFrame:
                   "refit_command": "python -m experiments.fit_silicon_terms --update",
                   "errors": {r.terms: {k: getattr(r, k) for k in summary.columns
                                        if k != "terms"} for r in summary.itertuples()},
-                  "folds": fold_table.to_dict(orient="records")}
+                  "folds": fold_table.to_dict(orient="records"),
+                  "groups": groups.to_dict(orient="records")}
         vllm_silicon.DATA.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         vllm_silicon.shipped.cache_clear()
         print(f"wrote {vllm_silicon.DATA}")

@@ -141,4 +141,14 @@ def silicon_terms(runs) -> str:
         lines.append(f"| {label} | {e['rows']} | {_pct(e['ttft_error'])} | "
                      f"{_pct(e['tpot_error'])} | {_pct(e['worst_ttft_group'])} / "
                      f"{_pct(e['worst_tpot_group'])} |")
+    lines += ["", "Per (GPU, model) group, median absolute error % (signed median in brackets), "
+              "shipped | leave-one-group-out:", "",
+              "| GPU | model | rows | TTFT | TPOT | TTFT (LOGO) | TPOT (LOGO) |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rec.get("groups", []):
+        lines.append(f"| {r['gpu']} | {r['model']} | {r['rows']} | "
+                     f"{_pct(r['shipped_ttft'])} ({_pct(r['shipped_ttft_bias'])}) | "
+                     f"{_pct(r['shipped_tpot'])} ({_pct(r['shipped_tpot_bias'])}) | "
+                     f"{_pct(r['logo_ttft'])} ({_pct(r['logo_ttft_bias'])}) | "
+                     f"{_pct(r['logo_tpot'])} ({_pct(r['logo_tpot_bias'])}) |")
     return "\n".join(lines) + "\n"
