@@ -2,6 +2,7 @@
 rows of the silicon set, and report them leaving one (GPU, model) group out.
 
     python -m experiments.fit_silicon_terms [--quick] [--update] [--out DIR]
+    python -m experiments.fit_silicon_terms --check-vllm015
 
 The rows are ``experiments.validate_silicon``'s (read its docstring and the data README; the
 Blackwell rows are never read). The terms (:data:`simsched.cost.vllm_silicon.TERMS`: per step,
@@ -25,7 +26,8 @@ TPOT under the shipped profile, in-sample and leave-one-group-out), ``groups.csv
 absolute errors per (GPU, model) group under each), ``folds.csv`` (each fold's terms) and
 ``summary.csv``. ``--update`` writes the in-sample terms and these figures to
 ``simsched/cost/data/vllm_silicon_terms.json``, which :func:`simsched.cost.vllm_silicon.terms`
-reads. ``--quick``: the rows at concurrency <= 16 only (the fit and its figures are then of
+reads. ``--check-vllm015``: the real vLLM 0.15 runs with the shipped fitted terms (whether
+they could be the default). ``--quick``: the rows at concurrency <= 16 only (the fit and its figures are then of
 those rows; never used for ``--update``).
 """
 
@@ -170,6 +172,23 @@ def group_errors(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, axis=1).reset_index()
 
 
+def vllm015_check() -> pd.DataFrame:
+    """The real vLLM 0.15 runs (``experiments.validate_vllm``'s, shipped ``vllm_v1`` terms)
+    simulated again with the fitted silicon terms added: median absolute error % of mean TTFT,
+    mean E2E and the engine's time per token, and each run's E2E error."""
+    from experiments import validate_vllm as vv
+
+    rows = []
+    for run in vllm_v1.load_runs().itertuples():
+        meas = vv.measured(run)
+        for name, terms in (("shipped", None), ("silicon", vllm_silicon.terms())):
+            sim = vv.metrics(vv.simulate_run(run, "vllm_v1", None, 0, terms), run.output_tokens)
+            rows.append({"run": run.experiment, "terms": name,
+                         **{f"{m}_error": 100 * (sim[m] / meas[m] - 1)
+                            for m in ("ttft_mean", "e2e_mean", "itl")}})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> pd.DataFrame:
     """Fit, report, write (module docstring); return the summary table (``attrs``: ``terms``,
     ``folds``, ``groups``, ``rows``)."""
@@ -184,7 +203,20 @@ def main(argv=None) -> pd.DataFrame:
                              "(TERM/rows.csv from `validate_silicon --terms TERM=PROBE`)")
     parser.add_argument("--update", action="store_true",
                         help="write the fitted terms to the package data")
+    parser.add_argument("--check-vllm015", action="store_true",
+                        help="only simulate the real vLLM 0.15 runs with the shipped fitted "
+                             "terms (are they fit to be defaults?) and print the errors")
     args = parser.parse_args(argv)
+    if args.check_vllm015:
+        t = vllm015_check()
+        cols = ["ttft_mean_error", "e2e_mean_error", "itl_error"]
+        print("vLLM 0.15 runs, median absolute error % (shipped vllm_v1 / with the silicon "
+              "terms)")
+        print_table(t.groupby("terms")[cols].agg(lambda e: e.abs().median()).reset_index(),
+                    digits=3)
+        print_table(t.pivot(index="run", columns="terms", values="e2e_mean_error")
+                    .reset_index(), digits=3)
+        return t
     if args.update and args.quick:
         parser.error("--update fits on every row: drop --quick")
     raw = vs.load(Path(args.data))
