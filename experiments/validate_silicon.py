@@ -48,7 +48,7 @@ import pandas as pd
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
 from simsched.config.parallel import ParallelConfig
-from simsched.cost import factory, shapes, vllm_silicon, vllm_v1
+from simsched.cost import factory, shapes, vllm_silicon
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
@@ -393,26 +393,6 @@ def plot(table: pd.DataFrame, out: Path) -> Path:
     return path
 
 
-def parse_terms(text: str) -> dict | None:
-    """``--terms``: None for 'shipped', the fitted silicon terms for 'fitted', else the vllm_v1
-    terms with ``NAME=VALUE`` pairs (comma-separated) set; a bad pair raises ValueError."""
-    if text == "shipped":
-        return None
-    if text == "fitted":
-        return vllm_silicon.terms()
-    terms = {**vllm_v1.terms(), **vllm_silicon.NEUTRAL}
-    for pair in text.split(","):
-        name, _, value = pair.partition("=")
-        if name.strip() not in terms:
-            raise ValueError(f"unknown term {name.strip()!r}; known: {sorted(terms)}")
-        try:
-            terms[name.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"{pair!r} is not NAME=NUMBER") from None
-    vllm_silicon.check(terms, "--terms")
-    return terms
-
-
 def main(argv=None) -> pd.DataFrame:
     """Print the coverage, per-group and headline tables; write them and the plot; return the
     per-row table (``attrs['summary']``, ``attrs['groups']``, ``attrs['coverage']``)."""
@@ -435,7 +415,7 @@ def main(argv=None) -> pd.DataFrame:
         parser.error(f"--engine: {args.engine!r} is not registered; registered: "
                      f"{sorted(ENGINES)}")
     try:
-        terms = parse_terms(args.terms)
+        terms = vllm_silicon.parse(args.terms)
     except ValueError as exc:
         parser.error(f"--terms: {exc}")
     if terms is not None:

@@ -105,17 +105,16 @@ def test_large_allreduce_scale_moves_only_calls_above_the_custom_limit():
     assert np.all(np.diff(comm) >= 0)           # more tokens never cost less
 
 
-def test_validate_silicon_terms_option():
-    from experiments import validate_silicon as vs
-
-    assert vs.parse_terms("shipped") is None
-    assert vs.parse_terms("fitted") == vllm_silicon.terms()
-    t = vs.parse_terms("prefill_gemm_scale=1.5,large_allreduce_scale=0.5")
+def test_terms_from_the_command_line():
+    parse = vllm_silicon.parse
+    assert parse("shipped") is None
+    assert parse("fitted") == vllm_silicon.terms()
+    t = parse("prefill_gemm_scale=1.5,large_allreduce_scale=0.5")
     assert t["prefill_gemm_scale"] == 1.5 and t["large_allreduce_scale"] == 0.5
     assert t["prefill_expert_scale"] == 1.0 and t["output_delay"] == vllm_v1.terms()["output_delay"]
     with pytest.raises(ValueError, match="unknown term 'gemm'"):
-        vs.parse_terms("gemm=2")
+        parse("gemm=2")
     with pytest.raises(ValueError, match="not NAME=NUMBER"):
-        vs.parse_terms("prefill_gemm_scale=fast")
+        parse("prefill_gemm_scale=fast")
     with pytest.raises(ValueError, match="prefill_gemm_scale must be > 0"):
-        vs.parse_terms("prefill_gemm_scale=0")
+        parse("prefill_gemm_scale=0")

@@ -118,3 +118,24 @@ def scale_comm(k, comm: np.ndarray, terms: dict) -> np.ndarray:
     large = n * k.spec.hidden_size * k.spec.bytes_per_param >= vllm_v1.CUSTOM_AR_MAX_BYTES
     # More tokens never cost less: a faster large call is never below the custom one before it.
     return np.maximum.accumulate(np.where(large, comm * scale, comm))
+
+
+def parse(text: str) -> dict | None:
+    """Engine terms from text (a command line's ``--terms``): None for ``shipped``, :func:`terms`
+    for ``fitted``, else the ``vllm_v1`` terms with comma-separated ``NAME=VALUE`` pairs set on
+    them (neutral silicon terms otherwise); a bad pair raises ValueError naming it."""
+    if text == "shipped":
+        return None
+    if text == "fitted":
+        return terms()
+    out = {**vllm_v1.terms(), **NEUTRAL}
+    for pair in text.split(","):
+        name, _, value = pair.partition("=")
+        if name.strip() not in out:
+            raise ValueError(f"unknown term {name.strip()!r}; known: {sorted(out)}")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"{pair!r} is not NAME=NUMBER") from None
+    check(out, "--terms")
+    return out
