@@ -1,6 +1,7 @@
 """Where the silicon rows' TTFT goes: one prefill as vLLM served it against the kernel sums.
 
-    python -m experiments.silicon_prefill [--max-concurrency 4] [--terms shipped|fitted] [--out DIR]
+    python -m experiments.silicon_prefill [--max-concurrency 4] [--terms shipped|fitted]
+                                          [--kernels default|aiconfigurator] [--out DIR]
 
 At the lowest concurrency of the silicon set (C = 4) a request waits for little: the rest of
 the decode step in flight, the step already planned (async scheduling), its own prefill step
@@ -45,16 +46,16 @@ def prefill_step(cm, row) -> dict:
             "experts_ms": 0.0 if experts is None else 1e3 * experts[min(tokens, len(experts) - 1)]}
 
 
-def table(rows: pd.DataFrame, terms: dict | None) -> pd.DataFrame:
+def table(rows: pd.DataFrame, terms: dict | None, kernels: str = "default") -> pd.DataFrame:
     """One line per row: measured and simulated TTFT, the simulated prefill step and its parts,
     the wait, the implied measured step and the ratio."""
     engine = vs.Engine("vllm", vs.vllm_recipe, "vllm_v1", terms)
     out = []
     for row in rows.itertuples():
-        sim = vs.simulate_row(row, engine)
+        sim = vs.simulate_row(row, engine, kernels=kernels)
         if sim["reason"]:
             continue
-        cfg, _ = vs.config_of(row, engine)
+        cfg, _ = vs.config_of(row, engine, kernels=kernels)
         cm = factory.make_cost_model(cfg.hardware) if terms is None \
             else factory.engine_terms_cost_model(cfg.hardware, terms)
         step = prefill_step(cm, row)
@@ -87,6 +88,8 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
     parser.add_argument("--max-concurrency", type=int, default=4)
     parser.add_argument("--terms", choices=("shipped", "fitted"), default="shipped")
+    parser.add_argument("--kernels", choices=vs.KERNELS, default="default",
+                        help="kernel profile (validate_silicon's --kernels)")
     args = parser.parse_args(argv)
     raw = vs.load(Path(args.data))
     if raw is None:
@@ -94,10 +97,10 @@ def main(argv=None) -> pd.DataFrame:
         return pd.DataFrame()
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     rows = rows[rows.concurrency <= args.max_concurrency]
-    t = table(rows, None if args.terms == "shipped" else vllm_silicon.terms())
+    t = table(rows, None if args.terms == "shipped" else vllm_silicon.terms(), args.kernels)
     g = by_group(t)
     print(f"one prefill at C <= {args.max_concurrency}: implied (measured TTFT - simulated wait) "
-          f"against the simulated step, ms ({args.terms} terms)")
+          f"against the simulated step, ms ({args.terms} terms, {args.kernels} kernels)")
     print_table(g, digits=3)
     model_ratio = g.groupby("model").ratio.median()
     print("\nmedian ratio per model: " + ", ".join(f"{m} {r:.2f}"
