@@ -48,7 +48,7 @@ import pandas as pd
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
 from simsched.config.parallel import ParallelConfig
-from simsched.cost import factory, shapes
+from simsched.cost import factory, shapes, vllm_silicon
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
@@ -131,7 +131,10 @@ def vllm_recipe(row) -> Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """How simsched reproduces one backend's rows: its recipe per row and engine profile."""
+    """How simsched reproduces one backend's rows: its recipe per row and engine profile.
+    ``engine_terms``: None (the profile's shipped terms), a dict of terms, or a function of the
+    row giving them (leave-one-group-out folds: ``experiments.fit_silicon_terms``); the row's
+    cost model is then built with them (:func:`simsched.cost.factory.engine_terms_cost_model`)."""
 
     name: str
     recipe: Callable[[object], Recipe]
@@ -141,6 +144,12 @@ class Engine:
     # can). experiments._silicon_engines sets both for SGLang and TensorRT-LLM.
     configure: Callable[[SimConfig, object], SimConfig] | None = None
     refuse: Callable[[object], str] | None = None
+    engine_terms: dict | Callable[[object], dict] | None = None
+
+    def terms_of(self, row) -> dict | None:
+        """The engine terms ``row`` is simulated with (None: the shipped profile's)."""
+        t = self.engine_terms
+        return t(row) if callable(t) else t
 
 
 ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
@@ -245,7 +254,9 @@ def simulate_row(row, engine: Engine, num_prompts: int | None = None,
     out = {"layout": label, "recipe": engine.recipe(row).source}
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
-        s = simulate(cfg).summary()
+        terms = engine.terms_of(row)
+        cm = None if terms is None else factory.engine_terms_cost_model(cfg.hardware, terms)
+        s = simulate(cfg, cost_model=cm).summary()
     except ValueError as exc:          # e.g. the weights do not fit at this layout
         return {**out, "reason": str(exc).split("\n")[0]}
     return {**out, "client": kind, "sim_ttft_ms": s["ttft_p50"] * 1e3,
@@ -257,6 +268,7 @@ def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
     out = {r.id: simulate_row(r, engine, kernels=kernels) for r in rows.itertuples()}
     factory._cached_cost_model.cache_clear()
     factory._cached_parallel_model.cache_clear()
+    factory._cached_with_terms.cache_clear()
     return out
 
 
@@ -406,12 +418,23 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--kernels", default="default", choices=KERNELS,
                         help="kernel profile: the catalog's default for the GPU, or its "
                              "AIConfigurator tables (hardware.kernel_profile)")
+    parser.add_argument("--terms", default="shipped",
+                        help="engine terms: 'shipped' (the profile's), 'fitted' (the vllm_v1 "
+                             "terms with the fitted silicon terms, simsched.cost.vllm_silicon), "
+                             "or NAME=VALUE[,NAME=VALUE...] set on the vllm_v1 terms")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
     args = parser.parse_args(argv)
     if args.engine not in ENGINES:
         parser.error(f"--engine: {args.engine!r} is not registered; registered: "
                      f"{sorted(ENGINES)}")
+    try:
+        terms = vllm_silicon.parse(args.terms)
+    except ValueError as exc:
+        parser.error(f"--terms: {exc}")
+    if terms is not None:
+        base = ENGINES[args.engine]
+        ENGINES[args.engine] = dataclasses.replace(base, engine_terms=terms)
     rows = load(Path(args.data))
     if rows is None:
         print(f"validate_silicon skipped: {args.data} not found (the silicon rows live in the "
@@ -420,7 +443,11 @@ def main(argv=None) -> pd.DataFrame:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
+    try:
+        table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
+    finally:
+        if terms is not None:
+            ENGINES[args.engine] = base
     cov, grp, summ = coverage(table, args.engine), groups(table), summary(
         table[table.backend == args.engine])
     print(f"coverage of the {args.engine} rows ({(table.backend == args.engine).sum()} of "

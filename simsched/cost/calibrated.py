@@ -26,7 +26,7 @@ import numpy as np
 
 from simsched.cost import calibration as cal
 from simsched.cost import deployment, overhead
-from simsched.cost import engine_profiles, serving, vllm_v1
+from simsched.cost import engine_profiles, serving, vllm_silicon, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import (GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
@@ -94,6 +94,7 @@ class CalibratedCostModel:
         self._sync = self._floor_prefill = 0.0
         self.output_delay = 0.0
         floor = serial = np.zeros_like(n)
+        prefill_extra = None
         if engine_overhead == "measured_2023" and self._general:
             per_seq, serial = lm_head, cpu.copy()  # CPU kept out of the power-capped GPU time
         elif engine_overhead == "measured_2023":
@@ -108,7 +109,8 @@ class CalibratedCostModel:
             # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles).
             terms = engine_terms if engine_terms is not None else vllm_v1.terms() \
                 if engine_overhead == "vllm_v1" else engine_profiles.terms(engine_overhead)
-            comm = vllm_v1.comm_table(k, terms["allreduce_latency"])
+            comm = vllm_silicon.scale_comm(k, vllm_v1.comm_table(k, terms["allreduce_latency"]),
+                                           terms)
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
             # (the breakdown's embedding part; a power cap slows it like the other kernels).
             lm_head = lm_head + terms["sampler_per_logit"] * spec.vocab_size * n
@@ -117,6 +119,8 @@ class CalibratedCostModel:
             floor = cpu.copy()                  # CPU work is hidden unless longer than the GPU
             serial = np.full_like(n, terms["step_gap"])
             self.output_delay = terms["output_delay"]
+            # Prefill and fused-MoE terms (simsched.cost.vllm_silicon; absent: neutral, None).
+            prefill_extra = vllm_silicon.prefill_extra(k, terms)
         else:
             terms = engine_terms if engine_terms is not None else \
                 serving.engine_terms()[gpu.serving]
@@ -135,6 +139,8 @@ class CalibratedCostModel:
         self._floor, self._serial = floor.tolist(), serial.tolist()
 
         self._linear, self._emb = k.linear.tolist(), k.emb.tolist()
+        # Seconds a step that prefills adds, by token count (None: nothing).
+        self._prefill_extra = None if prefill_extra is None else prefill_extra.tolist()
         if engine_overhead == "eager_2023":
             comm = comm + big  # the large-message term is collective time too
         if k.moe_comm is not None:
@@ -282,6 +288,8 @@ class CalibratedCostModel:
             floor, serial = _extend(self._floor, seqs), _extend(self._serial, seqs)
         if new:
             t *= self._slowdown
+            if self._prefill_extra is not None:
+                t += self._at(self._prefill_extra, sum(new) + batch.num_decode_seqs)
             if self._floor_prefill > floor:
                 floor = self._floor_prefill
         t += self._sync
@@ -309,8 +317,10 @@ class CalibratedCostModel:
             n, ctx = batch.num_decode_seqs, batch.decode_context_sum
             slope = self._dec_s[n] if n < self._size else self._dec_s[-1]
             dec = max(self._at(self._dec_a, n) + slope * ctx, self._sat_a + self._sat_s * ctx)
+        extra = self._at(self._prefill_extra, tokens) \
+            if self._prefill_extra is not None and batch.prefill_new_tokens else 0.0
         parts = {
-            "linear": self._at(self._linear, tokens),
+            "linear": self._at(self._linear, tokens) + extra,
             "attention": pre + dec,
             "communication": self._at(self._comm, tokens),
             "embedding": self._at(self._emb, tokens) + self._at(self._lm_head, seqs),

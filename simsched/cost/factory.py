@@ -44,6 +44,26 @@ def adjusted_cost_model(hw, terms: dict):
                             tuple(sorted(deployment.check_terms(terms).items())))
 
 
+def engine_terms_cost_model(hw, engine_terms: dict):
+    """The calibrated cost model of ``hw`` with its engine profile's terms replaced by
+    ``engine_terms`` (e.g. :func:`simsched.cost.vllm_silicon.terms`, the ``vllm_v1`` terms with
+    the prefill and fused-MoE terms fitted on the silicon rows): pass it to ``simulate(cfg,
+    cost_model=...)``. Cached per (model, GPU, layout, terms)."""
+    return _cached_with_terms(model_spec(hw), gpu_spec(hw), hw.tensor_parallel_size, hw.model,
+                              hw.engine_overhead, getattr(hw, "parallel", None),
+                              tuple(sorted(engine_terms.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_with_terms(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
+                       items: tuple):
+    if parallel is not None:
+        return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead,
+                                 engine_terms=dict(items))
+    return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead,
+                               engine_terms=dict(items))
+
+
 def _calibrated(hw) -> CalibratedCostModel:
     spec = model_spec(hw)   # the config's own shape, or the catalog's
     if getattr(hw, "profile", None) is not None:    # a calibrated deployment profile

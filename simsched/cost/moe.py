@@ -122,10 +122,10 @@ def _layer_parts(spec: ModelSpec, tp: int, gemm: _Gemm, x: np.ndarray) -> tuple:
 
 
 def linear_tables(spec: ModelSpec, gpu: GPUSpec, tp: int, lin: dict, n: np.ndarray,
-                  parallel=None) -> tuple[np.ndarray, np.ndarray]:
-    """(linear seconds of all layers, all-to-all seconds of all layers) by the GPU's token count
-    ``n`` for an MoE, MLA or quantised model (``parallel``: a
-    :class:`simsched.config.parallel.ParallelConfig` or None)."""
+                  parallel=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(linear seconds of all layers, all-to-all seconds of all layers, the routed experts'
+    share of the linear seconds) by the GPU's token count ``n`` for an MoE, MLA or quantised
+    model (``parallel``: a :class:`simsched.config.parallel.ParallelConfig` or None)."""
     dp = parallel.data_parallel_size if parallel is not None else 1
     ep = bool(parallel is not None and parallel.enable_expert_parallel)
     skew = parallel.expert_routing_skew if parallel is not None else 0.0
@@ -142,19 +142,22 @@ def linear_tables(spec: ModelSpec, gpu: GPUSpec, tp: int, lin: dict, n: np.ndarr
     dense = dense + lin["elt_const"] + x * dense_elt * elt_unit
     moe_layers = shapes.num_moe_layers(spec)
     total = dense * (spec.num_layers - moe_layers)
-    a2a = np.zeros_like(x)
+    a2a, experts = np.zeros_like(x), np.zeros_like(x)
     if moe_layers:
-        moe, moe_a2a = _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel)
+        moe, moe_a2a, routed = _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel)
         moe = moe + attn + lin["elt_const"] + x * (elt_tok + quant * inputs) * elt_unit
         total = total + moe * moe_layers
         a2a = moe_a2a * moe_layers
-    total[0] = a2a[0] = 0.0
-    return np.maximum.accumulate(total), np.maximum.accumulate(a2a)
+        experts = routed * moe_layers
+    total[0] = a2a[0] = experts[0] = 0.0
+    return (np.maximum.accumulate(total), np.maximum.accumulate(a2a),
+            np.maximum.accumulate(experts))
 
 
 def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
-    """(seconds of one MoE block on the slowest rank, its all-to-all seconds) for ``x`` tokens
-    per GPU (``x * dp`` tokens over the data-parallel ranks)."""
+    """(seconds of one MoE block on the slowest rank, its all-to-all seconds, the routed
+    experts' part of the block's seconds: their GEMMs, or the measured fused layer) for ``x``
+    tokens per GPU (``x * dp`` tokens over the data-parallel ranks)."""
     h, g, k = spec.hidden_size, (2 if spec.gated_mlp else 1), spec.experts_per_token
     width, num = spec.expert_intermediate_size, spec.num_experts
     ranks = tp * dp
@@ -208,15 +211,16 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
         t = t + hit * (xg.bare(m, h, g * w) + xg.bare(m, w, h)) + 2 * gemm.const
         elt = elt + k * dp * (3 * w + xquant * (h + w))
         a2a = np.zeros_like(x)
+    routed = t - base_t
     measured = _measured_experts(spec, gpu, ranks, ep, total)
     if measured is not None:
         # The fused MoE layer as measured on this GPU (routing, permutation, expert GEMMs,
         # activation): it replaces the derived experts; the router GEMM and shared experts
         # stay derived.
-        t, elt = base_t + measured, base_elt
+        t, elt, routed = base_t + measured, base_elt, measured
     unit = gemm.lin["elt_per_byte"] * GPUS[gemm.lin["gpu"]].mem_bandwidth \
         / gpu.mem_bandwidth * spec.bytes_per_param
-    return t + gemm.lin["elt_const"] + x * elt * unit, a2a
+    return t + gemm.lin["elt_const"] + x * elt * unit, a2a, routed
 
 
 def _measured_experts(spec: ModelSpec, gpu: GPUSpec, ranks: int, ep: bool, tokens):
@@ -259,12 +263,13 @@ def kv_read_scale(spec: ModelSpec, tp: int) -> float:
 
 def apply(tables, coef: dict, n: np.ndarray, parallel=None) -> None:
     """Replace ``tables``' linear part (and scale its decode attention) for a non-plain model;
-    set ``tables.moe_comm`` (expert-parallel all-to-all seconds by token count)."""
+    set ``tables.moe_comm`` (expert-parallel all-to-all seconds by token count) and
+    ``tables.moe_experts`` (the routed experts' part of ``linear``)."""
     spec, gpu, tp = tables.spec, tables.gpu, tables.tp
     if spec.num_experts or spec.kv_lora_rank or spec.weight_dtype != "auto":
         # (A dense model with only an FP8 KV cache keeps its measured linear table.)
-        tables.linear, tables.moe_comm = linear_tables(spec, gpu, tp, coef["linear"], n,
-                                                       parallel)
+        tables.linear, tables.moe_comm, tables.moe_experts = linear_tables(
+            spec, gpu, tp, coef["linear"], n, parallel)
     scale = kv_read_scale(spec, tp)
     tables.dec_s = tables.dec_s * scale
     tables.sat_s = tables.sat_s * scale

@@ -62,3 +62,93 @@ def silicon_errors(runs) -> str:
                      f"{_pct(r.ttft_error_aic)} ({_pct(r.ttft_bias_aic)}) | "
                      f"{_pct(r.tpot_error_aic)} ({_pct(r.tpot_bias_aic)}) |")
     return "\n".join(lines) + "\n"
+
+
+def silicon_prefill(runs) -> str:
+    """One prefill at C = 4 as served against the kernel sums (experiments.silicon_prefill)."""
+    g = runs.get("silicon_prefill")
+    if g.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    lines = ["| GPU | model | layout | prompt | TTFT measured / simulated (ms) | prefill step "
+             "simulated / implied (ms) | implied / simulated | GEMMs (of which routed experts) "
+             "/ attention / all-reduce, simulated (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for r in g.itertuples():
+        lines.append(f"| {r.gpu} | {r.model} | {r.layout} | {r.isl:,} | {r.ttft_ms:.0f} / "
+                     f"{r.sim_ttft_ms:.0f} | {r.step_ms:.0f} / {r.implied_step_ms:.0f} | "
+                     f"{r.ratio:.2f} | {r.linear_ms:.1f} ({r.experts_ms:.1f}) / "
+                     f"{r.attention_ms:.1f} / {r.comm_ms:.1f} |")
+    ratio = g.groupby("model").ratio.median()
+    lines += ["", "Median implied / simulated per model: " + ", ".join(
+        f"{m} {v:.2f}" for m, v in ratio.sort_values().items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def silicon_device(runs) -> str:
+    """The H200 device measurements (benchmarks/device/h200_prefill_sustained.py's recorded
+    output)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / \
+        "h200_prefill_sustained_results.json"
+    rows = json.loads(path.read_text())["rows"]
+    gemm = [r for r in rows if r["experiment"] == "gemm"]
+    attn = [r for r in rows if r["experiment"] == "prefill_attention"]
+    eager = [r for r in rows if r["experiment"] == "eager_vs_graph"]
+    lines = ["| GEMMs of a Llama-3.1-70B layer (TP 1) | tokens | one by one (TFLOP/s) | a whole "
+             "80-layer prefill back to back (TFLOP/s) | back to back / one by one | SM clock "
+             "(MHz) | power (W) |", "|---|---|---|---|---|---|---|"]
+    for r in gemm:
+        t = r["telemetry"] or {}
+        lines.append(f"| {r['dtype']} | {r['tokens']:,} | {r['isolated_tflops']:.0f} | "
+                     f"{r['sustained_tflops']:.0f} | {r['sustained_over_isolated']:.2f} | "
+                     f"{t.get('sm_clock_mhz_median', float('nan')):.0f} | "
+                     f"{t.get('power_w_median', float('nan')):.0f} |")
+    lines += ["", "Prefill attention (64 query / 8 KV heads of 128, causal, bf16) per layer: "
+              + ", ".join(f"{r['ms_per_layer']:.3f} ms at {r['tokens']:,} tokens "
+                          f"({r['tflops']:.0f} TFLOP/s)" for r in attn) + ".", "",
+              "| decoder stack, 32 layers | tokens | eager, wall (ms) | CUDA graph (ms) | eager "
+              "extra per layer (us) |", "|---|---|---|---|---|"]
+    for r in eager:
+        shard = "Llama-3-8B layer" if r["tp_shard"] == 1 else f"its TP {r['tp_shard']} shard"
+        lines.append(f"| {shard} | {r['tokens']:,} | {r['eager_wall_ms']:.1f} | "
+                     f"{r['graph_ms']:.1f} | {r['eager_extra_per_layer_us']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def silicon_terms(runs) -> str:
+    """The fitted silicon terms and their in-sample and leave-one-group-out figures, as the
+    shipped file records them (experiments.fit_silicon_terms --update)."""
+    from simsched.cost import vllm_silicon
+
+    rec = vllm_silicon.shipped()
+    if "errors" not in rec:
+        return "(no fit recorded: run `python -m experiments.fit_silicon_terms --update`)\n"
+    t = rec["terms"]
+    lines = ["| term | value | unit | leave-one-group-out range |", "|---|---|---|---|"]
+    folds = pd.DataFrame(rec["folds"])
+    for name in vllm_silicon.TERMS:
+        unit, k = vllm_silicon.UNITS[name]
+        lines.append(f"| `{name}` | {t[name] * k:.3g} | {unit} | {folds[name].min() * k:.3g}"
+                     f"-{folds[name].max() * k:.3g} |")
+    lines += ["", f"Fitted on {rec['fitted_on']}. Median absolute error % (worst (GPU, model) "
+              "group):", "",
+              "| terms | rows | TTFT | TPOT | worst group TTFT / TPOT |", "|---|---|---|---|---|"]
+    names = {"shipped": "shipped `vllm_v1` (no silicon terms)",
+             "insample": "fitted, in-sample", "logo": "fitted, leave-one-group-out"}
+    for key, label in names.items():
+        e = rec["errors"][key]
+        lines.append(f"| {label} | {e['rows']} | {_pct(e['ttft_error'])} | "
+                     f"{_pct(e['tpot_error'])} | {_pct(e['worst_ttft_group'])} / "
+                     f"{_pct(e['worst_tpot_group'])} |")
+    lines += ["", "Per (GPU, model) group, median absolute error % (signed median in brackets), "
+              "shipped | leave-one-group-out:", "",
+              "| GPU | model | rows | TTFT | TPOT | TTFT (LOGO) | TPOT (LOGO) |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rec.get("groups", []):
+        lines.append(f"| {r['gpu']} | {r['model']} | {r['rows']} | "
+                     f"{_pct(r['shipped_ttft'])} ({_pct(r['shipped_ttft_bias'])}) | "
+                     f"{_pct(r['shipped_tpot'])} ({_pct(r['shipped_tpot_bias'])}) | "
+                     f"{_pct(r['logo_ttft'])} ({_pct(r['logo_ttft_bias'])}) | "
+                     f"{_pct(r['logo_tpot'])} ({_pct(r['logo_tpot_bias'])}) |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,120 @@
+"""The prefill and fused-MoE terms fitted on the silicon rows (simsched.cost.vllm_silicon)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simsched import SimConfig, simulate
+from simsched.config.parallel import ParallelConfig
+from simsched.cost import factory, vllm_silicon, vllm_v1
+from simsched.cost.base import Batch
+from simsched.cost.calibrated import CalibratedCostModel
+from simsched.cost.hardware import GPUS, MODELS
+
+BATCHES = [Batch([900], [0], 3, 4000), Batch([], [], 8, 9000), Batch([64, 300], [0, 128], 1, 50)]
+
+
+def _model(name, terms=None, gpu="h200", tp=2):
+    return CalibratedCostModel(MODELS[name], GPUS[gpu], tp, model_name=name,
+                               engine_terms=terms)
+
+
+def _terms(**changes):
+    return {**vllm_v1.terms(), **changes}
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "llama-3-8b"])
+def test_neutral_terms_are_the_shipped_model_bit_for_bit(name):
+    shipped = _model(name)
+    neutral = _model(name, _terms(**vllm_silicon.NEUTRAL))
+    for b in BATCHES:
+        assert neutral.iteration_time(b) == shipped.iteration_time(b)
+    assert neutral._prefill_extra is None and shipped._prefill_extra is None
+
+
+def test_expert_scale_moves_only_the_routed_experts_of_prefill_steps():
+    base = _model("qwen3-30b-a3b")
+    k = base.kernels
+    assert k.moe_experts is not None
+    # The routed experts are a part of the linear time, and the larger part of an MoE layer.
+    assert np.all(k.moe_experts <= k.linear + 1e-15)
+    assert k.moe_experts[4096] > 0.3 * k.linear[4096]
+    scaled = _model("qwen3-30b-a3b", _terms(prefill_expert_scale=1.5, prefill_gemm_scale=1.2))
+    decode, mixed = Batch([], [], 16, 16000), Batch([900], [0], 3, 4000)
+    assert scaled.iteration_time(decode) == base.iteration_time(decode)
+    assert scaled.breakdown(mixed)["linear"] == pytest.approx(
+        base.breakdown(mixed)["linear"] + 0.2 * k.linear[903] + 1.2 * 0.5 * k.moe_experts[903],
+        rel=1e-12)
+    # A dense model has no routed experts: the scale changes nothing.
+    dense = _model("llama-3-8b")
+    dense_scaled = _model("llama-3-8b", _terms(prefill_expert_scale=3.0))
+    assert getattr(dense.kernels, "moe_experts", None) is None
+    assert dense_scaled.iteration_time(mixed) == dense.iteration_time(mixed)
+
+
+def test_prefill_terms_add_to_steps_that_prefill_only():
+    base = _model("llama-3-8b")
+    t = _terms(prefill_gemm_scale=1.2, prefill_layer_time=50e-6)
+    model = _model("llama-3-8b", t)
+    decode = Batch([], [], 8, 9000)
+    assert model.iteration_time(decode) == base.iteration_time(decode)
+    # Lazy decode runs time quiet steps in bulk: the same floats.
+    assert model.decode_iteration_times(8, 9000, 3)[0] == base.iteration_time(decode)
+    mixed = Batch([900], [0], 3, 4000)
+    want = base.iteration_time(mixed) + 0.2 * base.kernels.linear[903] \
+        + MODELS["llama-3-8b"].num_layers * 50e-6
+    assert model.iteration_time(mixed) == pytest.approx(want, rel=1e-12)
+    parts = model.breakdown(mixed)
+    assert sum(parts.values()) == pytest.approx(model.iteration_time(mixed), rel=1e-12)
+
+
+def test_terms_are_checked_by_name():
+    with pytest.raises(ValueError, match="prefill_expert_scale must be > 0"):
+        _model("qwen3-30b-a3b", _terms(prefill_expert_scale=0.0))
+    with pytest.raises(ValueError, match="prefill_layer_time must be >= 0"):
+        vllm_silicon.check({"prefill_layer_time": -1e-6})
+    with pytest.raises(ValueError, match="prefill_gemm_scale must be a finite number"):
+        vllm_silicon.check({"prefill_gemm_scale": float("nan")})
+
+
+def test_shipped_terms_load_and_reach_a_run():
+    terms = vllm_silicon.terms()
+    assert set(vllm_silicon.TERMS) <= set(terms)
+    assert terms["output_delay"] == vllm_v1.terms()["output_delay"]
+    cfg = SimConfig().replace(model="qwen3-30b-a3b", gpu="h200", tensor_parallel_size=2,
+                              parallel=ParallelConfig(enable_expert_parallel=True),
+                              num_requests=20, rate=5.0, seed=3)
+    model = factory.engine_terms_cost_model(cfg.hardware, terms)
+    assert model is factory.engine_terms_cost_model(cfg.hardware, terms)   # cached per terms
+    shipped = simulate(cfg).summary()
+    fitted = simulate(cfg, cost_model=model).summary()
+    slower = any(terms[t] != vllm_silicon.NEUTRAL[t] for t in vllm_silicon.TERMS)
+    assert (fitted["ttft_p50"] > shipped["ttft_p50"]) == slower
+
+
+def test_large_allreduce_scale_moves_only_calls_above_the_custom_limit():
+    base = _model("llama-3-8b", tp=4)
+    fast = _model("llama-3-8b", _terms(large_allreduce_scale=0.5), tp=4)
+    # llama-3-8b: 4,096 channels x 2 bytes = 8 KiB per token; 8 MiB from 1,024 tokens.
+    small, large = Batch([], [], 64, 64000), Batch([4000], [0], 0, 0)
+    assert fast.breakdown(small)["communication"] == base.breakdown(small)["communication"]
+    assert fast.breakdown(large)["communication"] == pytest.approx(
+        0.5 * base.breakdown(large)["communication"], rel=1e-12)
+    comm = np.array(fast._comm)
+    assert np.all(np.diff(comm) >= 0)           # more tokens never cost less
+
+
+def test_terms_from_the_command_line():
+    parse = vllm_silicon.parse
+    assert parse("shipped") is None
+    assert parse("fitted") == vllm_silicon.terms()
+    t = parse("prefill_gemm_scale=1.5,large_allreduce_scale=0.5")
+    assert t["prefill_gemm_scale"] == 1.5 and t["large_allreduce_scale"] == 0.5
+    assert t["prefill_expert_scale"] == 1.0 and t["output_delay"] == vllm_v1.terms()["output_delay"]
+    with pytest.raises(ValueError, match="unknown term 'gemm'"):
+        parse("gemm=2")
+    with pytest.raises(ValueError, match="not NAME=NUMBER"):
+        parse("prefill_gemm_scale=fast")
+    with pytest.raises(ValueError, match="prefill_gemm_scale must be > 0"):
+        parse("prefill_gemm_scale=0")
