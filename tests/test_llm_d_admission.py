@@ -56,8 +56,7 @@ def test_saturation_detector_config_and_refusals():
                           "saturationDetector": {"pluginRef": "queue-scorer"}},
                          "not a saturation detector"),
                         ({"plugins": [{"type": "probabilistic-admitter",
-                                       "parameters": {"k": 0}}]}, "k must be > 0"),
-                        ({"flowControl": {}}, "flowControl is not modelled")]:
+                                       "parameters": {"k": 0}}]}, "k must be > 0")]:
         with pytest.raises(ValueError, match=words):
             parse(data)
 

@@ -36,13 +36,20 @@ class LlmD(Router):
     rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
     ``model``: the model name that seeds the prefix hashes. ``labels``: the replicas' pod
     labels, one mapping of strings per replica (in the first view's order; None: none), read by
-    the label filters and context-length-aware.
+    the label filters and context-length-aware. ``slo_ttft_ms``: every request's TTFT SLO in
+    ms (llm-d's ``x-slo-ttft-ms`` header; None: no header), read by the SLO-deadline ordering.
     """
 
     def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
-                 tie_break: str = "random", model: str = "", labels=None) -> None:
+                 tie_break: str = "random", model: str = "", labels=None,
+                 slo_ttft_ms: float | None = None) -> None:
         super().__init__(num_replicas, rng)
         self.labels = _check_labels(labels)
+        if slo_ttft_ms is not None and (isinstance(slo_ttft_ms, bool) or not isinstance(
+                slo_ttft_ms, (int, float)) or not 0 <= slo_ttft_ms < float("inf")):
+            raise ValueError(f"slo_ttft_ms must be a number of ms >= 0 or None, got "
+                             f"{slo_ttft_ms!r}")
+        self.slo_ttft_ms = slo_ttft_ms
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
         if not isinstance(model, str):
@@ -60,6 +67,8 @@ class LlmD(Router):
         # A P/D handler runs in a disaggregated cluster only (simsched.cluster.disagg), which
         # gives the decode profile to this router and the prefill one to a sibling.
         self.handler = self.pipeline.handler
+        # Flow control queues requests before routing (simsched.cluster.flow runs its clock).
+        self.flow_control = self.pipeline.flow_control
         self._use_profile(self.pipeline.profiles[0])
 
     def sibling(self, profile: str, num_replicas: int) -> "LlmD":
@@ -69,6 +78,7 @@ class LlmD(Router):
         Router.__init__(twin, num_replicas, self.rng)
         twin.labels, twin.pipeline, twin.draw = self.labels, self.pipeline, self.draw
         twin.tie_break, twin.handler = self.tie_break, self.handler
+        twin.flow_control, twin.slo_ttft_ms = self.flow_control, self.slo_ttft_ms
         twin._use_profile(self.pipeline.profile(profile))
         twin.tokens_of = self.tokens_of
         return twin
@@ -179,11 +189,18 @@ class LlmD(Router):
             why = admitter.admit(m, req, cands)
             if why is not None:
                 return f"shed: llm-d {why}"
+        if self.flow_control is not None:
+            return None         # flow control admitted it already (it replaces legacy shedding)
         sat = self.pipeline.detector.saturation(m, cands)
         if sat >= 1.0:
             return (f"shed: llm-d system saturated, sheddable request dropped "
                     f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
         return None
+
+    def pool_saturation(self, view, now: float) -> float:
+        """The saturation detector's reading of the pool at ``now`` (flow control's input)."""
+        m = self.metrics(view, _At(now), self.admission_consumes)
+        return self.pipeline.detector.saturation(m, self.candidates)
 
     def metrics(self, view, req, consumed=None) -> Metrics:
         """The figures the profile's plugins (or ``consumed``) read, as the router sees them
@@ -289,6 +306,15 @@ class LlmD(Router):
         if "prefix" not in self.cycle:
             return None, 0
         return self.cycle["prefix"][0].get(i, 0), self.cycle["block_size"]
+
+
+class _At:
+    """A stand-in request arriving at ``arrival_at`` (metric ages at a flow-control cycle)."""
+
+    __slots__ = ("arrival_at",)
+
+    def __init__(self, arrival_at: float) -> None:
+        self.arrival_at = arrival_at
 
 
 def _check_labels(labels):
