@@ -35,6 +35,7 @@ class FlowGate:
                              f"({stale:g} s): every endpoint would look saturated")
         self.cluster, self.env, self.router = cluster, cluster.env, router
         self.ctl = router.flow_control
+        router.clock = lambda: self.env.now     # requests are dispatched after they arrive
         self.ticking = False
         self.num_evicted = 0
 

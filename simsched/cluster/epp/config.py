@@ -33,6 +33,7 @@ from simsched.cluster.epp.admission import ADMISSION
 from simsched.cluster.epp.affinity import AFFINITY
 from simsched.cluster.epp.flowcontrol import FLOW_POLICIES, FlowController
 from simsched.cluster.epp.labels import LABELS
+from simsched.cluster.epp.latency import LATENCY
 from simsched.cluster.epp.pd import PD
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
@@ -40,7 +41,7 @@ from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
 from simsched.cluster.epp.saturation import SATURATION, UtilizationDetector
 
 PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS + PD + ADMISSION
-                + FLOW_POLICIES
+                + FLOW_POLICIES + LATENCY
                 + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
@@ -266,9 +267,11 @@ def _profiles(specs, plugins: dict, where: str, handler=None) -> list[Profile]:
                 filters.append(plugin)
             elif plugin.KIND == "picker":
                 pickers.append(plugin)
+            elif plugin.KIND == "producer":
+                pass            # producers run for every request (Go lists them in profiles too)
             else:
                 raise ValueError(f"{at}.plugins[{k}]: {plugin.name} ({plugin.TYPE}) is a "
-                                 f"{plugin.KIND}, not a filter, scorer or picker")
+                                 f"{plugin.KIND}, not a filter, scorer, picker or producer")
         if len(pickers) > 1:
             raise ValueError(f"{at}: more than one picker ({[p.name for p in pickers]})")
         picker = pickers[0] if pickers else MaxScorePicker()

@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from simsched.cluster.epp.config import load_yaml, parse
+from simsched.cluster.epp.latency import PredictedLatencyProducer
+from simsched.cluster.epp.latency_model import model_options
 from simsched.cluster.epp.plugins import InFlightLoadProducer, Metrics
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
 from simsched.cluster.load_routers import Router, _Uniforms, register
@@ -36,20 +38,25 @@ class LlmD(Router):
     rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
     ``model``: the model name that seeds the prefix hashes. ``labels``: the replicas' pod
     labels, one mapping of strings per replica (in the first view's order; None: none), read by
-    the label filters and context-length-aware. ``slo_ttft_ms``: every request's TTFT SLO in
-    ms (llm-d's ``x-slo-ttft-ms`` header; None: no header), read by the SLO-deadline ordering.
+    the label filters and context-length-aware. ``slo_ttft_ms`` / ``slo_tpot_ms``: every
+    request's TTFT / TPOT SLO in ms (llm-d's ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` headers; None:
+    no header), read by the SLO-deadline ordering and the predicted-latency plugins.
+    ``latency_model``: the predicted-latency producer's model options
+    (:mod:`simsched.cluster.epp.latency_model`).
     """
 
     def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
                  tie_break: str = "random", model: str = "", labels=None,
-                 slo_ttft_ms: float | None = None) -> None:
+                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                 latency_model: Mapping | None = None) -> None:
         super().__init__(num_replicas, rng)
         self.labels = _check_labels(labels)
-        if slo_ttft_ms is not None and (isinstance(slo_ttft_ms, bool) or not isinstance(
-                slo_ttft_ms, (int, float)) or not 0 <= slo_ttft_ms < float("inf")):
-            raise ValueError(f"slo_ttft_ms must be a number of ms >= 0 or None, got "
-                             f"{slo_ttft_ms!r}")
-        self.slo_ttft_ms = slo_ttft_ms
+        for name, slo in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
+            if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float))
+                                    or not 0 <= slo < float("inf")):
+                raise ValueError(f"{name} must be a number of ms >= 0 or None, got {slo!r}")
+        self.slo_ttft_ms, self.slo_tpot_ms = slo_ttft_ms, slo_tpot_ms
+        model_settings = model_options(latency_model)
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
         if not isinstance(model, str):
@@ -67,8 +74,12 @@ class LlmD(Router):
         # A P/D handler runs in a disaggregated cluster only (simsched.cluster.disagg), which
         # gives the decode profile to this router and the prefill one to a sibling.
         self.handler = self.pipeline.handler
-        # Flow control queues requests before routing (simsched.cluster.flow runs its clock).
+        # Flow control queues requests before routing (simsched.cluster.flow runs its clock,
+        # and sets ``clock``: requests are then dispatched after their arrival).
         self.flow_control = self.pipeline.flow_control
+        self.clock = None
+        for p in self.pipeline.producers(PredictedLatencyProducer.TYPE):
+            p.configure(model_settings)
         self._use_profile(self.pipeline.profiles[0])
 
     def sibling(self, profile: str, num_replicas: int) -> "LlmD":
@@ -78,7 +89,8 @@ class LlmD(Router):
         Router.__init__(twin, num_replicas, self.rng)
         twin.labels, twin.pipeline, twin.draw = self.labels, self.pipeline, self.draw
         twin.tie_break, twin.handler = self.tie_break, self.handler
-        twin.flow_control, twin.slo_ttft_ms = self.flow_control, self.slo_ttft_ms
+        twin.flow_control, twin.clock = self.flow_control, self.clock
+        twin.slo_ttft_ms, twin.slo_tpot_ms = self.slo_ttft_ms, self.slo_tpot_ms
         twin._use_profile(self.pipeline.profile(profile))
         twin.tokens_of = self.tokens_of
         return twin
@@ -106,6 +118,20 @@ class LlmD(Router):
             *(a.CONSUMES for a in self.pipeline.admitters))
         for admitter in self.pipeline.admitters:
             admitter.draw = self.draw
+        # Predicted latency: the producer reads the gauges and the prefix match; its SLOs are
+        # the requests' headers (router options).
+        latency = self.pipeline.producers(PredictedLatencyProducer.TYPE)
+        self.latency = latency[0] if latency else None
+        slo = (float(self.slo_ttft_ms or 0.0), float(self.slo_tpot_ms or 0.0))
+        for p in [self.latency] + self.pipeline.admitters:
+            if hasattr(p, "slo"):
+                p.slo = slo
+        self.admit_latency = self.latency is not None and any(
+            "latency" in a.CONSUMES for a in self.pipeline.admitters)
+        if self.latency is not None:
+            consumed.update(self.latency.CONSUMES)
+            if self.admit_latency:
+                self.admission_consumes |= set(self.latency.CONSUMES)
         self.consumed = consumed
         everything = consumed | self.admission_consumes
         self.reads_kv = "kv_use" in everything
@@ -165,15 +191,20 @@ class LlmD(Router):
         if self._snapshot and {"waiting", "running"} & (self.consumed | self.admission_consumes):
             view.scrape = self._queues
             view.scraped = self._queues()
-        if self.track_tokens:
+        if self.track_tokens or self.latency is not None:
             if not hasattr(self._live, "on_finished"):
-                raise ValueError("token-load-scorer needs an end-of-request hook "
-                                 "(ReplicaLoad.on_finished) on the router's view")
+                raise ValueError("token-load-scorer and predicted-latency-producer need an "
+                                 "end-of-request hook (ReplicaLoad.on_finished) on the "
+                                 "router's view")
             tokens, estimate, live = self.tokens_of, InFlightLoadProducer.estimate, self._live
+            latency, track = self.latency, self.track_tokens
 
             def release(i, req):
-                key = id(live.replicas[i])
-                tokens[key] = tokens.get(key, 0) - estimate(req)
+                if track:
+                    key = id(live.replicas[i])
+                    tokens[key] = tokens.get(key, 0) - estimate(req)
+                if latency is not None:
+                    latency.finished(req)
             self._live.on_finished = release
 
     # ------------------------------------------------------------------ admission
@@ -184,6 +215,8 @@ class LlmD(Router):
         if req.priority >= 0:
             return None
         m = self.metrics(view, req, self.admission_consumes)
+        if self.admit_latency:      # (Go's admitters run after the data producers)
+            self._produce(view, req, m)
         cands = self.candidates
         for admitter in self.pipeline.admitters:
             why = admitter.admit(m, req, cands)
@@ -235,9 +268,9 @@ class LlmD(Router):
                        lora=lora)
 
     # ------------------------------------------------------------------ the cycle
-    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
-        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
-        m = self.metrics(view, req)
+    def _produce(self, view, req, m) -> dict:
+        """The cycle state the producers prepare for ``req``: the prefix match (and the
+        precise scorer's holders), the latency predictions (into ``m``)."""
         cycle: dict[str, Any] = {"keys": self._keys, "replicas": view.replicas}
         if self.precise:
             index = getattr(view, "prefix_holders", None)
@@ -252,6 +285,17 @@ class LlmD(Router):
                                len(hashes))
             cycle["hashes"] = hashes
             cycle["block_size"] = size
+        if self.latency is not None:
+            preds = self.latency.produce(m, req, cycle, self._keys)
+            m.latency = preds
+            m.ttft = None if preds is None else [p.ttft for p in preds]
+            cycle["metrics"] = m
+        return cycle
+
+    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
+        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
+        m = self.metrics(view, req)
+        cycle = self._produce(view, req, m)
         cands = self.candidates
         for f in self.profile.filters:
             kept = f.filter(m, req, cycle, cands)
@@ -294,6 +338,9 @@ class LlmD(Router):
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
         for plugin in self.post:
             plugin.pre_request(self._keys[i], cycle, req)
+        if self.latency is not None:
+            self.latency.dispatched(cycle["metrics"], req, cycle, i, self._keys[i],
+                                    req.arrival_at if self.clock is None else self.clock())
         if self.track_tokens:
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
