@@ -21,7 +21,8 @@ from typing import Any, Mapping
 from simsched.cluster.epp.config import load_yaml, parse
 from simsched.cluster.epp.latency import PredictedLatencyProducer
 from simsched.cluster.epp.latency_model import model_options
-from simsched.cluster.epp.plugins import InFlightLoadProducer, Metrics
+from simsched.cluster.epp.plugins import (InFlightLoadProducer, KVCacheUtilizationScorer, Metrics,
+                                          QueueScorer)
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
 from simsched.cluster.load_routers import Router, _Uniforms, register
 
@@ -141,6 +142,8 @@ class LlmD(Router):
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
         self.track_tokens = "inflight_tokens" in everything
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
+        kinds = [type(s) for s, _ in self.profile.scorers[:2]]
+        self._fuse_queue_kv = kinds == [QueueScorer, KVCacheUtilizationScorer]
         self.precise = "precise" in consumed
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
@@ -157,11 +160,12 @@ class LlmD(Router):
             consumed = self.consumed | self.admission_consumes
         out = {}
         if "waiting" in consumed:
-            # Replica.num_waiting, inlined (two property calls a replica, per request with
-            # exact state, were half the router's time on 64 replicas); the equality is tested.
+            # Replica.num_waiting, inlined over the four containers it counts, bound once per
+            # view (they are never rebound): two property calls a replica, per request with
+            # exact state, were half the router's time on 64 replicas. The equality is tested.
             parts = self._wait_parts
             out["waiting"] = [r.num_waiting for r in replicas] if parts is None else \
-                [len(s._waiting) + len(s._requeue) + len(s._unseen) + len(p) for s, p in parts]
+                [len(w) + len(q) + len(u) + len(p) for w, q, u, p in parts]
         if "running" in consumed:
             out["running"] = [len(r.scheduler.running) for r in replicas]
         return out
@@ -171,7 +175,8 @@ class LlmD(Router):
         release in-flight tokens when a request ends. O(replicas), when the view changes."""
         self._attached = view
         self._replicas = view.replicas
-        self._wait_parts = [(r.scheduler, r.pending) for r in view.replicas] \
+        self._wait_parts = [(r.scheduler._waiting, r.scheduler._requeue, r.scheduler._unseen,
+                             r.pending) for r in view.replicas] \
             if all(hasattr(r, "pending") and hasattr(getattr(r, "scheduler", None), "_unseen")
                    for r in view.replicas) else None
         self._live = getattr(view, "live", view)
@@ -307,8 +312,21 @@ class LlmD(Router):
         # Scorers whose scores are within [0, 1] by construction (BOUNDED) skip the clamp, and
         # one that scores every endpoint 0 this time (zero) adds nothing: t + 0.0 is t, so
         # both give the same floats as the plain sum.
-        totals = None
-        for scorer, w in self.profile.scorers:
+        totals, scorers = None, self.profile.scorers
+        if self._fuse_queue_kv and len(cands) == len(self.candidates):
+            # llm-d's default profile starts with queue-scorer and kv-cache-utilization-scorer:
+            # their weighted terms in one pass over every endpoint (the same float operations,
+            # in the same order, as the two passes below).
+            (_, wq), (_, wk) = scorers[:2]
+            scorers = scorers[2:]
+            waiting, kv = m.waiting, m.kv_use
+            low, high = min(waiting), max(waiting)
+            if high == low:
+                totals = [1.0 * wq + (1.0 - k) * wk for k in kv]
+            else:
+                span = high - low
+                totals = [(high - v) / span * wq + (1.0 - k) * wk for v, k in zip(waiting, kv)]
+        for scorer, w in scorers:
             if scorer.zero(cycle):
                 continue
             if totals is not None and len(cands) == len(self.candidates) \
