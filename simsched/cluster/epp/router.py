@@ -211,28 +211,34 @@ class LlmD(Router):
                 if latency is not None:
                     latency.finished(req)
             self._live.on_finished = release
+        if self.latency is not None and self.latency.streaming:
+            if not hasattr(self._live, "on_first_token"):
+                raise ValueError("predicted-latency-producer's streamingMode needs a first-token "
+                                 "hook (ReplicaLoad.on_first_token) on the router's view")
+            first = self.latency.first_token
+            self._live.on_first_token = lambda i, req: first(req)
 
     # ------------------------------------------------------------------ admission
     def admit(self, view, req) -> str | None:
-        """None to admit ``req``, else why it is shed (llm-d's legacy admission control and
-        admitters, :mod:`simsched.cluster.epp.admission`). Only sheddable requests (priority
-        < 0) are looked at, so others cost one comparison."""
+        """None to admit ``req``, else why it is shed (llm-d's legacy admission control, then
+        the admitter plugins, :mod:`simsched.cluster.epp.admission`, in the director's order).
+        Only sheddable requests (priority < 0) are looked at, so others cost one comparison."""
         if req.priority >= 0:
             return None
         m = self.metrics(view, req, self.admission_consumes)
+        cands = self.candidates
+        # With flow control on, it admitted the request already (it replaces legacy shedding).
+        if self.flow_control is None:
+            sat = self.pipeline.detector.saturation(m, cands)
+            if sat >= 1.0:
+                return (f"shed: llm-d system saturated, sheddable request dropped "
+                        f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
         if self.admit_latency:      # (Go's admitters run after the data producers)
             self._produce(view, req, m)
-        cands = self.candidates
         for admitter in self.pipeline.admitters:
             why = admitter.admit(m, req, cands)
             if why is not None:
                 return f"shed: llm-d {why}"
-        if self.flow_control is not None:
-            return None         # flow control admitted it already (it replaces legacy shedding)
-        sat = self.pipeline.detector.saturation(m, cands)
-        if sat >= 1.0:
-            return (f"shed: llm-d system saturated, sheddable request dropped "
-                    f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
         return None
 
     def pool_saturation(self, view, now: float) -> float:
