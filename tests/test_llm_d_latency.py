@@ -198,3 +198,11 @@ def test_streaming_mode_trains_ttft_and_tpot(monkeypatch):
     assert producer.ttft_model.num_observations == 300
     assert 0.9 * multi <= producer.tpot_model.num_observations <= multi
     assert producer.tpot_model.ready
+
+
+def test_latency_producer_with_pd_handler_is_refused():
+    from experiments.llm_d import pd_config
+    data = pd_config(1024)
+    data["plugins"].append({"type": "predicted-latency-producer"})
+    with pytest.raises(ValueError, match="predicted-latency-producer with .* not modelled"):
+        parse(data, where="epp.yaml")

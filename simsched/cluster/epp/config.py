@@ -144,6 +144,9 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
     profiles = _profiles(data.get("schedulingProfiles"), plugins, where, handler)
     if handler is not None:
         handler.bind(plugins, where)
+        if any(p.TYPE == "predicted-latency-producer" for p in plugins.values()):
+            raise ValueError(f"{where}: predicted-latency-producer with {handler.name} (P/D "
+                             "disaggregation) is not modelled")
         names = [p.name for p in profiles]
         for role in ("decode_profile", "prefill_profile"):
             if getattr(handler, role) not in names:

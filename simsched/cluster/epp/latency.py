@@ -7,10 +7,10 @@ of llm-d/llm-d-inference-scheduler (commit 520af47896e5f06e43d09aca281a1149187b0
 predicts each endpoint's TTFT (and, in streaming mode, TPOT) in ms from the seven features of
 :mod:`simsched.cluster.epp.latency_model` and compares them with the request's SLOs (llm-d's
 ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` headers: the router options ``slo_ttft_ms`` /
-``slo_tpot_ms``; none: 0, so every headroom is negative). It learns from the run's own requests:
-at a request's end, the features it was dispatched with and its observed latency (non-streaming,
-llm-d's default: the end-to-end latency as "TTFT"; streaming: TTFT and mean TPOT) are one
-observation each.
+``slo_tpot_ms``; none: 0, so every headroom is negative). It learns from the run's own requests,
+the features each was dispatched with against its observed latency: non-streaming (llm-d's
+default), the end-to-end latency as "TTFT", at the request's end; streaming, its TTFT at its
+first token and its mean TPOT at its end.
 """
 
 from __future__ import annotations
@@ -111,19 +111,28 @@ class PredictedLatencyProducer(Plugin):
     def dispatched(self, m, req, cycle, i: int, key, now: float) -> None:
         """``req`` went to local endpoint ``i`` (``key``) at ``now``: keep its features."""
         self.prefill_tokens[key] = self.prefill_tokens.get(key, 0) + req.num_prompt_tokens
-        self.contexts[req.id] = (key, self._row(m, req, cycle, i, key, 0), now)
+        self.contexts[req.id] = [key, self._row(m, req, cycle, i, key, 0), now, None]
+
+    def first_token(self, req) -> None:
+        """``req``'s first token (streaming mode): its TTFT trains the TTFT model."""
+        ctx = self.contexts.get(req.id)
+        if ctx is not None and ctx[3] is None:
+            ctx[3] = ttft = _ms(req.first_token_at - ctx[2])
+            if ttft > 0:
+                self.ttft_model.add(ctx[1], ttft)
 
     def finished(self, req) -> None:
         """``req`` ended: its observations train the models."""
         ctx = self.contexts.pop(req.id, None)
         if ctx is None:
             return
-        key, row, at = ctx
+        key, row, at, ttft = ctx
         self.prefill_tokens[key] -= req.num_prompt_tokens
         if self.streaming:
-            ttft = _ms(req.first_token_at - at)
-            if ttft > 0:
-                self.ttft_model.add(row, ttft)
+            if ttft is None:
+                self.contexts[req.id] = ctx
+                self.first_token(req)
+                ttft = self.contexts.pop(req.id)[3]
             n = req.num_generated
             if ttft > 0 and n > 1:
                 tpot = (_ms(req.finished_at - at) - ttft) / (n - 1)
