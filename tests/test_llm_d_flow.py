@@ -222,3 +222,12 @@ def test_requests_carry_tenant_and_priority_for_flows():
     ctl = FlowController({}, {}, "t")
     item = ctl.enqueue(req, 0.0)
     assert item.flow.key == (1, "a") and ctl.band(-1).len == 1
+
+
+def test_flow_control_with_scraped_gauges_drains_after_the_last_arrival():
+    # The scrapes go on while requests are queued: the queue drains after the last arrival.
+    cfg = OVERLOAD.replace(num_requests=600, refresh_interval=0.05,
+                           router_options={"config": _config({})})
+    r = simulate(cfg).requests
+    assert (r.status == "finished").all()
+    assert r.first_scheduled_at.max() > r.arrival_at.max() + 0.1
