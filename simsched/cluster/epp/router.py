@@ -162,13 +162,10 @@ class LlmD(Router):
         if "waiting" in consumed:
             # Replica.num_waiting, inlined over the four containers it counts, bound once per
             # view (they are never rebound): two property calls a replica, per request with
-            # exact state, were half the router's time on 64 replicas. The requeued and unseen
-            # lists are mostly empty: a truth test skips their len calls. The same ints (the
-            # equality is tested).
+            # exact state, were half the router's time on 64 replicas. The equality is tested.
             parts = self._wait_parts
             out["waiting"] = [r.num_waiting for r in replicas] if parts is None else \
-                [len(w) + len(p) if not (q or u) else len(w) + len(q) + len(u) + len(p)
-                 for w, q, u, p in parts]
+                [len(w) + len(q) + len(u) + len(p) for w, q, u, p in parts]
         if "running" in consumed:
             out["running"] = [len(r.scheduler.running) for r in replicas]
         return out
