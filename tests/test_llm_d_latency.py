@@ -206,3 +206,17 @@ def test_latency_producer_with_pd_handler_is_refused():
     data["plugins"].append({"type": "predicted-latency-producer"})
     with pytest.raises(ValueError, match="predicted-latency-producer with .* not modelled"):
         parse(data, where="epp.yaml")
+
+
+def test_aborted_requests_teach_the_model_nothing():
+    from simsched.cluster.epp.latency import PredictedLatencyProducer
+    from simsched.request import Request
+    p = PredictedLatencyProducer(streamingMode=True)
+    req = Request(7, 0.0, 100, 10)
+    m = Metrics(waiting=[0], running=[0], kv_use=[0.1], inflight_requests=[0])
+    p.dispatched(m, req, {}, 0, "k", 0.0)
+    assert p.prefill_tokens["k"] == 100
+    p.first_token(req)          # aborted before its first token: first_token_at is NaN
+    p.finished(req)
+    assert p.ttft_model.num_observations == 0 and p.prefill_tokens["k"] == 0
+    assert not p.contexts

@@ -114,27 +114,31 @@ class PredictedLatencyProducer(Plugin):
         self.contexts[req.id] = [key, self._row(m, req, cycle, i, key, 0), now, None]
 
     def first_token(self, req) -> None:
-        """``req``'s first token (streaming mode): its TTFT trains the TTFT model."""
+        """``req``'s first token (streaming mode): its TTFT trains the TTFT model. (A request
+        aborted before its first token has none: nothing to learn.)"""
         ctx = self.contexts.get(req.id)
-        if ctx is not None and ctx[3] is None:
+        if ctx is not None and ctx[3] is None and req.first_token_at == req.first_token_at:
             ctx[3] = ttft = _ms(req.first_token_at - ctx[2])
             if ttft > 0:
                 self.ttft_model.add(ctx[1], ttft)
 
     def finished(self, req) -> None:
-        """``req`` ended: its observations train the models."""
+        """``req`` ended: its observations train the models (an aborted request, with no
+        finish time, teaches nothing)."""
         ctx = self.contexts.pop(req.id, None)
         if ctx is None:
             return
         key, row, at, ttft = ctx
         self.prefill_tokens[key] -= req.num_prompt_tokens
+        if req.finished_at != req.finished_at:      # NaN: aborted
+            return
         if self.streaming:
             if ttft is None:
                 self.contexts[req.id] = ctx
                 self.first_token(req)
                 ttft = self.contexts.pop(req.id)[3]
             n = req.num_generated
-            if ttft > 0 and n > 1:
+            if ttft is not None and ttft > 0 and n > 1:
                 tpot = (_ms(req.finished_at - at) - ttft) / (n - 1)
                 if tpot > 0:        # (Go: the TPOT entry has no prefix score)
                     self.tpot_model.add(row[:5] + (0.0,) + row[6:], tpot)
