@@ -18,7 +18,12 @@ Four studies::
    both profiles, ``prefix-based-pd-decider``) on 4 prefill + 4 decode replicas, Mooncake,
    its ``nonCachedTokens`` threshold swept (0: decode only; ``always-disagg-pd-decider``:
    every request prefilled on a prefill replica).
-4. predicted-latency routing is not built yet (docs/llm_d.md), so it has no study here.
+4. ``slo``: predicted-latency routing (llm-d's Helm predictor profile: latency producer in
+   streaming mode, strict and loose prefix-affinity filters around the SLO headroom tier
+   filter, latency scorer, weighted-random picker), with its scorer's default ``least``
+   headroom strategy and with ``most``, against the default profile, on Mooncake, 8 replicas,
+   at 60, 80 and 100 % of capacity, every request carrying a TTFT SLO of 3 s and a TPOT SLO of
+   100 ms; SLO attainment is the share of requests meeting both.
 
 Everything is one seed; the tables go to ``--out`` as CSV and the figures as PNG.
 """
@@ -35,12 +40,15 @@ import simsched
 from experiments._common import parser, print_table, save_plot, write_frames
 from simsched import SimConfig
 from simsched.analysis.plots import _figure
+from simsched.analysis.slo import SLO, goodput
 from simsched.workloads.workload import WorkloadConfig
 
 ROUTERS = ("llm-d", "jsq", "least_kv", "prefix_affinity", "weighted")
 COLUMNS = ["ttft_p50", "ttft_p99", "tpot_p99", "prefix_hit_rate", "load_imbalance"]
 SCRAPES = (0.0, 0.05, 0.2, 0.5)
 THRESHOLDS = (0, 256, 1024, 4096, 16384)
+LOADS = (0.6, 0.8, 1.0)
+SLO_TTFT, SLO_TPOT = 3.0, 0.1       # seconds
 
 
 def settings(quick: bool) -> dict:
@@ -78,6 +86,7 @@ def run(cfg: SimConfig, **labels) -> dict:
     res = simsched.simulate(cfg)
     s = res.summary()
     row = {**labels, **{c: s.get(c) for c in COLUMNS}}
+    row.update(goodput(res.requests, SLO(ttft=SLO_TTFT, tpot=SLO_TPOT)))
     df = res.requests
     if "prefill_replica" in df:
         row["disaggregated"] = float((df["prefill_replica"] != df["decode_replica"]).mean())
@@ -99,9 +108,31 @@ def pd_config(threshold: int | None) -> dict:
             {"pluginRef": "queue-scorer", "weight": 1}]} for role in ("prefill", "decode")]}
 
 
+def predictor_config(strategy: str = "least") -> dict:
+    """llm-d's predictor profile (its Helm chart's, the latency producer streaming), the latency
+    scorer's ``headroomSelectionStrategy`` = ``strategy``."""
+    return {"plugins": [
+        {"type": "predicted-latency-producer", "parameters": {"streamingMode": True}},
+        {"name": "strict-affinity-filter", "type": "prefix-cache-affinity-filter",
+         "parameters": {"affinityThreshold": 0.99}},
+        {"name": "loose-affinity-filter", "type": "prefix-cache-affinity-filter",
+         "parameters": {"affinityThreshold": 0.80}},
+        {"type": "latency-scorer", "parameters": {"headroomSelectionStrategy": strategy}},
+        {"type": "weighted-random-picker"}, {"type": "slo-headroom-tier-filter"},
+        {"type": "latency-slo-admitter"}],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": p} for p in (
+            "predicted-latency-producer", "strict-affinity-filter", "slo-headroom-tier-filter",
+            "loose-affinity-filter", "latency-scorer", "weighted-random-picker")]}]}
+
+
+PROFILES = {"default": {},
+            "predicted (least)": {"config": predictor_config("least")},
+            "predicted (most)": {"config": predictor_config("most")}}
+
+
 def studies(cfg: dict, progress: bool) -> dict[str, pd.DataFrame]:
     """The four studies' tables."""
-    rows, scrape, pd_rows = [], [], []
+    rows, scrape, pd_rows, slo = [], [], [], []
     caps = {name: capacity(name, cfg["calibrate"]) for name in ("mooncake", "servegen")}
     for name, cap1 in caps.items():
         for n in cfg["replicas"]:
@@ -123,8 +154,16 @@ def studies(cfg: dict, progress: bool) -> dict[str, pd.DataFrame]:
         pd_rows.append(run(moon.replace(router="llm-d", roles=roles,
                                         router_options={"config": pd_config(threshold)}),
                            non_cached_tokens=-1 if threshold is None else threshold))
+    for load in LOADS:
+        for profile, options in PROFILES.items():
+            if progress:
+                print(f"SLO study, {load:.0%} load, {profile}", flush=True)
+            options = {**options, "slo_ttft_ms": SLO_TTFT * 1000, "slo_tpot_ms": SLO_TPOT * 1000}
+            slo.append(run(base("mooncake", cfg["requests"], load * n * caps["mooncake"], n)
+                           .replace(router="llm-d", router_options=options),
+                           load=load, profile=profile))
     return {"routers": pd.DataFrame(rows), "scrape": pd.DataFrame(scrape),
-            "pd": pd.DataFrame(pd_rows), "capacity": pd.DataFrame(
+            "pd": pd.DataFrame(pd_rows), "slo": pd.DataFrame(slo), "capacity": pd.DataFrame(
                 [{"workload": k, "replica_capacity": v} for k, v in caps.items()])}
 
 
@@ -171,6 +210,18 @@ def plot_pd(table: pd.DataFrame):
     return fig
 
 
+def plot_slo(table: pd.DataFrame):
+    """SLO attainment against the load, per profile."""
+    fig, (ax,) = _figure(None, 1, figsize=(5, 3.6))
+    for profile, g in table.groupby("profile", sort=False):
+        ax.plot(g["load"] * 100, g["slo_attainment"] * 100, marker="o", label=profile)
+    ax.set(title=f"Mooncake, 8 replicas: TTFT {SLO_TTFT:g} s, TPOT {SLO_TPOT * 1000:g} ms",
+           xlabel="load (% of capacity)", ylabel="SLO attainment (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv=None) -> dict[str, pd.DataFrame]:
     """Run the studies, print and write their tables and figures; return the tables."""
     args = parser("llm_d", __doc__, "300 requests a run, 8 and 16 replicas").parse_args(argv)
@@ -186,10 +237,15 @@ def main(argv=None) -> dict[str, pd.DataFrame]:
     print_table(tables["scrape"], digits=3)
     print("\nP/D threshold (4 prefill + 4 decode, Mooncake; -1: always)")
     print_table(tables["pd"], digits=3)
+    print(f"\npredicted latency against the default profile (Mooncake, 8 replicas, SLO TTFT "
+          f"{SLO_TTFT:g} s, TPOT {SLO_TPOT:g} s)")
+    print_table(tables["slo"][["load", "profile", "slo_attainment", "goodput", "ttft_p50",
+                               "ttft_p99", "tpot_p99"]], digits=3)
     write_frames(out, **tables)
     save_plot(out / "routers.png", lambda: plot_routers(tables["routers"]))
     save_plot(out / "scrape.png", lambda: plot_scrape(tables["scrape"]))
     save_plot(out / "pd.png", lambda: plot_pd(tables["pd"]))
+    save_plot(out / "slo.png", lambda: plot_slo(tables["slo"]))
     print(f"wrote {out}/")
     return tables
 

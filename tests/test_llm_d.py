@@ -279,7 +279,8 @@ def test_default_config_is_llm_d_default_profile():
     ("plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: d\n  plugins:\n"
      "  - pluginRef: kv-scorer\n", ["kv-scorer", "epp.yaml"]),
     ("plugins: [\n", ["epp.yaml", "YAML"]),
-    ("flowControl: {}\n", ["flowControl", "epp.yaml"]),
+    ("featureGates: [flowControl]\nflowControl: {maxRequests: lots}\n",
+     ["flowControl.maxRequests", "epp.yaml"]),
     ("plugins:\n- type: queue-scorer\nschedulingProfiles:\n- name: d\n  plugins:\n"
      "  - pluginRef: queue-scorer\n    weight: -1\n", ["weight", "epp.yaml"]),
 ])

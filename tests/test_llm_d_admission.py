@@ -56,8 +56,7 @@ def test_saturation_detector_config_and_refusals():
                           "saturationDetector": {"pluginRef": "queue-scorer"}},
                          "not a saturation detector"),
                         ({"plugins": [{"type": "probabilistic-admitter",
-                                       "parameters": {"k": 0}}]}, "k must be > 0"),
-                        ({"flowControl": {}}, "flowControl is not modelled")]:
+                                       "parameters": {"k": 0}}]}, "k must be > 0")]:
         with pytest.raises(ValueError, match=words):
             parse(data)
 
@@ -120,3 +119,24 @@ def test_inlined_waiting_gauge_equals_replica_num_waiting(monkeypatch):
     simulate(SimConfig().replace(num_replicas=3, router="llm-d", rate=300.0, num_requests=300))
     assert len(seen) > 200 and all(a == b for a, b in seen)
     assert any(sum(b) > 0 for _, b in seen)
+
+
+def test_legacy_saturation_sheds_before_the_admitters_draw_as_go_director():
+    import numpy as np
+    from simsched.cluster.epp.plugins import Metrics
+    from simsched.cluster.epp.router import LlmD
+    router = LlmD(2, np.random.default_rng(0), config={"plugins": [
+        {"type": "queue-scorer"}, {"type": "probabilistic-admitter"}]})
+    draws = []
+    router.pipeline.admitters[0].draw = lambda: draws.append(1) or 0.999
+    router.candidates = [0, 1]
+    busy = Metrics(waiting=[10, 10], kv_use=[0.9, 0.9], age=[0.0, 0.0])
+    calm = Metrics(waiting=[1, 1], kv_use=[0.1, 0.1], age=[0.0, 0.0])
+
+    class _R:
+        priority = -1
+    router.metrics = lambda view, req, consumed=None: busy
+    assert router.admit(None, _R()).startswith("shed: llm-d system saturated")
+    assert draws == []                  # the admitter never ran
+    router.metrics = lambda view, req, consumed=None: calm
+    assert router.admit(None, _R()) is None and draws == [1]

@@ -36,6 +36,7 @@ import simpy
 from simsched.cluster import fleet
 from simsched.cluster.autoscaler import Autoscaler
 from simsched.cluster.disagg import Disagg, disagg_request
+from simsched.cluster.flow import FlowGate
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import PrefixHolders, ReplicaLoad, Snapshot, TokenBucket
 from simsched.cost import factory, hardware
@@ -165,6 +166,7 @@ class Cluster:
         self.replica_of: array | None = None
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
         self._admit = None              # a router's own admission control (set with routing)
+        self.flow = None                # llm-d's flow control (simsched.cluster.flow)
         cl = config.cluster
         self.disagg = self.fleet = self.autoscaler = self.work_end = None
         # Client deadlines, cancellations, retries (simsched.cluster.retries): they replace
@@ -261,6 +263,8 @@ class Cluster:
         self._choose = self.router.choose if self.router is not None else _first
         # A router that sheds requests itself (llm-d's admission control).
         self._admit = getattr(self.router, "admit", None)
+        if getattr(self.router, "flow_control", None) is not None:
+            self.flow = FlowGate(self, self.router)
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
         self.queue_cap = cl.max_num_queued_per_replica
 
@@ -314,7 +318,9 @@ class Cluster:
         # A client creates its requests as it sends them: count what it will send.
         total = len(self.requests) if self.client is None else self.client.num_requests
         # With retries requests are sent until the work ends (the run stops there).
-        while self.num_arrived < total or self.clients is not None:
+        # (Flow control's queued requests need the gauges until they are dispatched.)
+        while self.num_arrived < total or self.clients is not None \
+                or (self.flow is not None and self.flow.busy):
             yield env.timeout(interval)
             view.refresh(env.now)
 
@@ -383,7 +389,12 @@ class Cluster:
             env = self.env
             process, done, now = env.active_process, done_event(env), env.now
         self.num_arrived += 1
-        i = 0 if load is None else self._route(req)
+        if load is None:
+            i = 0
+        elif self.flow is None:
+            i = self._route(req)
+        else:                           # queued by llm-d's flow control first
+            i = yield from self.flow.route(req)
         if i >= 0:
             # The replica's handles on us: this process, no first-token event, the done event.
             if self.replicas[i].add(req, (process, None, done), now):

@@ -43,6 +43,7 @@ from array import array
 
 import simpy
 
+from simsched.cluster.flow import refuse_flow_control
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot
 from simsched.cost import hardware
@@ -172,6 +173,7 @@ class Disagg:
         if self.pd is not None:
             _pd_pools(self, cl, rng)
         self.admit = getattr(self.decode.router, "admit", None)
+        refuse_flow_control(self.decode.router, "a disaggregated cluster")
         # Each replica reports its KV use to every pool it belongs to.
         for i, replica in enumerate(cluster.replicas):
             hooks = [(pool.load, pool.members.index(i)) for pool in (self.prefill, self.decode)

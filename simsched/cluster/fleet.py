@@ -28,6 +28,7 @@ import pandas as pd
 from simsched.cluster.removal import Remover
 from simsched.config.autoscaling import initial_pools
 from simsched.cost.power import power_spec
+from simsched.cluster.flow import refuse_flow_control
 from simsched.cluster.routers import RoundRobin, SessionAffinity, make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.engine.kv.tiers import join_remote_tier
@@ -109,6 +110,7 @@ class Fleet:
         self.routable: list[int] = list(range(n))
         self.local = array("q", range(n))
         router = make_router(cl.router, cl.router_options, n, router_rng)
+        refuse_flow_control(router, "an autoscaled fleet or one with failing replicas")
         self.router = router
         self.needs = router.needs
         self.output_tokens = getattr(router, "output_tokens", None)

@@ -88,6 +88,9 @@ class ReplicaLoad:
         self.prefix_holders: PrefixHolders | None = None    # set by a cache-aware cluster
         # Called as on_finished(i, req) after a request ends (a router's own in-flight counters).
         self.on_finished = None
+        # Called as on_first_token(i, req) at a request's first token (llm-d's latency
+        # producer learns TTFTs then).
+        self.on_first_token = None
         unknown = set(ordered) - set(METRICS)
         if unknown:
             raise ValueError(f"unknown load figure(s) {sorted(unknown)}; known: {METRICS}")
@@ -128,6 +131,8 @@ class ReplicaLoad:
         self.tokens[i] -= req.num_prompt_tokens
         if self._tokens_index is not None:
             self._tokens_index.update(i, self.tokens[i])
+        if self.on_first_token is not None:
+            self.on_first_token(i, req)
 
     def finished(self, i: int, req) -> None:
         """``req`` finished at replica ``i``."""

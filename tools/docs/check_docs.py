@@ -151,6 +151,7 @@ def _blocks() -> dict[str, Block]:
         "llm-d-routers": Block("docs/llm_d.md", ld.llm_d_routers, False),
         "llm-d-scrape": Block("docs/llm_d.md", ld.llm_d_scrape, False),
         "llm-d-pd": Block("docs/llm_d.md", ld.llm_d_pd, False),
+        "llm-d-slo": Block("docs/llm_d.md", ld.llm_d_slo, False),
         "experiments-llm-d": Block("docs/experiments.md", ld.experiments_llm_d, False),
         "kv-tiers-mooncake": Block("docs/kv_tiers.md", t.kv_tiers_mooncake, False),
         "kv-tiers-cluster": Block("docs/kv_tiers.md", t.kv_tiers_cluster, False),

@@ -1,5 +1,5 @@
 """Generated blocks of docs/llm_d.md and docs/experiments.md: the study ``experiments.llm_d``
-(its quick form, about half a minute on two cores)."""
+(its quick form, about a minute on two cores)."""
 
 from __future__ import annotations
 
@@ -97,3 +97,31 @@ def experiments_llm_d(runs) -> str:
             f"(p99 TTFT {num(best.ttft_p99)} s, against {num(d.iloc[0].ttft_p99)} s decode-only "
             f"and {num(d.iloc[-1].ttft_p99)} s always disaggregated). "
             "[docs/llm_d.md](llm_d.md#the-study-experimentsllm_d)")
+
+
+def llm_d_slo(runs) -> str:
+    """docs/llm_d.md: predicted-latency routing against the default profile under an SLO."""
+    from experiments.llm_d import SLO_TPOT, SLO_TTFT
+    s = _tables(runs)["slo"]
+    d = s[s.profile == "default"].set_index("load")
+    claim(d.slo_attainment.iloc[0] >= d.slo_attainment.iloc[-1],
+          "the default profile's SLO attainment does not rise with the load")
+    view = pd.DataFrame({"load": [f"{v * 100:.0f} %" for v in s.load],
+                         "profile": s.profile.to_numpy(),
+                         "SLO attainment": [f"{v * 100:.1f} %" for v in s.slo_attainment],
+                         "goodput (req/s)": s.goodput.to_numpy(),
+                         **{NAMES[c]: s[c].to_numpy() for c in ("ttft_p50", "ttft_p99",
+                                                                "tpot_p99")}})
+    best = s.loc[s.groupby("load").slo_attainment.idxmax()]
+    wins = ", ".join(f"{r.profile} at {r.load * 100:.0f} % ({r.slo_attainment * 100:.1f} %)"
+                     for r in best.itertuples())
+    least = s[s.profile == "predicted (least)"].set_index("load")
+    return "\n".join([
+        md_table(view), "",
+        f"SLO: TTFT {num(SLO_TTFT)} s and TPOT {num(SLO_TPOT * 1000)} ms, on every request. "
+        f"Highest attainment: {wins}. The predictor profile's own scorer strategy, `least`, "
+        f"packs requests onto the endpoints predicted closest to the SLO (llm-d's choice, to "
+        f"keep headroom elsewhere): with simsched's linear model it meets the SLO for "
+        f"{least.slo_attainment.iloc[1] * 100:.1f} % of requests at "
+        f"{least.index[1] * 100:.0f} % load, against "
+        f"{d.slo_attainment.iloc[1] * 100:.1f} % for the default profile."])

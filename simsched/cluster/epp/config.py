@@ -31,7 +31,9 @@ from typing import Any, Mapping
 
 from simsched.cluster.epp.admission import ADMISSION
 from simsched.cluster.epp.affinity import AFFINITY
+from simsched.cluster.epp.flowcontrol import FLOW_POLICIES, FlowController
 from simsched.cluster.epp.labels import LABELS
+from simsched.cluster.epp.latency import LATENCY
 from simsched.cluster.epp.pd import PD
 from simsched.cluster.epp.plugins import BUILTIN, MaxScorePicker
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer, PrefixCacheScorer
@@ -39,15 +41,15 @@ from simsched.cluster.epp.precise import PrecisePrefixCacheScorer
 from simsched.cluster.epp.saturation import SATURATION, UtilizationDetector
 
 PLUGIN_TYPES = {cls.TYPE: cls for cls in BUILTIN + AFFINITY + SATURATION + LABELS + PD + ADMISSION
+                + FLOW_POLICIES + LATENCY
                 + (ApproxPrefixCacheProducer, PrefixCacheScorer, PrecisePrefixCacheScorer)}
 # Data-layer plugins of real configs: simsched reads the replicas' figures directly, so these
 # have nothing to do here (accepted, without parameters, and ignored).
 DATA_LAYER_TYPES = ("metrics-data-source", "core-metrics-extractor", "models-data-source",
                     "models-data-extractor", "openai-parser")
 TOP_FIELDS = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "dataLayer",
-              "parser", "saturationDetector")
-# Parts of llm-d's config simsched does not model yet: refused, so no run silently ignores them.
-NOT_BUILT = ("flowControl",)
+              "parser", "saturationDetector", "flowControl")
+FLOW_CONTROL_GATE = "flowControl"       # Go's flowcontrol.FeatureGate
 
 DEFAULT_CONFIG: dict = {
     "apiVersion": "llm-d.ai/v1alpha1",
@@ -76,7 +78,7 @@ class Pipeline:
     handler's decode profile) and its P/D ``handler`` (None: single profile)."""
 
     def __init__(self, plugins: dict, profiles: list[Profile], handler=None,
-                 detector=None) -> None:
+                 detector=None, flow_control=None) -> None:
         self.plugins = plugins
         self.profiles = profiles
         self.handler = handler
@@ -84,6 +86,9 @@ class Pipeline:
         # reads, and the admitter plugins (every one defined is active, as in Go).
         self.detector = detector if detector is not None else UtilizationDetector()
         self.admitters = [p for p in plugins.values() if p.KIND == "admitter"]
+        # Flow control (simsched.cluster.epp.flowcontrol), with its feature gate; None: legacy
+        # admission (sheddable requests shed when the pool is saturated).
+        self.flow_control = flow_control
 
     def profile(self, name: str) -> Profile:
         """The profile called ``name``."""
@@ -121,8 +126,6 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
     if not isinstance(data, Mapping):
         raise ValueError(f"{where}: an EndpointPickerConfig must be a mapping, got {data!r}")
     for key in data:
-        if key in NOT_BUILT:
-            raise ValueError(f"{where}: {key} is not modelled by simsched yet (see docs/llm_d.md)")
         if key not in TOP_FIELDS:
             raise ValueError(f"{where}: unknown field {key!r}; known: {list(TOP_FIELDS)}")
     if data.get("kind", "EndpointPickerConfig") != "EndpointPickerConfig":
@@ -141,6 +144,9 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
     profiles = _profiles(data.get("schedulingProfiles"), plugins, where, handler)
     if handler is not None:
         handler.bind(plugins, where)
+        if any(p.TYPE == "predicted-latency-producer" for p in plugins.values()):
+            raise ValueError(f"{where}: predicted-latency-producer with {handler.name} (P/D "
+                             "disaggregation) is not modelled")
         names = [p.name for p in profiles]
         for role in ("decode_profile", "prefill_profile"):
             if getattr(handler, role) not in names:
@@ -163,8 +169,15 @@ def parse(data: Any, where: str = "EndpointPickerConfig", model: str = "") -> Pi
                 model=model, **(legacy[0].producer_params if legacy else {}))
         except ValueError as exc:
             raise ValueError(f"{where}: {legacy[0].name}: {exc}") from None
+    gates = data.get("featureGates") or []
+    if not isinstance(gates, list) or not all(isinstance(g, str) for g in gates):
+        raise ValueError(f"{where}: featureGates must be a list of strings, got {gates!r}")
+    # As Go: the flowControl section is read only with its feature gate on (ignored otherwise);
+    # with the gate and no section, flow control runs with its defaults.
+    flow = FlowController(data.get("flowControl"), plugins, where) \
+        if FLOW_CONTROL_GATE in gates else None
     return Pipeline(plugins, profiles, handler,
-                    _detector(data.get("saturationDetector"), plugins, where))
+                    _detector(data.get("saturationDetector"), plugins, where), flow)
 
 
 def _detector(spec, plugins: dict, where: str):
@@ -257,9 +270,11 @@ def _profiles(specs, plugins: dict, where: str, handler=None) -> list[Profile]:
                 filters.append(plugin)
             elif plugin.KIND == "picker":
                 pickers.append(plugin)
+            elif plugin.KIND == "producer":
+                pass            # producers run for every request (Go lists them in profiles too)
             else:
                 raise ValueError(f"{at}.plugins[{k}]: {plugin.name} ({plugin.TYPE}) is a "
-                                 f"{plugin.KIND}, not a filter, scorer or picker")
+                                 f"{plugin.KIND}, not a filter, scorer, picker or producer")
         if len(pickers) > 1:
             raise ValueError(f"{at}: more than one picker ({[p.name for p in pickers]})")
         picker = pickers[0] if pickers else MaxScorePicker()

@@ -21,17 +21,21 @@ class Metrics:
     ``inflight_tokens`` are the inflight-load-producer's counters (updated at dispatch and at the
     response's end, never stale); ``lora`` is per endpoint ``(active adapters, waiting
     adapters, max_loras)``; ``age`` the seconds since each endpoint's metrics were scraped;
-    ``labels`` each endpoint's labels (a mapping); ``ttft`` predicted TTFTs in ms (None: no
-    latency predictor, the case in simsched so far). A figure no plugin consumes may be None.
+    ``labels`` each endpoint's labels (a mapping); ``latency`` each endpoint's predictions
+    (:class:`~simsched.cluster.epp.latency.Prediction` or None) and ``ttft`` their TTFTs in ms
+    (None: no predictions, from no latency producer or no model yet). A figure no plugin
+    consumes may be None.
     """
 
     __slots__ = ("waiting", "running", "kv_use", "inflight_requests", "inflight_tokens", "lora",
-                 "age", "labels", "ttft")
+                 "age", "labels", "ttft", "latency")
 
     def __init__(self, waiting=None, running=None, kv_use=None, inflight_requests=None,
-                 inflight_tokens=None, lora=None, age=None, labels=None, ttft=None) -> None:
+                 inflight_tokens=None, lora=None, age=None, labels=None, ttft=None,
+                 latency=None) -> None:
         self.lora = lora
         self.ttft = ttft
+        self.latency = latency
         self.labels = labels
         self.age = age
         self.waiting = waiting

@@ -19,7 +19,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from simsched.cluster.epp.config import load_yaml, parse
-from simsched.cluster.epp.plugins import InFlightLoadProducer, Metrics
+from simsched.cluster.epp.latency import PredictedLatencyProducer
+from simsched.cluster.epp.latency_model import model_options
+from simsched.cluster.epp.plugins import (InFlightLoadProducer, KVCacheUtilizationScorer, Metrics,
+                                          QueueScorer)
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
 from simsched.cluster.load_routers import Router, _Uniforms, register
 
@@ -36,13 +39,25 @@ class LlmD(Router):
     rng) or ``index`` (the lowest replica index, as simsched's ``weighted`` router breaks ties).
     ``model``: the model name that seeds the prefix hashes. ``labels``: the replicas' pod
     labels, one mapping of strings per replica (in the first view's order; None: none), read by
-    the label filters and context-length-aware.
+    the label filters and context-length-aware. ``slo_ttft_ms`` / ``slo_tpot_ms``: every
+    request's TTFT / TPOT SLO in ms (llm-d's ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` headers; None:
+    no header), read by the SLO-deadline ordering and the predicted-latency plugins.
+    ``latency_model``: the predicted-latency producer's model options
+    (:mod:`simsched.cluster.epp.latency_model`).
     """
 
     def __init__(self, num_replicas, rng, config: str | Mapping | None = None,
-                 tie_break: str = "random", model: str = "", labels=None) -> None:
+                 tie_break: str = "random", model: str = "", labels=None,
+                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                 latency_model: Mapping | None = None) -> None:
         super().__init__(num_replicas, rng)
         self.labels = _check_labels(labels)
+        for name, slo in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
+            if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float))
+                                    or not 0 <= slo < float("inf")):
+                raise ValueError(f"{name} must be a number of ms >= 0 or None, got {slo!r}")
+        self.slo_ttft_ms, self.slo_tpot_ms = slo_ttft_ms, slo_tpot_ms
+        model_settings = model_options(latency_model)
         if tie_break not in TIE_BREAKS:
             raise ValueError(f"tie_break must be one of {list(TIE_BREAKS)}, got {tie_break!r}")
         if not isinstance(model, str):
@@ -60,6 +75,12 @@ class LlmD(Router):
         # A P/D handler runs in a disaggregated cluster only (simsched.cluster.disagg), which
         # gives the decode profile to this router and the prefill one to a sibling.
         self.handler = self.pipeline.handler
+        # Flow control queues requests before routing (simsched.cluster.flow runs its clock,
+        # and sets ``clock``: requests are then dispatched after their arrival).
+        self.flow_control = self.pipeline.flow_control
+        self.clock = None
+        for p in self.pipeline.producers(PredictedLatencyProducer.TYPE):
+            p.configure(model_settings)
         self._use_profile(self.pipeline.profiles[0])
 
     def sibling(self, profile: str, num_replicas: int) -> "LlmD":
@@ -69,6 +90,8 @@ class LlmD(Router):
         Router.__init__(twin, num_replicas, self.rng)
         twin.labels, twin.pipeline, twin.draw = self.labels, self.pipeline, self.draw
         twin.tie_break, twin.handler = self.tie_break, self.handler
+        twin.flow_control, twin.clock = self.flow_control, self.clock
+        twin.slo_ttft_ms, twin.slo_tpot_ms = self.slo_ttft_ms, self.slo_tpot_ms
         twin._use_profile(self.pipeline.profile(profile))
         twin.tokens_of = self.tokens_of
         return twin
@@ -96,6 +119,20 @@ class LlmD(Router):
             *(a.CONSUMES for a in self.pipeline.admitters))
         for admitter in self.pipeline.admitters:
             admitter.draw = self.draw
+        # Predicted latency: the producer reads the gauges and the prefix match; its SLOs are
+        # the requests' headers (router options).
+        latency = self.pipeline.producers(PredictedLatencyProducer.TYPE)
+        self.latency = latency[0] if latency else None
+        slo = (float(self.slo_ttft_ms or 0.0), float(self.slo_tpot_ms or 0.0))
+        for p in [self.latency] + self.pipeline.admitters:
+            if hasattr(p, "slo"):
+                p.slo = slo
+        self.admit_latency = self.latency is not None and any(
+            "latency" in a.CONSUMES for a in self.pipeline.admitters)
+        if self.latency is not None:
+            consumed.update(self.latency.CONSUMES)
+            if self.admit_latency:
+                self.admission_consumes |= set(self.latency.CONSUMES)
         self.consumed = consumed
         everything = consumed | self.admission_consumes
         self.reads_kv = "kv_use" in everything
@@ -105,6 +142,8 @@ class LlmD(Router):
         # pod name), so they survive an autoscaled fleet renumbering its routable replicas.
         self.track_tokens = "inflight_tokens" in everything
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
+        kinds = [type(s) for s, _ in self.profile.scorers[:2]]
+        self._fuse_queue_kv = kinds == [QueueScorer, KVCacheUtilizationScorer]
         self.precise = "precise" in consumed
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
@@ -121,11 +160,12 @@ class LlmD(Router):
             consumed = self.consumed | self.admission_consumes
         out = {}
         if "waiting" in consumed:
-            # Replica.num_waiting, inlined (two property calls a replica, per request with
-            # exact state, were half the router's time on 64 replicas); the equality is tested.
+            # Replica.num_waiting, inlined over the four containers it counts, bound once per
+            # view (they are never rebound): two property calls a replica, per request with
+            # exact state, were half the router's time on 64 replicas. The equality is tested.
             parts = self._wait_parts
             out["waiting"] = [r.num_waiting for r in replicas] if parts is None else \
-                [len(s._waiting) + len(s._requeue) + len(s._unseen) + len(p) for s, p in parts]
+                [len(w) + len(q) + len(u) + len(p) for w, q, u, p in parts]
         if "running" in consumed:
             out["running"] = [len(r.scheduler.running) for r in replicas]
         return out
@@ -135,7 +175,8 @@ class LlmD(Router):
         release in-flight tokens when a request ends. O(replicas), when the view changes."""
         self._attached = view
         self._replicas = view.replicas
-        self._wait_parts = [(r.scheduler, r.pending) for r in view.replicas] \
+        self._wait_parts = [(r.scheduler._waiting, r.scheduler._requeue, r.scheduler._unseen,
+                             r.pending) for r in view.replicas] \
             if all(hasattr(r, "pending") and hasattr(getattr(r, "scheduler", None), "_unseen")
                    for r in view.replicas) else None
         self._live = getattr(view, "live", view)
@@ -155,35 +196,55 @@ class LlmD(Router):
         if self._snapshot and {"waiting", "running"} & (self.consumed | self.admission_consumes):
             view.scrape = self._queues
             view.scraped = self._queues()
-        if self.track_tokens:
+        if self.track_tokens or self.latency is not None:
             if not hasattr(self._live, "on_finished"):
-                raise ValueError("token-load-scorer needs an end-of-request hook "
-                                 "(ReplicaLoad.on_finished) on the router's view")
+                raise ValueError("token-load-scorer and predicted-latency-producer need an "
+                                 "end-of-request hook (ReplicaLoad.on_finished) on the "
+                                 "router's view")
             tokens, estimate, live = self.tokens_of, InFlightLoadProducer.estimate, self._live
+            latency, track = self.latency, self.track_tokens
 
             def release(i, req):
-                key = id(live.replicas[i])
-                tokens[key] = tokens.get(key, 0) - estimate(req)
+                if track:
+                    key = id(live.replicas[i])
+                    tokens[key] = tokens.get(key, 0) - estimate(req)
+                if latency is not None:
+                    latency.finished(req)
             self._live.on_finished = release
+        if self.latency is not None and self.latency.streaming:
+            if not hasattr(self._live, "on_first_token"):
+                raise ValueError("predicted-latency-producer's streamingMode needs a first-token "
+                                 "hook (ReplicaLoad.on_first_token) on the router's view")
+            first = self.latency.first_token
+            self._live.on_first_token = lambda i, req: first(req)
 
     # ------------------------------------------------------------------ admission
     def admit(self, view, req) -> str | None:
-        """None to admit ``req``, else why it is shed (llm-d's legacy admission control and
-        admitters, :mod:`simsched.cluster.epp.admission`). Only sheddable requests (priority
-        < 0) are looked at, so others cost one comparison."""
+        """None to admit ``req``, else why it is shed (llm-d's legacy admission control, then
+        the admitter plugins, :mod:`simsched.cluster.epp.admission`, in the director's order).
+        Only sheddable requests (priority < 0) are looked at, so others cost one comparison."""
         if req.priority >= 0:
             return None
         m = self.metrics(view, req, self.admission_consumes)
         cands = self.candidates
+        # With flow control on, it admitted the request already (it replaces legacy shedding).
+        if self.flow_control is None:
+            sat = self.pipeline.detector.saturation(m, cands)
+            if sat >= 1.0:
+                return (f"shed: llm-d system saturated, sheddable request dropped "
+                        f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
+        if self.admit_latency:      # (Go's admitters run after the data producers)
+            self._produce(view, req, m)
         for admitter in self.pipeline.admitters:
             why = admitter.admit(m, req, cands)
             if why is not None:
                 return f"shed: llm-d {why}"
-        sat = self.pipeline.detector.saturation(m, cands)
-        if sat >= 1.0:
-            return (f"shed: llm-d system saturated, sheddable request dropped "
-                    f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
         return None
+
+    def pool_saturation(self, view, now: float) -> float:
+        """The saturation detector's reading of the pool at ``now`` (flow control's input)."""
+        m = self.metrics(view, _At(now), self.admission_consumes)
+        return self.pipeline.detector.saturation(m, self.candidates)
 
     def metrics(self, view, req, consumed=None) -> Metrics:
         """The figures the profile's plugins (or ``consumed``) read, as the router sees them
@@ -218,9 +279,9 @@ class LlmD(Router):
                        lora=lora)
 
     # ------------------------------------------------------------------ the cycle
-    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
-        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
-        m = self.metrics(view, req)
+    def _produce(self, view, req, m) -> dict:
+        """The cycle state the producers prepare for ``req``: the prefix match (and the
+        precise scorer's holders), the latency predictions (into ``m``)."""
         cycle: dict[str, Any] = {"keys": self._keys, "replicas": view.replicas}
         if self.precise:
             index = getattr(view, "prefix_holders", None)
@@ -235,6 +296,17 @@ class LlmD(Router):
                                len(hashes))
             cycle["hashes"] = hashes
             cycle["block_size"] = size
+        if self.latency is not None:
+            preds = self.latency.produce(m, req, cycle, self._keys)
+            m.latency = preds
+            m.ttft = None if preds is None else [p.ttft for p in preds]
+            cycle["metrics"] = m
+        return cycle
+
+    def scores(self, view, req) -> tuple[list[int], list[float], dict]:
+        """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
+        m = self.metrics(view, req)
+        cycle = self._produce(view, req, m)
         cands = self.candidates
         for f in self.profile.filters:
             kept = f.filter(m, req, cycle, cands)
@@ -246,8 +318,21 @@ class LlmD(Router):
         # Scorers whose scores are within [0, 1] by construction (BOUNDED) skip the clamp, and
         # one that scores every endpoint 0 this time (zero) adds nothing: t + 0.0 is t, so
         # both give the same floats as the plain sum.
-        totals = None
-        for scorer, w in self.profile.scorers:
+        totals, scorers = None, self.profile.scorers
+        if self._fuse_queue_kv and len(cands) == len(self.candidates):
+            # llm-d's default profile starts with queue-scorer and kv-cache-utilization-scorer:
+            # their weighted terms in one pass over every endpoint (the same float operations,
+            # in the same order, as the two passes below).
+            (_, wq), (_, wk) = scorers[:2]
+            scorers = scorers[2:]
+            waiting, kv = m.waiting, m.kv_use
+            low, high = min(waiting), max(waiting)
+            if high == low:
+                totals = [1.0 * wq + (1.0 - k) * wk for k in kv]
+            else:
+                span = high - low
+                totals = [(high - v) / span * wq + (1.0 - k) * wk for v, k in zip(waiting, kv)]
+        for scorer, w in scorers:
             if scorer.zero(cycle):
                 continue
             if totals is not None and len(cands) == len(self.candidates) \
@@ -277,6 +362,9 @@ class LlmD(Router):
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
         for plugin in self.post:
             plugin.pre_request(self._keys[i], cycle, req)
+        if self.latency is not None:
+            self.latency.dispatched(cycle["metrics"], req, cycle, i, self._keys[i],
+                                    req.arrival_at if self.clock is None else self.clock())
         if self.track_tokens:
             key = self._keys[i]
             self.tokens_of[key] = self.tokens_of.get(key, 0) + InFlightLoadProducer.estimate(req)
@@ -289,6 +377,15 @@ class LlmD(Router):
         if "prefix" not in self.cycle:
             return None, 0
         return self.cycle["prefix"][0].get(i, 0), self.cycle["block_size"]
+
+
+class _At:
+    """A stand-in request arriving at ``arrival_at`` (metric ages at a flow-control cycle)."""
+
+    __slots__ = ("arrival_at",)
+
+    def __init__(self, arrival_at: float) -> None:
+        self.arrival_at = arrival_at
 
 
 def _check_labels(labels):
