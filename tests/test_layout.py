@@ -18,7 +18,7 @@ LAYERS = {
 }
 SIMPY_MODULES = {"simsched.engine.replica", "simsched.engine.simpy_fast", "simsched.cluster.cluster",
                  "simsched.cluster.disagg", "simsched.cluster.sessions",
-                "simsched.cluster.retries", "simsched.cluster.failures",
+                 "simsched.cluster.retries", "simsched.cluster.failures",
                  "simsched.cluster.shard", "simsched.cluster.flow"}
 
 
