@@ -126,8 +126,8 @@ def calibrate(runs, path=None, seed: int = 0, sigma: dict | None = None,
         "covariance": out["covariance"],
         "intervals": {t: list(core.interval_of(center, cov, j)) for j, t in enumerate(TERMS)},
         "discrepancy": out["discrepancy"], "residuals": out["residuals"],
-        "prior": out["prior"], "metric_sigma": {m: core.METRIC_SIGMA.get(m) for m in
-                                                out["discrepancy"]},
+        "prior": out["prior"], "components": out["components"],
+        "metric_sigma": {m: core.METRIC_SIGMA.get(m) for m in out["discrepancy"]},
         "num_simulations": out["num_simulations"],
     }
     written = None

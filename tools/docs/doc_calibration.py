@@ -58,3 +58,14 @@ def calibration_terms(runs) -> str:
     note = "; ".join(f"{w}: {int(s)} simulations" for w, s in sims.items())
     return md_table(terms, 3) + f"\n\n{note}."
 
+
+
+def calibration_prior(runs) -> str:
+    """The error model and the prior's empirical Bayes (experiments.calibrate_prior)."""
+    t = runs.get("calibrate_prior")
+    within, prior = t["within"], t["prior"]
+    claim(len(within) == 4, "the spread of all four metrics is estimated")
+    best = prior.iloc[0]
+    return (md_table(within, 3) + "\n\n" + md_table(prior, 3)
+            + f"\n\nMost probable: the validated component's sigmas {num(best.share, 2)} x the "
+            f"wide prior's, weight {num(best.weight, 2)}.")
