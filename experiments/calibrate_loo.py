@@ -7,7 +7,8 @@ On the 17 real vLLM 0.15 H100 runs bundled in ``simsched/cost/data/vllm_v1/`` (t
 :func:`simsched.calibrate` (docs/calibration.md):
 
 1. **leave one run out**: each run is predicted by a profile calibrated on the other runs of
-   its (model, GPU), or on every other run where it has none; the prediction is the left-out
+   its (model, GPU), or on every other run where it has none, under a prior estimated without
+   it (``experiments.calibrate_prior`` on the other 16 runs); the prediction is the left-out
    run simulated with the fitted terms, its 90 % interval the ensemble of ``--draws``
    coefficient sets (and workload seeds) drawn from the profile, widened by the profile's
    unexplained scatter and centred on the prediction. Reported: the median over runs of the
@@ -92,12 +93,30 @@ def _simulated(sc: replay.Scenario, terms: dict | None, cache: dict) -> dict:
     return cache[key]
 
 
+def held_out_priors(runs, cache: dict) -> dict:
+    """run name -> the prior's components estimated without that run (empirical Bayes as
+    ``experiments.calibrate_prior`` on the other runs), so no left-out run informs its prior."""
+    from experiments import calibrate_prior
+
+    errors, jac = calibrate_prior.linearisation(runs, cache)
+    out = {}
+    for name in errors.run.unique():
+        keep = (errors.run != name).to_numpy()
+        shares, weight, _ = calibrate_prior.estimate(errors[keep].reset_index(drop=True),
+                                                     jac[keep])
+        out[name] = (("validated", {t: float(v) for t, v in zip(deployment.TERMS, shares)},
+                      weight), ("other", 1.0, 1.0 - weight))
+    return out
+
+
 def leave_one_out(runs, draws: int, cache: dict) -> pd.DataFrame:
     rows = []
+    priors = held_out_priors(runs, cache)
     for run in runs:
         same = [r for r in runs if r is not run and group_of(r) == group_of(run)]
         basis = same or [r for r in runs if r is not run]
-        prof = calibrate(basis, cache=cache).profile
+        prior = priors[replay.scenario(run, 0).name]
+        prof = calibrate(basis, cache=cache, components=prior).profile
         pred = predict(prof, run, draws, cache)
         shipped = _simulated(replay.scenario(run, 0), None, cache)
         for m in METRICS:
@@ -105,7 +124,8 @@ def leave_one_out(runs, draws: int, cache: dict) -> pd.DataFrame:
             p, lo, hi = pred[m]
             rows.append({"run": run.settings["experiment"], "model": group_of(run)[0],
                          "calibrated_on": "same model" if same else "all other runs",
-                         "num_runs": len(basis), "metric": m, "measured": meas,
+                         "num_runs": len(basis), "prior_weight": prior[0][2],
+                         "metric": m, "measured": meas,
                          "shipped": shipped[m], "predicted": p, "low": lo, "high": hi,
                          "shipped_error": (shipped[m] / meas - 1) * 100,
                          "error": (p / meas - 1) * 100, "covered": lo <= meas <= hi})

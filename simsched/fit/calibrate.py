@@ -47,10 +47,12 @@ from simsched.fit.errors import METRIC_SIGMA, whiten
 PRIOR_SIGMA = {"gemm_scale": 0.2, "attention_scale": 0.3, "comm_scale": 0.4,
                "step_time": 1.5e-3, "seq_time": 20e-6, "output_delay": 10e-3}
 # Empirical Bayes over the bundled runs (experiments.calibrate_prior; see the module docstring):
-# the validated component's sigmas as a share of PRIOR_SIGMA, and its prior weight.
-PRIOR_SCALE = 0.14
-PRIOR_WEIGHT = 0.98
-# (name, prior sigma as a share of PRIOR_SIGMA, prior weight)
+# the validated component's sigmas as shares of PRIOR_SIGMA, each term its own (the terms whose
+# shifts the runs do not need sit at the grid's floor, 0.01), and its prior weight.
+PRIOR_SCALE = {"gemm_scale": 0.14, "attention_scale": 0.01, "comm_scale": 0.34,
+               "step_time": 0.14, "seq_time": 0.01, "output_delay": 0.54}
+PRIOR_WEIGHT = 0.999
+# (name, prior sigma as a share of PRIOR_SIGMA: one or per term, prior weight)
 COMPONENTS = (("validated", PRIOR_SCALE, PRIOR_WEIGHT), ("other", 1.0, 1.0 - PRIOR_WEIGHT))
 PSEUDO_RUNS = 2.0           # weight of METRIC_SIGMA when re-estimating the errors
 STEP = 0.25                 # finite-difference step, in (wide) prior sigmas
@@ -227,7 +229,8 @@ def fit_scenarios(scenarios, prior: dict | None = None, sigma: dict | None = Non
         raise ValueError(f"calibrate: two runs are named {twice!r}")
     fitted = []
     for name, share, weight in components:
-        precision = np.full(len(TERMS), 1.0 / share ** 2)
+        share = np.array([share[t] for t in TERMS]) if isinstance(share, dict) else share
+        precision = np.full(len(TERMS), 1.0) / np.asarray(share, float) ** 2
         z, jac = solve(fit, precision)
         fitted.append((name, z, jac, precision, weight))
     mean, cov_z, parts = posterior(fit, fitted)

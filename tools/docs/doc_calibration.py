@@ -65,7 +65,7 @@ def calibration_prior(runs) -> str:
     t = runs.get("calibrate_prior")
     within, prior = t["within"], t["prior"]
     claim(len(within) == 4, "the spread of all four metrics is estimated")
-    best = prior.iloc[0]
-    return (md_table(within, 3) + "\n\n" + md_table(prior, 3)
-            + f"\n\nMost probable: the validated component's sigmas {num(best.share, 2)} x the "
-            f"wide prior's, weight {num(best.weight, 2)}.")
+    gap = prior.set_index("term").loc["log_likelihood"]
+    claim(gap.most_probable - gap.simsched < 1.0,
+          "simsched's prior is within one log-likelihood unit of the most probable")
+    return md_table(within, 3) + "\n\n" + md_table(prior, 3)
