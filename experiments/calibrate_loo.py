@@ -41,6 +41,7 @@ from simsched.analysis.measurements import Measured, read_run_tables, read_vllm_
 from simsched.analysis.replicate import prediction_intervals
 from simsched.cost import calibration as cal
 from simsched.cost import deployment, factory, vllm_v1
+from simsched.fit import calibrate as core
 from simsched.fit import replay
 from simsched.workloads.workload import WorkloadConfig
 from experiments._common import parser as make_parser
@@ -102,8 +103,8 @@ def held_out_priors(runs, cache: dict) -> dict:
     out = {}
     for name in errors.run.unique():
         keep = (errors.run != name).to_numpy()
-        shares, weight, _ = calibrate_prior.estimate(errors[keep].reset_index(drop=True),
-                                                     jac[keep])
+        shares, _ = calibrate_prior.estimate(errors[keep].reset_index(drop=True), jac[keep])
+        weight = core.PRIOR_WEIGHT
         out[name] = (("validated", {t: float(v) for t, v in zip(deployment.TERMS, shares)},
                       weight), ("other", 1.0, 1.0 - weight))
     return out
@@ -124,8 +125,7 @@ def leave_one_out(runs, draws: int, cache: dict) -> pd.DataFrame:
             p, lo, hi = pred[m]
             rows.append({"run": run.settings["experiment"], "model": group_of(run)[0],
                          "calibrated_on": "same model" if same else "all other runs",
-                         "num_runs": len(basis), "prior_weight": prior[0][2],
-                         "metric": m, "measured": meas,
+                         "num_runs": len(basis), "metric": m, "measured": meas,
                          "shipped": shipped[m], "predicted": p, "low": lo, "high": hi,
                          "shipped_error": (shipped[m] / meas - 1) * 100,
                          "error": (p / meas - 1) * 100, "covered": lo <= meas <= hi})

@@ -14,14 +14,15 @@ another folder of the format), at the shipped model (no term fitted):
    (:mod:`simsched.fit.errors` rounds these);
 3. **the prior**: with that noise (as :mod:`simsched.fit.errors` models it), each (model, GPU)'s
    errors are modelled as its runs' noise plus the sensitivity times shared term shifts drawn
-   from a mixture of two normals: the ``validated`` component (each term's sigma its own
-   ``share`` of the wide prior's, weight ``weight``) and the wide prior itself. The shares and
-   weight making the groups' errors most probable (coordinate ascent on a grid: automatic
-   relevance determination) are :data:`simsched.fit.calibrate.PRIOR_SCALE` and
-   :data:`~simsched.fit.calibrate.PRIOR_WEIGHT` (rounded).
+   from the ``validated`` normal (each term's sigma its own ``share`` of the wide prior's: these
+   runs are all validated deployments). The shares making the groups' errors most probable
+   (coordinate ascent on a grid: automatic relevance determination) are
+   :data:`simsched.fit.calibrate.PRIOR_SCALE` (rounded). How likely a user's deployment is to be
+   unlike these (the ``other`` component's weight) the runs cannot say: that weight is an
+   assumption (:data:`~simsched.fit.calibrate.PRIOR_WEIGHT`).
 
 Written to ``--out``: ``errors.csv``, ``within.csv`` (spread and correlations), ``prior.csv``
-(the most probable shares and weight, and simsched's beside them).
+(the most probable shares, and simsched's beside them).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from experiments.calibrate_loo import group_of, load
 
 METRICS = ("ttft_mean", "ttft_p90", "e2el_mean", "e2el_p90")
 SHARES = np.exp(np.linspace(math.log(0.01), 0.0, 31))
-WEIGHTS = np.concatenate([np.linspace(0.5, 0.98, 25), [0.99, 0.995, 0.999]])
 ROUNDS = 6
 
 
@@ -96,36 +96,30 @@ def _groups(errors: pd.DataFrame, jac: np.ndarray) -> list:
     return groups
 
 
-def log_likelihood(groups, shares, weight: float) -> float:
-    """The mixture prior's log likelihood of every group's errors."""
-    tight = np.array([_group_loglik(e, j, s, np.asarray(shares)) for e, j, s in groups])
-    wide = np.array([_group_loglik(e, j, s, np.ones(len(TERMS))) for e, j, s in groups])
-    return float(np.logaddexp(math.log(weight) + tight, math.log(1 - weight) + wide).sum())
+def log_likelihood(groups, shares) -> float:
+    """The validated prior's log likelihood of every group's errors."""
+    return float(sum(_group_loglik(e, j, s, np.asarray(shares)) for e, j, s in groups))
 
 
 def estimate(errors: pd.DataFrame, jac: np.ndarray) -> tuple:
-    """The most probable validated component: (per-term sigma shares, weight, log likelihood),
-    by coordinate ascent over :data:`SHARES` per term and :data:`WEIGHTS` (automatic relevance
-    determination: each term's own prior scale), from shares 0.14 and weight 0.98."""
+    """The most probable validated prior: (per-term sigma shares, log likelihood), by
+    coordinate ascent over :data:`SHARES` per term from 0.14 (automatic relevance
+    determination: each term's own prior scale)."""
     groups = _groups(errors, jac)
-    shares, weight = np.full(len(TERMS), 0.14), 0.98
-    best = log_likelihood(groups, shares, weight)
+    shares = np.full(len(TERMS), 0.14)
+    best = log_likelihood(groups, shares)
     for _ in range(ROUNDS):
         before = best
         for j in range(len(TERMS)):
             for v in SHARES:
                 trial = shares.copy()
                 trial[j] = v
-                ll = log_likelihood(groups, trial, weight)
+                ll = log_likelihood(groups, trial)
                 if ll > best:
                     best, shares = ll, trial
-        for w in WEIGHTS:
-            ll = log_likelihood(groups, shares, w)
-            if ll > best:
-                best, weight = ll, w
         if best - before < 1e-6:
             break
-    return shares, float(weight), best
+    return shares, best
 
 
 def run(out="out/calibrate_prior", data=None, quiet: bool = False) -> dict[str, pd.DataFrame]:
@@ -133,20 +127,19 @@ def run(out="out/calibrate_prior", data=None, quiet: bool = False) -> dict[str, 
     runs = load(data)
     errors, jac = linearisation(runs)
     spread = within(errors)
-    shares, weight, ll = estimate(errors, jac)
+    shares, ll = estimate(errors, jac)
     groups = _groups(errors, jac)
     used = np.array([core.PRIOR_SCALE[t] for t in TERMS])
-    prior = pd.DataFrame({"term": list(TERMS) + ["weight", "log_likelihood"],
-                          "most_probable": list(shares) + [weight, ll],
-                          "simsched": list(used) + [core.PRIOR_WEIGHT, log_likelihood(
-                              groups, used, core.PRIOR_WEIGHT)]})
+    prior = pd.DataFrame({"term": list(TERMS) + ["log_likelihood"],
+                          "most_probable": list(shares) + [ll],
+                          "simsched": list(used) + [log_likelihood(groups, used)]})
     tables = {"errors": errors.assign(error_percent=np.expm1(errors.log_error) * 100),
               "within": spread, "prior": prior}
     write_frames(Path(out), **tables)
     if not quiet:
         print("within a (model, GPU): spread of the shipped model's errors and correlations")
         print_table(spread)
-        print("\nprior (empirical Bayes): the validated component's sigma shares, its weight")
+        print("\nprior (empirical Bayes): the validated component's sigma shares")
         print_table(prior, out)
     return tables
 

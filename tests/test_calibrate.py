@@ -104,7 +104,7 @@ def test_round_trip_recovers_the_terms_within_their_intervals(round_trip):
     assert (rep.calibrated_error.abs() < rep.shipped_error.abs() / 2).all()
     # A run this far off is no deployment like the validated ones: the wide component decides.
     weights = {c["name"]: c["weight"] for c in cal.document["components"]}
-    assert weights["other"] > 0.99
+    assert weights["other"] > 0.9
 
 
 def test_profile_file_loads_through_hardware_profile(round_trip, tmp_path):
@@ -209,15 +209,15 @@ def test_error_model_correlates_one_runs_metrics():
 
 
 def test_a_run_near_the_shipped_model_moves_the_terms_little(tmp_path):
-    from simsched.fit.calibrate import PRIOR_SCALE
-
     run = _measured_run(tmp_path, dict(NEUTRAL, gemm_scale=1.04, step_time=0.2e-3), n=60)
     cal = calibrate([run])
     weights = {c["name"]: c["weight"] for c in cal.document["components"]}
-    assert weights["validated"] > 0.9
+    # Its errors are the size of one workload's misfit: the validated component is the more
+    # probable (the far-off round trip above goes to the wide one) and the terms stay near.
+    assert weights["validated"] > 0.5
     prior = cal.document["prior"]
     moved = (np.array(cal.document["center"]) - prior["center"]) / np.array(prior["sigma"])
-    assert (np.abs(moved) < 3 * np.array(list(PRIOR_SCALE.values()))).all()
+    assert np.abs(moved).max() < 1 / 3
 
 
 def test_empirical_bayes_finds_the_terms_deployments_differ_in():
@@ -240,7 +240,6 @@ def test_empirical_bayes_finds_the_terms_deployments_differ_in():
             jacs.append(jac)
             rows += [{"group": f"g{g}", "run": f"g{g}r{r}", "metric": m, "log_error": e}
                      for m, e in zip(METRICS, err)]
-    shares, weight, _ = estimate(pd.DataFrame(rows), np.vstack(jacs))
+    shares, _ = estimate(pd.DataFrame(rows), np.vstack(jacs))
     assert 0.2 < shares[0] < 1.0                  # the term that moves between deployments
     assert shares[1:].max() < shares[0] / 2       # the others need not
-    assert weight > 0.5

@@ -9,6 +9,9 @@ what the calibration left unexplained (the profile's ``discrepancy``: relative s
 metric, applied to the metrics of its family: ``ttft_*`` and ``queue_time_*`` take TTFT's,
 ``e2el_*`` E2E's, ``tpot_*`` and ``itl_*`` TPOT's or ITL's; other metrics carry the draws'
 spread only).
+
+Sweeps and plans reuse the pieces: :func:`draws_of` (a config's draws), :func:`interval_columns`
+(one point's draws as tidy ``m``, ``m_lo``, ``m_hi`` columns) and :func:`draw_columns`.
 """
 
 from __future__ import annotations

@@ -13,14 +13,16 @@ seeded: the same runs give the same profile.
 
 **The prior is a mixture of two normals** at the shipped values (:data:`COMPONENTS`):
 
-* ``validated``: the deployment is like those the shipped model was checked on, its terms within
-  :data:`PRIOR_SCALE` of :data:`PRIOR_SIGMA`;
+* ``validated``: the deployment is like those the shipped model was checked on, each term's
+  sigma its :data:`PRIOR_SCALE` share of :data:`PRIOR_SIGMA`;
 * ``other``: another GPU, driver, engine build or network: :data:`PRIOR_SIGMA` itself.
 
-Their scale and weights are empirical Bayes: the values that make the bundled vLLM 0.15 runs most
-probable (``python -m experiments.calibrate_prior``, on the shipped model's linearisation). Each
-component is fitted, its evidence (Laplace) weighs it, and the profile is the mixture's mean and
-covariance (components' covariances plus their spread). So one run whose errors are the size the
+The validated sigmas are empirical Bayes, one per term: the values that make the bundled vLLM 0.15
+runs most probable (``python -m experiments.calibrate_prior``, on the shipped model's
+linearisation); the weights are even odds (those runs cannot say how often a deployment is unlike
+them). Each component is fitted, its evidence (Laplace, with the metrics' errors re-estimated
+from its own residuals) weighs it, and the profile is the mixture's mean and covariance
+(components' covariances plus their spread). So one run whose errors are the size the
 shipped model makes workload to workload moves the terms little (what it measures is mostly its
 own workload's misfit, which the next workload does not share), and one run far off (a GPU whose
 kernels the shipped model extrapolates) moves them most of the way.
@@ -41,17 +43,19 @@ import numpy as np
 from simsched.cost import deployment, vllm_v1
 from simsched.cost.deployment import SPACES, TERMS
 from simsched.fit import replay
-from simsched.fit.errors import METRIC_SIGMA, whiten
+from simsched.fit.errors import METRIC_SIGMA, log_det, whiten
 
 # The wide prior's standard deviations in the fit's coordinates (log scale, or seconds).
 PRIOR_SIGMA = {"gemm_scale": 0.2, "attention_scale": 0.3, "comm_scale": 0.4,
                "step_time": 1.5e-3, "seq_time": 20e-6, "output_delay": 10e-3}
 # Empirical Bayes over the bundled runs (experiments.calibrate_prior; see the module docstring):
 # the validated component's sigmas as shares of PRIOR_SIGMA, each term its own (the terms whose
-# shifts the runs do not need sit at the grid's floor, 0.01), and its prior weight.
+# shifts the runs do not need sit at the grid's floor, 0.01). Its prior weight is an
+# assumption: the bundled runs, all of validated deployments, cannot say how often a user's is
+# unlike them; even odds, and each run's evidence decides.
 PRIOR_SCALE = {"gemm_scale": 0.14, "attention_scale": 0.01, "comm_scale": 0.34,
                "step_time": 0.14, "seq_time": 0.01, "output_delay": 0.54}
-PRIOR_WEIGHT = 0.999
+PRIOR_WEIGHT = 0.5
 # (name, prior sigma as a share of PRIOR_SIGMA: one or per term, prior weight)
 COMPONENTS = (("validated", PRIOR_SCALE, PRIOR_WEIGHT), ("other", 1.0, 1.0 - PRIOR_WEIGHT))
 PSEUDO_RUNS = 2.0           # weight of METRIC_SIGMA when re-estimating the errors
@@ -155,11 +159,16 @@ def solve(fit: Fit, precision=None, z0=None) -> tuple[np.ndarray, np.ndarray]:
 
 def log_evidence(fit: Fit, z, jac, precision) -> float:
     """The Laplace approximation of log p(measured | component) at its fit ``z`` (up to a
-    constant shared by the components)."""
-    r, jw = fit.whitened(z, jac)
+    constant shared by the components), with the metrics' errors the component's own
+    re-estimated ones (:func:`discrepancy`): the runs' noise level is not known in advance,
+    and a component that reproduces them far better than the validated runs' misfit earns
+    that."""
+    sigma = discrepancy(fit, z)
+    r, jw = fit.whitened(z, jac, sigma)
     a = jw.T @ jw + np.diag(precision)
+    logdet = log_det(fit.blocks, fit.logs(z) - fit.y, fit.metrics, sigma)
     return float(-0.5 * (r @ r + z @ (precision * z)) - 0.5 * np.linalg.slogdet(a)[1]
-                 + 0.5 * np.log(precision).sum())
+                 + 0.5 * np.log(precision).sum() - 0.5 * logdet)
 
 
 def discrepancy(fit: Fit, z) -> dict:

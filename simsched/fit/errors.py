@@ -60,6 +60,18 @@ def run_covariance(metrics, sigma: dict) -> np.ndarray:
     return corr * np.outer(sd, sd)
 
 
+def log_det(blocks, diff: np.ndarray, metrics, sigma: dict) -> float:
+    """The log determinant of the error covariance of the finite rows of ``diff`` (the
+    normalising term of their likelihood under ``sigma``)."""
+    total = 0.0
+    for idx in blocks:
+        idx = np.asarray(idx)
+        idx = idx[np.isfinite(diff[idx])]
+        if len(idx):
+            total += np.linalg.slogdet(run_covariance([metrics[k] for k in idx], sigma))[1]
+    return float(total)
+
+
 def whiten(blocks, diff: np.ndarray, jac: np.ndarray | None, metrics, sigma: dict):
     """Residuals ``diff`` (and Jacobian rows ``jac``) of several runs, each run's rows
     (``blocks``: a list of row-index arrays) multiplied by the inverse Cholesky factor of its
