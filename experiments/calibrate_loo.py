@@ -7,7 +7,8 @@ On the 17 real vLLM 0.15 H100 runs bundled in ``simsched/cost/data/vllm_v1/`` (t
 :func:`simsched.calibrate` (docs/calibration.md):
 
 1. **leave one run out**: each run is predicted by a profile calibrated on the other runs of
-   its (model, GPU), or on every other run where it has none; the prediction is the left-out
+   its (model, GPU), or on every other run where it has none, under a prior estimated without
+   it (``experiments.calibrate_prior`` on the other 16 runs); the prediction is the left-out
    run simulated with the fitted terms, its 90 % interval the ensemble of ``--draws``
    coefficient sets (and workload seeds) drawn from the profile, widened by the profile's
    unexplained scatter and centred on the prediction. Reported: the median over runs of the
@@ -40,6 +41,7 @@ from simsched.analysis.measurements import Measured, read_run_tables, read_vllm_
 from simsched.analysis.replicate import prediction_intervals
 from simsched.cost import calibration as cal
 from simsched.cost import deployment, factory, vllm_v1
+from simsched.fit import calibrate as core
 from simsched.fit import replay
 from simsched.workloads.workload import WorkloadConfig
 from experiments._common import parser as make_parser
@@ -92,12 +94,30 @@ def _simulated(sc: replay.Scenario, terms: dict | None, cache: dict) -> dict:
     return cache[key]
 
 
+def held_out_priors(runs, cache: dict) -> dict:
+    """run name -> the prior's components estimated without that run (empirical Bayes as
+    ``experiments.calibrate_prior`` on the other runs), so no left-out run informs its prior."""
+    from experiments import calibrate_prior
+
+    errors, jac = calibrate_prior.linearisation(runs, cache)
+    out = {}
+    for name in errors.run.unique():
+        keep = (errors.run != name).to_numpy()
+        shares, _ = calibrate_prior.estimate(errors[keep].reset_index(drop=True), jac[keep])
+        weight = core.PRIOR_WEIGHT
+        out[name] = (("validated", {t: float(v) for t, v in zip(deployment.TERMS, shares)},
+                      weight), ("other", 1.0, 1.0 - weight))
+    return out
+
+
 def leave_one_out(runs, draws: int, cache: dict) -> pd.DataFrame:
     rows = []
+    priors = held_out_priors(runs, cache)
     for run in runs:
         same = [r for r in runs if r is not run and group_of(r) == group_of(run)]
         basis = same or [r for r in runs if r is not run]
-        prof = calibrate(basis, cache=cache).profile
+        prior = priors[replay.scenario(run, 0).name]
+        prof = calibrate(basis, cache=cache, components=prior).profile
         pred = predict(prof, run, draws, cache)
         shipped = _simulated(replay.scenario(run, 0), None, cache)
         for m in METRICS:

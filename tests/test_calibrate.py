@@ -96,10 +96,15 @@ def test_round_trip_recovers_the_terms_within_their_intervals(round_trip):
     for name, value in TRUTH.items():
         scale = deployment.UNITS[name][1]
         assert terms.low_90[name] <= value * scale <= terms.high_90[name], name
-    # The shipped model is far off this run; the calibrated one reproduces it.
+    # The shipped model is far off this run; the calibrated one reproduces it within the
+    # metrics' expected run-to-run error (TTFT's is 16 %, E2E's 4 %).
     rep = cal.report
     assert rep.shipped_error.abs().min() > 10
-    assert rep.calibrated_error.abs().max() < 5
+    assert rep.calibrated_error.abs().max() < 10
+    assert (rep.calibrated_error.abs() < rep.shipped_error.abs() / 2).all()
+    # A run this far off is no deployment like the validated ones: the wide component decides.
+    weights = {c["name"]: c["weight"] for c in cal.document["components"]}
+    assert weights["other"] > 0.9
 
 
 def test_profile_file_loads_through_hardware_profile(round_trip, tmp_path):
@@ -181,3 +186,60 @@ def test_cli_calibrate_and_run_ensemble(round_trip, tmp_path, capsys):
     assert (tmp_path / "run" / "intervals.csv").is_file()
     assert main(["calibrate", "--runs", str(tmp / "bench.json")]) == 2
     assert "--runs and --measured go together" in capsys.readouterr().err
+
+
+def test_error_model_correlates_one_runs_metrics():
+    from simsched.fit.errors import SAMPLING_SHARE, correlation, run_covariance, whiten
+
+    metrics = ["ttft_mean", "ttft_p90", "e2el_mean", "tpot_mean"]
+    sigma = {"ttft_mean": 0.16, "ttft_p90": 0.2, "e2el_mean": 0.04, "tpot_mean": 0.05}
+    cov = run_covariance(metrics, sigma)
+    assert np.allclose(cov, cov.T) and np.linalg.eigvalsh(cov).min() > 0
+    assert np.sqrt(np.diag(cov)) == pytest.approx([sigma[m] for m in metrics])
+    # Two statistics of one latency move together; TTFT and E2E less so.
+    corr = cov / np.outer(np.sqrt(np.diag(cov)), np.sqrt(np.diag(cov)))
+    assert corr[0, 1] == pytest.approx((1 - SAMPLING_SHARE) * correlation("ttft_mean",
+                                                                          "ttft_p90"))
+    assert corr[0, 1] > corr[0, 2] > corr[0, 3] > 0
+    # Whitening: a run's residuals equal to its sigmas along one correlated direction count
+    # less than the same residuals taken as independent; a NaN row is left out.
+    diff = np.array([0.16, 0.2, np.nan, 0.05])
+    r, _ = whiten([[0, 1, 2, 3]], diff, None, metrics, sigma)
+    assert len(r) == 3 and r @ r < 3
+
+
+def test_a_run_near_the_shipped_model_moves_the_terms_little(tmp_path):
+    run = _measured_run(tmp_path, dict(NEUTRAL, gemm_scale=1.04, step_time=0.2e-3), n=60)
+    cal = calibrate([run])
+    weights = {c["name"]: c["weight"] for c in cal.document["components"]}
+    # Its errors are the size of one workload's misfit: the validated component is the more
+    # probable (the far-off round trip above goes to the wide one) and the terms stay near.
+    assert weights["validated"] > 0.5
+    prior = cal.document["prior"]
+    moved = (np.array(cal.document["center"]) - prior["center"]) / np.array(prior["sigma"])
+    assert np.abs(moved).max() < 1 / 3
+
+
+def test_empirical_bayes_finds_the_terms_deployments_differ_in():
+    from experiments.calibrate_prior import METRICS, estimate
+
+    # 12 deployments of 3 runs each; their errors: a shared shift of term 0 (sigma 0.5 in wide
+    # units) through each run's own sensitivity, plus each run's noise as the error model has it.
+    rng = np.random.default_rng(7)
+    from simsched.fit.errors import METRIC_SIGMA, run_covariance
+
+    noise = np.linalg.cholesky(run_covariance(list(METRICS), METRIC_SIGMA))
+    rows, jacs = [], []
+    for g in range(12):
+        shift = np.zeros(6)
+        shift[0] = 0.5 * rng.standard_normal()
+        for r in range(3):
+            jac = rng.normal(0.0, 0.3, (4, 6))
+            jac[:, 0] = np.abs(jac[:, 0]) + 0.2
+            err = jac @ shift + noise @ rng.standard_normal(4)
+            jacs.append(jac)
+            rows += [{"group": f"g{g}", "run": f"g{g}r{r}", "metric": m, "log_error": e}
+                     for m, e in zip(METRICS, err)]
+    shares, _ = estimate(pd.DataFrame(rows), np.vstack(jacs))
+    assert 0.2 < shares[0] < 1.0                  # the term that moves between deployments
+    assert shares[1:].max() < shares[0] / 2       # the others need not

@@ -9,6 +9,9 @@ what the calibration left unexplained (the profile's ``discrepancy``: relative s
 metric, applied to the metrics of its family: ``ttft_*`` and ``queue_time_*`` take TTFT's,
 ``e2el_*`` E2E's, ``tpot_*`` and ``itl_*`` TPOT's or ITL's; other metrics carry the draws'
 spread only).
+
+Sweeps and plans reuse the pieces: :func:`draws_of` (a config's draws), :func:`interval_columns`
+(one point's draws as tidy ``m``, ``m_lo``, ``m_hi`` columns) and :func:`draw_columns`.
 """
 
 from __future__ import annotations
@@ -62,25 +65,65 @@ def relative_sd(discrepancy: dict, metrics) -> dict:
     return out
 
 
-def ensemble(simulate, config, num_draws: int, confidence: float = 0.9, requests=None,
-             **options):
-    """Run ``config`` with ``simulate`` (:func:`simsched.analysis.runner.simulate`, passed in
-    by it) once per coefficient set drawn from its ``hardware.profile``."""
+def check_draws(num_draws, confidence: float = 0.9) -> None:
+    """Refuse a number of draws below 2 (no interval) or a confidence outside (0, 1)."""
     if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
         raise ValueError(f"ensemble must be an integer >= 2 (draws), got {num_draws!r}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+
+
+def draws_of(config, num_draws: int, where: str = "ensemble"):
+    """The ``num_draws`` (seed, terms) pairs of ``config``'s ensemble and its profile: draw k
+    runs with seed ``config.seed + k`` and the k-th coefficient set drawn from the profile's
+    posterior (seeded by ``config.seed``). ``where`` names the caller in errors."""
     hw = config.hardware
     if hw.profile is None:
-        raise ValueError("ensemble needs hardware.profile (a calibrated profile: simsched "
+        raise ValueError(f"{where} needs hardware.profile (a calibrated profile: simsched "
                          "calibrate) to draw coefficient sets from")
     if config.cluster.replicas:
-        raise ValueError("ensemble: per-replica overrides (cluster.replicas) are not supported; "
+        raise ValueError(f"{where}: per-replica overrides (cluster.replicas) are not supported; "
                          "every replica must run config.hardware")
     prof = deployment.check_for(hw.profile, hw.gpu, hw.engine_overhead)
+    draws = [(config.seed + k, terms)
+             for k, terms in enumerate(prof.draw(num_draws, seed=config.seed))]
+    return draws, prof
+
+
+def interval_columns(draws: pd.DataFrame, discrepancy: dict, confidence: float,
+                     skip=()) -> dict:
+    """One row of tidy interval columns from the rows of one point's draws: for each numeric
+    metric ``m``, ``m`` (the mean over the draws), ``m_lo`` and ``m_hi`` (the ends of its
+    ``confidence`` prediction interval, widened by the profile's ``discrepancy`` as
+    :func:`ensemble`'s); a non-numeric column (a label) takes its most common value; plus
+    ``num_draws``. ``skip``: columns left out."""
+    skip = set(skip) | {"seed", "draw"} | {c for c in draws.columns if c.startswith("term_")}
+    table = prediction_intervals(draws, confidence, relative_sd(discrepancy, draws.columns),
+                                 tuple(skip))
+    out = {}
+    spans = {r.metric: r for r in table.itertuples()}
+    for col in draws.columns:
+        if col in skip:
+            continue
+        if col in spans:
+            r = spans[col]
+            out.update({col: r.mean, f"{col}_lo": r.low, f"{col}_hi": r.high})
+        else:
+            values = draws[col].dropna()
+            out[col] = values.mode().iloc[0] if len(values) else None
+    out["num_draws"] = len(draws)
+    return out
+
+
+def ensemble(simulate, config, num_draws: int, confidence: float = 0.9, requests=None,
+             **options):
+    """Run ``config`` with ``simulate`` (:func:`simsched.analysis.runner.simulate`, passed in
+    by it) once per coefficient set drawn from its ``hardware.profile``."""
+    check_draws(num_draws, confidence)
+    hw = config.hardware
+    draws, prof = draws_of(config, num_draws)
     rows, first = [], None
-    for k, terms in enumerate(prof.draw(num_draws, seed=config.seed)):
-        seed = config.seed + k
+    for k, (seed, terms) in enumerate(draws):
         res = simulate(config.replace(seed=seed), requests=requests,
                        cost_model=factory.adjusted_cost_model(hw, terms), **options)
         rows.append({"draw": k, "seed": seed, **{f"term_{t}": v for t, v in terms.items()},
@@ -91,3 +134,10 @@ def ensemble(simulate, config, num_draws: int, confidence: float = 0.9, requests
     skip = ("seed", "draw") + tuple(c for c in runs.columns if c.startswith("term_"))
     table = prediction_intervals(runs, confidence, relative_sd(prof.discrepancy, metrics), skip)
     return Ensemble(runs, table, confidence, first)
+
+
+def draw_columns(draws, seed: int) -> dict:
+    """The ``draw`` index and ``term_*`` values of the run with ``seed`` among ``draws``
+    (:func:`draws_of`'s pairs: a draw's seed names it)."""
+    k = next(i for i, (s, _) in enumerate(draws) if s == seed)
+    return {"draw": k, **{f"term_{t}": v for t, v in draws[k][1].items()}}

@@ -43,11 +43,14 @@ class RunOutput:
 
 @dataclass(frozen=True)
 class Job:
-    """One run to make: a config, the SLOs for goodput, and whether to return the frames."""
+    """One run to make: a config, the SLOs for goodput, and whether to return the frames;
+    ``terms``: deployment terms (:mod:`simsched.cost.deployment`) correcting the config's cost
+    model, one draw of an ensemble (None: the config's own cost model)."""
 
     config: SimConfig
     slos: Any = None
     keep_frames: bool = True
+    terms: dict | None = None
 
 
 def _last_arrival(table: pd.DataFrame) -> float:
@@ -61,24 +64,28 @@ def _last_arrival(table: pd.DataFrame) -> float:
 
 
 def run_config(config: SimConfig, slos: Any = None, progress: bool = False,
-               record_steps: bool = False, **sharding):
+               record_steps: bool = False, terms: dict | None = None, **sharding):
     """Simulate one config (applying the default time limit); return its Results and summary row.
 
     Without a ``max_sim_time`` the run stops at ``TIME_LIMIT_FACTOR`` times its last arrival plus
     ``TIME_LIMIT_MARGIN`` seconds, so an overloaded run still ends and reports what was left.
     ``progress`` as :func:`~simsched.analysis.runner.simulate`'s.
-    ``record_steps`` also records the per-step frame (``Results.steps``). ``sharding``
-    (``shards``, ``shard_workers``, ``ray_address``) runs it sharded, as ``simulate`` does.
+    ``record_steps`` also records the per-step frame (``Results.steps``). ``terms`` corrects
+    the cost model by deployment terms (an ensemble's draw). ``sharding`` (``shards``,
+    ``shard_workers``, ``ray_address``) runs it sharded, as ``simulate`` does.
     """
     from simsched.analysis.runner import run, workload_requests
+    from simsched.cost.factory import adjusted_cost_model
+
+    cost_model = None if terms is None else adjusted_cost_model(config.hardware, terms)
 
     table = workload_requests(config)
     if math.isinf(config.max_sim_time):
         last = _last_arrival(table)
         config = config.replace(max_sim_time=TIME_LIMIT_FACTOR * last + TIME_LIMIT_MARGIN)
     # simulate() draws the workload from the same seed: passing the table is identical.
-    results = run(config, requests=table, from_workload=True, progress=progress,
-                  record_steps=record_steps, **sharding)[0]
+    results = run(config, requests=table, cost_model=cost_model, from_workload=True,
+                  progress=progress, record_steps=record_steps, **sharding)[0]
     row = summarize(results, slos)
     row["max_sim_time"] = config.max_sim_time
     row["num_blocks"] = results.info.get("num_blocks")
@@ -90,7 +97,7 @@ def run_job(job: Job) -> RunOutput:
     # Workers collect warnings (e.g. clipped prompts) so the caller can show each once.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results, row = run_config(job.config, job.slos)
+        results, row = run_config(job.config, job.slos, terms=job.terms)
     notes = tuple((w.category, str(w.message)) for w in caught)
     if not job.keep_frames:
         return RunOutput(row, warnings=notes)

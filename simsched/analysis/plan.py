@@ -17,6 +17,12 @@ makes the candidate infeasible at every replica count, so its search stops at on
 ``rejects``; requests shed by admission control only fail the probe (more replicas shed fewer).
 The table reports ``num_rejected`` and one warning names the candidates that reject requests.
 
+With ``ensemble=N`` (each candidate's config with ``hardware.profile``, a calibrated profile of
+its GPU) every probe runs N coefficient sets drawn from the profile, each with its own seed, in
+place of seeds; the target is judged on the mean over the draws, and the table carries each
+latency metric ``m`` as ``m`` (that mean), ``m_lo`` and ``m_hi`` (its prediction interval at
+``confidence``, :mod:`simsched.analysis.ensemble`), drawn as error bars by :meth:`PlanResult.plot`.
+
 Prices are configurable; :data:`GPU_PRICES` holds defaults in US dollars per GPU-hour, an
 assumption modelled on 2024 on-demand list prices of GPU clouds (e.g. Lambda: A100-40GB $1.29,
 A100-80GB SXM $1.79, H100 SXM $2.99). The H200 and L40S entries are estimates. Pass your own.
@@ -32,7 +38,9 @@ import pandas as pd
 
 from simsched.analysis.capacity import SLOTarget, run_probes
 from simsched.analysis.executors import Job
-from simsched.analysis.plan_search import ReplicaSearch, probe_holds, warn_rejections
+from simsched.analysis.ensemble import draw_columns, interval_columns
+from simsched.analysis.plan_search import (ReplicaSearch, candidate_draws, probe_holds,
+                                           warn_rejections)
 from simsched.analysis.slo import SLO
 from simsched.config import SimConfig, field_names
 from simsched.workloads.workload import WorkloadConfig
@@ -126,7 +134,8 @@ class PlanResult:
     def plot(self, path=None, ax=None, dpi: int = 90):
         """Cost per million requests against p99 TTFT, one panel per rate, Pareto front drawn.
 
-        One colour per candidate (legend), each point labelled with its replica count. Returns
+        One colour per candidate (legend), each point labelled with its replica count; an
+        ensemble plan's p99-TTFT prediction intervals are horizontal error bars. Returns
         the matplotlib ``Figure``; draws into ``ax`` (one Axes per rate) if given and saves to
         ``path`` if given.
         """
@@ -146,13 +155,19 @@ class PlanResult:
                 ax_.scatter(row["ttft_p99"], row["cost_per_million"], s=28,
                             color=colours[row["label"]], marker=markers[row["label"]],
                             label=row["label"])
+                if "ttft_p99_lo" in row:
+                    ax_.errorbar(row["ttft_p99"], row["cost_per_million"], fmt="none",
+                                 xerr=[[row["ttft_p99"] - row["ttft_p99_lo"]],
+                                       [row["ttft_p99_hi"] - row["ttft_p99"]]],
+                                 ecolor=colours[row["label"]], alpha=0.6, lw=1, capsize=2)
                 ax_.annotate(f"x{int(row['num_replicas'])}",
                              (row["ttft_p99"], row["cost_per_million"]), fontsize=7,
                              xytext=(3, 2), textcoords="offset points")
             front = rows[rows["pareto"]].sort_values("ttft_p99")
             ax_.step(front["ttft_p99"], front["cost_per_million"], where="post", color="black",
                      linewidth=0.8)
-            ax_.set_title(f"{rate:g} req/s (black: Pareto front; xN: replicas)", fontsize=8)
+            bars = "; bars: prediction intervals" if "ttft_p99_lo" in rows else ""
+            ax_.set_title(f"{rate:g} req/s (black: Pareto front; xN: replicas{bars})", fontsize=8)
             ax_.set_xlabel("p99 TTFT (s)")
             ax_.set_ylabel("$ per million requests")
             ax_.grid(alpha=0.3)
@@ -220,7 +235,8 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
          rates: Iterable[float] | None = None, base_config: SimConfig | None = None,
          prices: Mapping[str, float] | None = None, seeds: Iterable[int] = (0,),
          executor: str = "local", max_workers: int | None = None, progress: bool = False,
-         ray_address: str | None = None) -> PlanResult:
+         ray_address: str | None = None, ensemble: int | None = None,
+         confidence: float = 0.9) -> PlanResult:
     """For each candidate and rate, the fewest replicas meeting ``slo`` and their cost.
 
     ``workload`` is a :class:`WorkloadConfig` or a preset name (``"azure-conv"``); ``rates``
@@ -239,7 +255,9 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
     ``max_replicas``, ``rejects``), ``num_replicas``, ``num_gpus``, ``gpu_hours_per_million``,
     ``price_per_gpu_hour``, ``cost_per_million``, latency metrics (means over seeds),
     ``num_rejected`` (mean over seeds at the count chosen, or at the last count probed when none
-    meets the target) and ``pareto``.
+    meets the target) and ``pareto``. ``ensemble`` (N >= 2, one seed) runs each probe with N
+    coefficient sets drawn from the candidate's calibrated profile and adds ``m_lo``/``m_hi``
+    prediction intervals and ``num_draws`` (see the module docstring).
     """
     target = _target(slo)
     cands = _candidates(candidates)
@@ -261,6 +279,9 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
             raise ValueError(f"prices has no valid price for GPU {c.gpu!r} (US$ per GPU-hour), "
                              f"got {price!r}")
         c.config(base, c.min_replicas, rates[0], seeds[0])     # bad settings fail here
+    draws = candidate_draws(cands, base, rates[0], seeds, ensemble, confidence)
+    if draws is not None:
+        seeds = tuple(seed for seed, _ in next(iter(draws.values()))[0])
     searches = [ReplicaSearch(c, rates) for c in cands]
     cache: dict[tuple, dict] = {}
     notes: dict[tuple, str] = {}
@@ -271,7 +292,8 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
         keys = sorted({(s.candidate.label, s.rate, s.probe, seed) for s in live
                        for seed in seeds} - set(cache), key=str)
         by_label = {c.label: c for c in cands}
-        jobs = [Job(by_label[label].config(base, n, rate, seed), target.slo, keep_frames=False)
+        jobs = [Job(by_label[label].config(base, n, rate, seed), target.slo, keep_frames=False,
+                    terms=None if draws is None else dict(draws[label][0])[seed])
                 for label, rate, n, seed in keys]
         run_probes(keys, jobs, cache, notes=notes, executor=executor, max_workers=max_workers,
                    progress=progress, ray_address=ray_address, desc="plan")
@@ -281,10 +303,11 @@ def plan(workload: WorkloadConfig | str, slo, candidates: Iterable,
             unservable = (rows["num_rejected"] - rows.get("num_shed", 0)) > 0
             s.update(probe_holds(target, rows), rejects=bool(unservable.any()))
     warn_rejections(searches, notes, seeds)
-    return _result(searches, cache, target, base, seeds, table_prices)
+    return _result(searches, cache, target, base, seeds, table_prices, draws, confidence)
 
 
-def _result(searches, cache, target, base, seeds, prices) -> PlanResult:
+def _result(searches, cache, target, base, seeds, prices, draws=None,
+            confidence=0.9) -> PlanResult:
     rows, configs = [], {}
     metrics = ("ttft_p50", "ttft_p99", "tpot_p99", "e2el_p99", "request_throughput",
                "slo_attainment", "load_imbalance")
@@ -301,15 +324,20 @@ def _result(searches, cache, target, base, seeds, prices) -> PlanResult:
                 runs = pd.DataFrame([cache[(c.label, rate, n, seed)] for seed in seeds])
                 gpus = n * c.tensor_parallel_size
                 hours = gpus * 1e6 / rate / 3600
+                # An ensemble's metrics come with their intervals, each next to its metric.
+                values = {m: runs[m].mean() for m in metrics if m in runs} if draws is None \
+                    else interval_columns(runs[[m for m in metrics if m in runs]],
+                                          draws[c.label][1].discrepancy, confidence)
                 row.update(num_gpus=gpus, gpu_hours_per_million=hours,
                            price_per_gpu_hour=prices[c.gpu],
-                           cost_per_million=hours * prices[c.gpu],
-                           **{m: runs[m].mean() for m in metrics if m in runs})
+                           cost_per_million=hours * prices[c.gpu], **values)
                 configs[(c.label, rate)] = c.config(base, n, rate, seeds[0])
             else:
+                ends = ("",) if draws is None else ("", "_lo", "_hi")
                 row.update(num_gpus=math.nan, gpu_hours_per_million=math.nan,
                            price_per_gpu_hour=prices[c.gpu], cost_per_million=math.nan,
-                           **{m: math.nan for m in metrics})
+                           **{m + e: math.nan for m in metrics for e in ends},
+                           **({} if draws is None else {"num_draws": 0}))
             probed = n or s.last.get(rate)
             row["num_rejected"] = (
                 pd.Series([cache[(c.label, rate, probed, seed)]["num_rejected"]
@@ -319,6 +347,7 @@ def _result(searches, cache, target, base, seeds, prices) -> PlanResult:
                                            na_position="last", kind="stable")
     table["pareto"] = _pareto(table)
     runs = pd.DataFrame([{"label": label, "rate": rate, "num_replicas": n, "seed": seed,
+                          **({} if draws is None else draw_columns(draws[label][0], seed)),
                           "holds": probe_holds(target, pd.DataFrame([row])), **row}
                          for (label, rate, n, seed), row in sorted(cache.items(), key=str)])
     return PlanResult(table.reset_index(drop=True), runs, configs)
@@ -344,14 +373,15 @@ PLAN_SECTIONS = ("plan", "target", "prices", "candidates")
 def plan_from_toml(data: Mapping[str, Any], slo: Mapping[str, float]) -> dict[str, Any]:
     """:func:`plan` keyword arguments from a plan file's own sections (see ``simsched plan``).
 
-    ``[plan]`` holds ``rates`` and ``seeds``; ``[target]`` metric limits and optionally
+    ``[plan]`` holds ``rates``, ``seeds`` and optionally ``ensemble`` and ``confidence``; ``[target]`` metric limits and optionally
     ``min_attainment`` (of the ``[slo]`` bounds, given here as ``slo``); ``[prices]`` US$ per
     GPU-hour by GPU; ``[[candidates]]`` one table per candidate.
     """
     section = dict(data.get("plan", {}))
-    unknown = set(section) - {"rates", "seeds"}
+    unknown = set(section) - {"rates", "seeds", "ensemble", "confidence"}
     if unknown:
-        raise ValueError(f"[plan] has unknown key(s) {sorted(unknown)}; known: rates, seeds")
+        raise ValueError(f"[plan] has unknown key(s) {sorted(unknown)}; known: rates, seeds, "
+                         "ensemble, confidence")
     limits = dict(data.get("target", {}))
     attainment = limits.pop("min_attainment", None)
     slo_obj = SLO(**slo) if slo else None
@@ -362,6 +392,7 @@ def plan_from_toml(data: Mapping[str, Any], slo: Mapping[str, float]) -> dict[st
     if not raw:
         raise ValueError("a plan needs at least one [[candidates]] table")
     return {"slo": target, "rates": section.get("rates"), "seeds": section.get("seeds", (0,)),
+            "ensemble": section.get("ensemble"), "confidence": section.get("confidence", 0.9),
             "prices": dict(data.get("prices", {})),
             "candidates": [candidate_from_mapping(c, f"[[candidates]] {i + 1}")
                            for i, c in enumerate(raw)]}

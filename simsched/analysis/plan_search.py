@@ -92,3 +92,17 @@ def warn_rejections(searches, notes, seeds) -> None:
                       f"{bad[0][0]}: {bad[0][1]}. Fit such requests with the workload's "
                       "long_prompt_policy ('clip', 'drop') or plan a model with a longer "
                       "context or a larger KV cache", UserWarning, stacklevel=3)
+
+
+def candidate_draws(cands, base, rate, seeds, ensemble, confidence):
+    """label -> (the (seed, terms) draws, the profile) of an ensemble plan; None without one."""
+    if ensemble is None:
+        return None
+    from simsched.analysis.ensemble import check_draws, draws_of
+
+    check_draws(ensemble, confidence)
+    if len(seeds) != 1:
+        raise ValueError(f"plan: ensemble varies the seed itself (draw k runs seed + k); give "
+                         f"one seed, got seeds={list(seeds)}")
+    return {c.label: draws_of(c.config(base, c.min_replicas, rate, seeds[0]), ensemble,
+                              f"plan candidate {c.label!r}: ensemble") for c in cands}

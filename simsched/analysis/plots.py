@@ -73,8 +73,9 @@ def latency_vs_load(runs: pd.DataFrame, path=None, x: str = "rate",
 
     Runs with equal ``x`` and group (several seeds) are averaged, and the band around each line
     is the Student-t 95 % interval of that mean over them (drawn where a point has two or more
-    runs). A hollow marker on each line marks its saturation point (see
-    :func:`saturation_rate`). ``ax``: three Axes.
+    runs); the runs of an ensemble sweep (``sweep(..., ensemble=N)``: columns ``m_lo`` and
+    ``m_hi``) draw their prediction intervals instead. A hollow marker on each line marks its
+    saturation point (see :func:`saturation_rate`). ``ax``: three Axes.
     """
     from simsched.analysis.stats import t_quantile
 
@@ -89,7 +90,11 @@ def latency_vs_load(runs: pd.DataFrame, path=None, x: str = "rate",
         for axis, (metric, _) in zip(axes, metrics):
             line, = axis.plot(mean.index, mean[metric], marker=".", label=label)
             n = spread[(metric, "count")].to_numpy()
-            if (n >= 2).any():
+            if f"{metric}_lo" in group and f"{metric}_hi" in group:
+                ends = group.groupby(x)[[f"{metric}_lo", f"{metric}_hi"]].mean().sort_index()
+                axis.fill_between(mean.index, ends[f"{metric}_lo"], ends[f"{metric}_hi"],
+                                  color=line.get_color(), alpha=0.2, lw=0)
+            elif (n >= 2).any():
                 half = np.array([t_quantile(0.975, k - 1) if k >= 2 else np.nan for k in n]) \
                     * spread[(metric, "std")].to_numpy() / np.sqrt(np.maximum(n, 1))
                 axis.fill_between(mean.index, mean[metric] - half, mean[metric] + half,

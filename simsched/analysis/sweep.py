@@ -5,6 +5,14 @@
 and the summary metrics, goodput and saturation label) and whose ``requests``, ``iterations`` and
 ``preemptions`` and ``replicas`` frames concatenate every run's frame with its ``run_id`` and varied
 fields.
+
+``sweep(base, ensemble=N, rate=[...])`` (``base`` with ``hardware.profile``, a calibrated
+profile) runs every point N times, each with a coefficient set drawn from the profile and its
+own seed (:mod:`simsched.analysis.ensemble`), and carries intervals: ``runs`` keeps one row per
+point, each summary metric ``m`` as ``m`` (the mean over the draws), ``m_lo`` and ``m_hi`` (its
+prediction interval at ``confidence``), with ``num_draws``; ``draws`` has one row per draw
+(``run_id``, ``draw``, ``seed``, the drawn ``term_*``, the metrics), and the per-run frames are
+led by ``run_id`` and ``draw``.
 """
 
 from __future__ import annotations
@@ -22,18 +30,29 @@ from simsched.analysis.slo import SLO
 from simsched.config import SimConfig
 
 FRAMES = ("runs", "requests", "iterations", "preemptions", "replicas")
+# Summary columns that describe a run's setup rather than measure it: no interval.
+SETUP_COLUMNS = ("max_sim_time", "num_blocks")
 
 
 class SweepResult:
     """The outcome of a sweep: one row per run, plus every run's per-request/iteration frames."""
 
     def __init__(self, runs: pd.DataFrame, configs: list[SimConfig], factors: dict[str, list],
-                 outputs: Sequence[RunOutput], points: Sequence[dict] | None = None) -> None:
+                 outputs: Sequence[RunOutput], points: Sequence[dict] | None = None,
+                 draws: pd.DataFrame | None = None, confidence: float | None = None,
+                 leads: Sequence[dict] | None = None) -> None:
         self.runs = runs
         self.configs = configs
         self.factors = factors
         self.points = list(points) if points is not None else [{} for _ in configs]
+        #: One row per ensemble draw (``sweep(..., ensemble=N)``), else None.
+        self.draws = draws
+        #: The prediction intervals' confidence of an ensemble sweep, else None.
+        self.confidence = confidence
         self._outputs = outputs
+        # The columns leading each output's frames (run_id, draw, the varied fields).
+        self._leads = list(leads) if leads is not None else [
+            {"run_id": i, **p} for i, p in enumerate(self.points)]
         self._kept = not outputs or outputs[0].requests is not None
         self._frames: dict[str, pd.DataFrame] = {}
 
@@ -43,11 +62,10 @@ class SweepResult:
                 raise ValueError(f"this sweep did not keep per-run frames "
                                  f"(keep_frames=False); {name!r} is unavailable")
             parts = []
-            for run_id, out in enumerate(self._outputs):
+            for k, out in enumerate(self._outputs):
                 frame = getattr(out, name)
-                point = self.points[run_id] if run_id < len(self.points) else {}
-                lead = {"run_id": run_id}
-                lead.update({k: v for k, v in point.items() if k not in frame.columns})
+                lead = {c: v for c, v in self._leads[k].items()
+                        if c in ("run_id", "draw") or c not in frame.columns}
                 parts.append(_with_leading(frame, lead))
                 # The combined frame is the one copy kept: let the run's own frame go.
                 setattr(out, name, None)
@@ -80,6 +98,8 @@ class SweepResult:
     def frames(self) -> dict[str, pd.DataFrame]:
         """``runs`` and, if kept, the concatenated per-run frames, by name."""
         out = {"runs": self.runs}
+        if self.draws is not None:
+            out["draws"] = self.draws
         if self._outputs and self._kept:
             out.update(requests=self.requests, iterations=self.iterations,
                        preemptions=self.preemptions, replicas=self.replicas)
@@ -182,7 +202,8 @@ def grid(base_config: SimConfig, factors: Mapping[str, Iterable]) -> tuple[list[
 def sweep(base_config: SimConfig | None = None, executor: str = "local",
           max_workers: int | None = None, progress: bool = True,
           slos: "SLO | Mapping[str, SLO] | None" = None, keep_frames: bool = True,
-          ray_address: str | None = None, **factors: Iterable) -> SweepResult:
+          ray_address: str | None = None, ensemble: int | None = None,
+          confidence: float = 0.9, **factors: Iterable) -> SweepResult:
     """Run the Cartesian product of ``factors`` over ``base_config``; one row per run.
 
     Each factor is a config field (flat, e.g. ``rate``, ``policy``, ``seed``, or dotted via
@@ -194,12 +215,21 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     ``max_sim_time``, each run stops at twice its last arrival time plus 60 s, so overloaded runs
     end and report their unfinished requests. ``keep_frames=False`` returns only the rows.
     ``progress`` shows a progress bar (tqdm) when there is more than one run.
+    ``ensemble`` (N >= 2; every point's config needs ``hardware.profile``) runs each point
+    with N coefficient sets drawn from its calibrated profile and gives each metric a
+    ``confidence`` prediction interval (see the module docstring); it varies the seed itself.
     """
     base_config = base_config or SimConfig()
     return_freed_buffers()   # the per-run frames this process receives and drops, too
     if slos is not None and not isinstance(slos, (SLO, Mapping)):
         raise ValueError(f"slos must be an SLO or a mapping of name to SLO, got {slos!r}")
     configs, points = grid(base_config, factors)
+    factor_lists = {k: list(v) if isinstance(v, Iterable) and not isinstance(v, (str, bytes))
+                    else [v] for k, v in factors.items()}
+    if ensemble is not None:
+        return _ensemble_sweep(configs, points, factor_lists, ensemble, confidence, slos,
+                               keep_frames, dict(executor=executor, max_workers=max_workers,
+                                                 progress=progress, ray_address=ray_address))
     jobs = [Job(cfg, slos, keep_frames) for cfg in configs]
     outputs = execute(jobs, executor=executor, max_workers=max_workers, progress=progress,
                       ray_address=ray_address, desc="sweep")
@@ -208,5 +238,40 @@ def sweep(base_config: SimConfig | None = None, executor: str = "local",
     for run_id, (point, out) in enumerate(zip(points, outputs)):
         rows.append({"run_id": run_id, **point, **out.row})
     runs = pd.DataFrame(rows)
-    return SweepResult(runs, configs, {k: list(v) if isinstance(v, Iterable) and not isinstance(
-        v, (str, bytes)) else [v] for k, v in factors.items()}, outputs, points)
+    return SweepResult(runs, configs, factor_lists, outputs, points)
+
+
+def _ensemble_sweep(configs, points, factors, num_draws, confidence, slos, keep_frames,
+                    options) -> SweepResult:
+    """:func:`sweep` with ``ensemble``: N drawn coefficient sets per point, intervals."""
+    from simsched.analysis.ensemble import check_draws, draws_of, interval_columns
+
+    check_draws(num_draws, confidence)
+    if any(k.split(".")[-1] == "seed" for k in factors):
+        raise ValueError("sweep: ensemble varies the seed itself (draw k runs seed + k); give "
+                         "ensemble or a seed factor, not both")
+    jobs, leads, profiles = [], [], []
+    for run_id, (cfg, point) in enumerate(zip(configs, points)):
+        draws, prof = draws_of(cfg, num_draws, f"sweep point {point}: ensemble")
+        profiles.append(prof)
+        for k, (seed, terms) in enumerate(draws):
+            jobs.append(Job(cfg.replace(seed=seed), slos, keep_frames, terms))
+            leads.append({"run_id": run_id, "draw": k, "seed": seed,
+                          **{f"term_{t}": v for t, v in terms.items()}, **point})
+    outputs = execute(jobs, desc="sweep", **options)
+    reraise_warnings(outputs)
+    draws_frame = pd.DataFrame([{**lead, **out.row} for lead, out in zip(leads, outputs)])
+    rows = []
+    for run_id, point in enumerate(points):
+        mine = draws_frame[draws_frame["run_id"] == run_id]
+        metrics = mine[[c for c in mine.columns if c not in point and c != "run_id"]]
+        rows.append({"run_id": run_id, **point, **interval_columns(
+            metrics, profiles[run_id].discrepancy, confidence, skip=SETUP_COLUMNS)})
+    runs = pd.DataFrame(rows)
+    for col in SETUP_COLUMNS:     # the same for every draw of a point: the first draw's
+        if col in draws_frame:
+            runs[col] = draws_frame.groupby("run_id", sort=True)[col].first().to_numpy()
+    frame_leads = [{k: v for k, v in lead.items() if k not in ("seed",)
+                    and not k.startswith("term_")} for lead in leads]
+    return SweepResult(runs, configs, factors, outputs, points, draws_frame, confidence,
+                       frame_leads)

@@ -180,6 +180,11 @@ def make_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seeds", type=_positive_int, metavar="N",
                     help="run every point with N seeds and write intervals.csv (each metric's "
                          "mean and 95%% t-interval per point; plots draw the bands)")
+    sw.add_argument("--ensemble", type=_positive_int, metavar="N",
+                    help="with --profile: run every point with N coefficient sets drawn from "
+                         "the profile; runs.csv gets each metric's mean and 90%% prediction "
+                         "interval (METRIC, METRIC_lo, METRIC_hi), draws.csv one row per draw; "
+                         "plots draw the bands")
     sw.add_argument("--vary", action="append", default=[], metavar="FIELD=V1,V2,...",
                     help="a field and its values, e.g. --vary rate=1,2,4 --vary policy=fcfs,spf "
                     "(tuple fields as JSON: --vary prompt_range=[10,100],[10,500])")
@@ -233,6 +238,10 @@ def _add_plan_parser(sub) -> None:
                     "[target] (metric limits, min_attainment), [slo], [prices] and "
                     "[[candidates]] (gpu, tp, router, min_replicas, max_replicas, settings)")
     pl.add_argument("--out", help="output directory (default out/plan)")
+    pl.add_argument("--ensemble", type=_positive_int, metavar="N",
+                    help="run every probe with N coefficient sets drawn from the candidates' "
+                         "calibrated profiles (hardware.profile) and add each metric's 90%% "
+                         "prediction interval (METRIC_lo, METRIC_hi); overrides [plan] ensemble")
     _add_parallel(pl)
     rep = sub.add_parser("report", help="one self-contained HTML page of a run that "
                          "`simsched run --out DIR` wrote")

@@ -27,8 +27,14 @@ SUMMARY_COLUMNS = ("num_finished", "num_rejected", "num_unfinished", "num_not_ar
 
 
 
+# An ensemble sweep's interval ends printed next to these metrics (runs.csv has them all).
+INTERVAL_COLUMNS = ("ttft_p99", "tpot_p99", "e2el_p99")
+
+
 def _print_table(frame: pd.DataFrame, keys: Sequence[str]) -> None:
     cols = [c for c in (*keys, *SUMMARY_COLUMNS) if c in frame.columns]
+    cols = [x for c in cols for x in ((c, f"{c}_lo", f"{c}_hi") if c in INTERVAL_COLUMNS
+                                      else (c,)) if x in frame.columns]
     with pd.option_context("display.width", 200, "display.max_columns", 40,
                            "display.float_format", "{:.4g}".format):
         print(frame[cols].to_string(index=False))
@@ -230,13 +236,16 @@ def cmd_sweep(args) -> int:
         factors["seed"] = [config.seed + k for k in range(args.seeds)]
     if not factors:
         raise ValueError("sweep needs at least one --vary FIELD=V1,V2,...")
+    if args.seeds and args.ensemble:
+        raise ValueError("--seeds and --ensemble: give one (an ensemble varies the seeds too)")
     result = sweep(config, executor=args.executor, max_workers=args.workers,
-                   progress=not args.quiet, slos=slo, ray_address=args.ray_address, **factors)
+                   progress=not args.quiet, slos=slo, ray_address=args.ray_address,
+                   ensemble=args.ensemble, **factors)
     _print_table(result.runs, list(factors))
     path = Path(args.out or "out/sweep")
     result.to_csv(path)
-    written = ["runs.csv", "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv",
-               "config.json"]
+    written = ["runs.csv"] + (["draws.csv"] if result.draws is not None else []) + [
+        "requests.csv", "iterations.csv", "preemptions.csv", "replicas.csv", "config.json"]
     if "seed" in factors and len(factors["seed"]) > 1:
         intervals = result.intervals("seed")
         intervals.to_csv(path / "intervals.csv", index=False)
@@ -307,11 +316,14 @@ def cmd_plan(args) -> int:
     config = build_config(changes)
     data = read_toml(args.config)
     kwargs = plan_from_toml(data, slo)
+    if args.ensemble is not None:
+        kwargs["ensemble"] = args.ensemble
     result = plan(config.workload, base_config=config, executor=args.executor,
                   max_workers=args.workers, progress=not args.quiet,
                   ray_address=args.ray_address, **kwargs)
     cols = ["rate", "label", "status", "num_replicas", "num_gpus", "gpu_hours_per_million",
-            "cost_per_million", "ttft_p99", "tpot_p99", "num_rejected", "pareto"]
+            "cost_per_million", "ttft_p99", "ttft_p99_lo", "ttft_p99_hi", "tpot_p99",
+            "tpot_p99_lo", "tpot_p99_hi", "num_rejected", "pareto"]
     with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
         print(result.table[[c for c in cols if c in result.table]].to_string(index=False))
     path = Path(args.out or "out/plan")

@@ -1,21 +1,37 @@
 """Fit the deployment terms to measured runs: regularised Gauss-Newton on simulated metrics.
 
 The six terms of :mod:`simsched.cost.deployment` (GEMM, attention and communication scales, host
-time per step and per sequence, output delay) start at the shipped model and get a normal prior
-there (:data:`PRIOR_SIGMA`, in the fit's coordinates: log for the scales, seconds for the
-times). Each measured run is replayed (:mod:`simsched.fit.replay`) and its log metrics compared
-with the measured ones, each divided by the metric's expected relative error
-(:data:`METRIC_SIGMA`). The fit minimises the sum of squares of those residuals plus the
-standardised distance from the prior, by Gauss-Newton with a Levenberg damping: the Jacobian by
-forward differences (one simulation per term and run, a step of a quarter prior sigma, the
-same seeds: common random numbers), reused while the terms move less than one prior sigma and
-recomputed once beyond. Everything is seeded: the same runs give the same profile.
+time per step and per sequence, output delay) start at the shipped model. Each measured run is
+replayed (:mod:`simsched.fit.replay`) and its log metrics compared with the measured ones; a
+run's errors are correlated and as large as the shipped model's workload-to-workload misfit
+(:mod:`simsched.fit.errors`), so each run's residuals are whitened by that covariance. The fit
+minimises the whitened sum of squares plus the standardised distance from the prior, by
+Gauss-Newton with a Levenberg damping: the Jacobian by forward differences (one simulation per
+term and run, a step of a quarter prior sigma, the same seeds: common random numbers), reused
+while the terms move less than one prior sigma and recomputed once beyond. Everything is
+seeded: the same runs give the same profile.
 
-The posterior is the Laplace approximation there: covariance ``(J'WJ + P)^-1`` with ``W`` the
-metrics' error variances re-estimated from the residuals (shrunk toward :data:`METRIC_SIGMA`
-with two pseudo-runs, so one run keeps the defaults and ten runs are their own), and
-``discrepancy``: those per-metric relative errors, what the terms do not explain. One run moves
-the terms it informs (the step time a run's E2E fixes) and leaves the rest at the prior.
+**The prior is a mixture of two normals** at the shipped values (:data:`COMPONENTS`):
+
+* ``validated``: the deployment is like those the shipped model was checked on, each term's
+  sigma its :data:`PRIOR_SCALE` share of :data:`PRIOR_SIGMA`;
+* ``other``: another GPU, driver, engine build or network: :data:`PRIOR_SIGMA` itself.
+
+The validated sigmas are empirical Bayes, one per term: the values that make the bundled vLLM 0.15
+runs most probable (``python -m experiments.calibrate_prior``, on the shipped model's
+linearisation); the weights are even odds (those runs cannot say how often a deployment is unlike
+them). Each component is fitted, its evidence (Laplace, with the metrics' errors re-estimated
+from its own residuals) weighs it, and the profile is the mixture's mean and covariance
+(components' covariances plus their spread). So one run whose errors are the size the
+shipped model makes workload to workload moves the terms little (what it measures is mostly its
+own workload's misfit, which the next workload does not share), and one run far off (a GPU whose
+kernels the shipped model extrapolates) moves them most of the way.
+
+The posterior of each component is the Laplace approximation at its fit: covariance
+``(J'WJ + P)^-1`` with ``W`` the whitened metrics' precision with each metric's error
+re-estimated from the residuals (shrunk toward :data:`~simsched.fit.errors.METRIC_SIGMA` with
+two pseudo-runs, so one run keeps the defaults and ten runs are their own), and
+``discrepancy``: those per-metric relative errors, what the terms do not explain.
 """
 
 from __future__ import annotations
@@ -27,17 +43,23 @@ import numpy as np
 from simsched.cost import deployment, vllm_v1
 from simsched.cost.deployment import SPACES, TERMS
 from simsched.fit import replay
+from simsched.fit.errors import METRIC_SIGMA, log_det, whiten
 
-# Prior standard deviations in the fit's coordinates (log scale, or seconds).
+# The wide prior's standard deviations in the fit's coordinates (log scale, or seconds).
 PRIOR_SIGMA = {"gemm_scale": 0.2, "attention_scale": 0.3, "comm_scale": 0.4,
                "step_time": 1.5e-3, "seq_time": 20e-6, "output_delay": 10e-3}
-# Expected relative (log) error of each metric, run to run, before the data say otherwise: about
-# what the shipped model leaves unexplained on the 17 bundled vLLM 0.15 runs once the terms are
-# fitted to all of them (TTFT 15-20 %, E2E 5-7 %; experiments.calibrate_loo's all-runs fit).
-METRIC_SIGMA = {"ttft_mean": 0.15, "ttft_p90": 0.18, "ttft_p99": 0.25, "e2el_mean": 0.05,
-                "e2el_p90": 0.06, "e2el_p99": 0.1, "tpot_mean": 0.05, "itl_mean": 0.05}
+# Empirical Bayes over the bundled runs (experiments.calibrate_prior; see the module docstring):
+# the validated component's sigmas as shares of PRIOR_SIGMA, each term its own (the terms whose
+# shifts the runs do not need sit at the grid's floor, 0.01). Its prior weight is an
+# assumption: the bundled runs, all of validated deployments, cannot say how often a user's is
+# unlike them; even odds, and each run's evidence decides.
+PRIOR_SCALE = {"gemm_scale": 0.14, "attention_scale": 0.01, "comm_scale": 0.34,
+               "step_time": 0.14, "seq_time": 0.01, "output_delay": 0.54}
+PRIOR_WEIGHT = 0.5
+# (name, prior sigma as a share of PRIOR_SIGMA: one or per term, prior weight)
+COMPONENTS = (("validated", PRIOR_SCALE, PRIOR_WEIGHT), ("other", 1.0, 1.0 - PRIOR_WEIGHT))
 PSEUDO_RUNS = 2.0           # weight of METRIC_SIGMA when re-estimating the errors
-STEP = 0.25                 # finite-difference step, in prior sigmas
+STEP = 0.25                 # finite-difference step, in (wide) prior sigmas
 MAX_ITERATIONS = 8
 
 
@@ -54,8 +76,10 @@ class Fit:
         self.scale = np.array([PRIOR_SIGMA[t] for t in TERMS])
         self.sigma = dict(METRIC_SIGMA, **(sigma or {}))
         self.rows = [(i, m) for i, sc in enumerate(self.scenarios) for m in sc.metrics]
+        self.metrics = [m for _, m in self.rows]
+        self.blocks = [[k for k, (i, _) in enumerate(self.rows) if i == run]
+                       for run in range(len(self.scenarios))]
         self.y = np.array([math.log(self.scenarios[i].measured[m]) for i, m in self.rows])
-        self.w = np.array([1.0 / self.sigma[m] for _, m in self.rows])
         # (run name, standardised terms) -> simulated metrics; a caller fitting several subsets
         # of the same runs (leave one out) passes one cache to all.
         self.cache: dict = {} if cache is None else cache
@@ -91,27 +115,32 @@ class Fit:
             cols.append((self.logs(dz) - base) / STEP)
         return np.column_stack(cols)
 
+    def whitened(self, z, jac=None, sigma: dict | None = None):
+        """(residuals, Jacobian) at ``z``, each run's rows whitened by its error covariance."""
+        return whiten(self.blocks, self.logs(z) - self.y, jac, self.metrics,
+                      sigma or self.sigma)
 
-def _objective(fit: Fit, z) -> float:
-    r = (fit.logs(z) - fit.y) * fit.w
-    return float(np.nansum(r * r) + z @ z)
+
+def _objective(fit: Fit, z, precision) -> float:
+    r, _ = fit.whitened(z)
+    return float(r @ r + z @ (precision * z))
 
 
-def solve(fit: Fit, z0=None) -> tuple[np.ndarray, np.ndarray]:
-    """The regularised Gauss-Newton fit: (z, Jacobian at the last linearisation)."""
+def solve(fit: Fit, precision=None, z0=None) -> tuple[np.ndarray, np.ndarray]:
+    """The regularised Gauss-Newton fit under a normal prior of diagonal ``precision`` (in the
+    wide prior's standard units; default 1): (z, Jacobian at the last linearisation)."""
+    p = np.ones(len(TERMS)) if precision is None else np.asarray(precision, float)
     z = np.zeros(len(TERMS)) if z0 is None else np.asarray(z0, float)
     at, jac = z.copy(), fit.jacobian(z)
-    lam, phi = 1e-3, _objective(fit, z)
+    lam, phi = 1e-3, _objective(fit, z, p)
     relinearised = False
     for _ in range(MAX_ITERATIONS):
-        r = (fit.logs(z) - fit.y) * fit.w
-        ok = np.isfinite(r) & np.isfinite(jac).all(axis=1)
-        jw = jac[ok] * fit.w[ok, None]
-        a = jw.T @ jw + np.eye(len(z))
-        g = jw.T @ r[ok] + z
+        r, jw = fit.whitened(z, jac)
+        a = jw.T @ jw + np.diag(p)
+        g = jw.T @ r + p * z
         step = np.linalg.solve(a + lam * np.diag(np.diag(a)), -g)
         new = z + step
-        new_phi = _objective(fit, new)
+        new_phi = _objective(fit, new, p)
         if new_phi < phi:
             z, phi, lam = new, new_phi, max(lam / 10, 1e-6)
             if np.abs(step).max() < 0.02:
@@ -128,21 +157,51 @@ def solve(fit: Fit, z0=None) -> tuple[np.ndarray, np.ndarray]:
     return z, jac
 
 
-def posterior(fit: Fit, z, jac) -> tuple[np.ndarray, dict, np.ndarray]:
-    """(covariance in the fit's coordinates, per-metric discrepancy, residuals) at ``z``."""
+def log_evidence(fit: Fit, z, jac, precision) -> float:
+    """The Laplace approximation of log p(measured | component) at its fit ``z`` (up to a
+    constant shared by the components), with the metrics' errors the component's own
+    re-estimated ones (:func:`discrepancy`): the runs' noise level is not known in advance,
+    and a component that reproduces them far better than the validated runs' misfit earns
+    that."""
+    sigma = discrepancy(fit, z)
+    r, jw = fit.whitened(z, jac, sigma)
+    a = jw.T @ jw + np.diag(precision)
+    logdet = log_det(fit.blocks, fit.logs(z) - fit.y, fit.metrics, sigma)
+    return float(-0.5 * (r @ r + z @ (precision * z)) - 0.5 * np.linalg.slogdet(a)[1]
+                 + 0.5 * np.log(precision).sum() - 0.5 * logdet)
+
+
+def discrepancy(fit: Fit, z) -> dict:
+    """Each metric's relative error at ``z``, re-estimated from the residuals (shrunk toward
+    the prior's with :data:`PSEUDO_RUNS`)."""
     resid = fit.logs(z) - fit.y
-    disc = {}
-    for m in dict.fromkeys(m for _, m in fit.rows):
-        r = np.array([resid[k] for k, (_, mm) in enumerate(fit.rows) if mm == m])
+    out = {}
+    for m in dict.fromkeys(fit.metrics):
+        r = np.array([resid[k] for k, mm in enumerate(fit.metrics) if mm == m])
         r = r[np.isfinite(r)]
-        disc[m] = math.sqrt((float(r @ r) + PSEUDO_RUNS * fit.sigma[m] ** 2)
-                            / (len(r) + PSEUDO_RUNS))
-    w = np.array([1.0 / disc[m] for _, m in fit.rows])
-    ok = np.isfinite(resid) & np.isfinite(jac).all(axis=1)
-    jw = jac[ok] * w[ok, None]
-    cov_z = np.linalg.inv(jw.T @ jw + np.eye(len(z)))
-    cov = cov_z * np.outer(fit.scale, fit.scale)
-    return (cov + cov.T) / 2, disc, resid
+        out[m] = math.sqrt((float(r @ r) + PSEUDO_RUNS * fit.sigma[m] ** 2)
+                           / (len(r) + PSEUDO_RUNS))
+    return out
+
+
+def posterior(fit: Fit, components) -> tuple[np.ndarray, np.ndarray, list]:
+    """The mixture posterior over ``components`` (name, z, Jacobian, precision, prior weight):
+    (mean and covariance in standard units, [(name, weight, z)] per component). Each
+    component's covariance is its Laplace one with the re-estimated errors; the weights are
+    the prior weights times the evidence."""
+    logw = np.array([math.log(w) + log_evidence(fit, z, jac, p)
+                     for _, z, jac, p, w in components])
+    weights = np.exp(logw - logw.max())
+    weights /= weights.sum()
+    zs, covs = [], []
+    for _, z, jac, p, _ in components:
+        _, jw = fit.whitened(z, jac, discrepancy(fit, z))
+        covs.append(np.linalg.inv(jw.T @ jw + np.diag(p)))
+        zs.append(z)
+    mean = sum(w * z for w, z in zip(weights, zs))
+    cov = sum(w * (c + np.outer(z - mean, z - mean)) for w, z, c in zip(weights, zs, covs))
+    return mean, (cov + cov.T) / 2, [(c[0], float(w), z) for c, w, z in
+                                     zip(components, weights, zs)]
 
 
 def interval_of(center: np.ndarray, cov: np.ndarray, j: int, level: float = 0.9):
@@ -167,16 +226,26 @@ def _z_of(level: float) -> float:
 
 
 def fit_scenarios(scenarios, prior: dict | None = None, sigma: dict | None = None,
-                  cache: dict | None = None) -> dict:
+                  cache: dict | None = None, components=COMPONENTS) -> dict:
     """Fit the terms to ``scenarios``: the fitted terms, center, covariance, discrepancy, the
-    measured, shipped and fitted metrics of every run, and the number of simulations."""
+    measured, shipped and fitted metrics of every run, each prior component's weight and fit,
+    and the number of simulations. ``components``: (name, sigma share, weight) of the prior's
+    components (default :data:`COMPONENTS`)."""
     fit = Fit([replay.scenario(s) for s in scenarios], prior, sigma, cache)
     names = [sc.name for sc in fit.scenarios]
     if len(set(names)) != len(names):
-        raise ValueError(f"calibrate: two runs are named {next(n for n in names if names.count(n) > 1)!r}")
-    z, jac = solve(fit)
-    cov, disc, resid = posterior(fit, z, jac)
-    center = fit.u0 + fit.scale * z
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"calibrate: two runs are named {twice!r}")
+    fitted = []
+    for name, share, weight in components:
+        share = np.array([share[t] for t in TERMS]) if isinstance(share, dict) else share
+        precision = np.full(len(TERMS), 1.0) / np.asarray(share, float) ** 2
+        z, jac = solve(fit, precision)
+        fitted.append((name, z, jac, precision, weight))
+    mean, cov_z, parts = posterior(fit, fitted)
+    cov = cov_z * np.outer(fit.scale, fit.scale)
+    center = fit.u0 + fit.scale * mean
+    resid = fit.logs(mean) - fit.y
     before = fit.logs(np.zeros(len(TERMS)))
     rows = [{"run": fit.scenarios[i].name, "metric": m,
              "measured": float(math.exp(fit.y[k])),
@@ -185,6 +254,12 @@ def fit_scenarios(scenarios, prior: dict | None = None, sigma: dict | None = Non
              if np.isfinite(resid[k]) else math.nan}
             for k, (i, m) in enumerate(fit.rows)]
     return {"terms": deployment.from_coordinates(center), "center": center.tolist(),
-            "covariance": cov.tolist(), "discrepancy": disc, "residuals": rows,
-            "prior": {"center": fit.u0.tolist(), "sigma": fit.scale.tolist()},
+            "covariance": cov.tolist(), "discrepancy": discrepancy(fit, mean),
+            "residuals": rows,
+            "prior": {"center": fit.u0.tolist(), "sigma": fit.scale.tolist(),
+                      "components": [{"name": n, "sigma_share": sh, "weight": w}
+                                     for n, sh, w in components]},
+            "components": [{"name": n, "weight": w,
+                            "terms": deployment.from_coordinates(fit.u0 + fit.scale * z)}
+                           for n, w, z in parts],
             "num_simulations": fit.num_simulations, "fit": fit}

@@ -99,19 +99,22 @@ def report_frame(document: dict) -> pd.DataFrame:
 
 
 def calibrate(runs, path=None, seed: int = 0, sigma: dict | None = None,
-              cache: dict | None = None) -> Calibration:
+              cache: dict | None = None, components=None) -> Calibration:
     """Fit the deployment terms to measured ``runs`` (:class:`Measured` runs from the readers of
     :mod:`simsched.analysis.measurements`, or :class:`~simsched.fit.replay.Scenario`s) and
     return the :class:`Calibration`; ``path``: also write the profile there. ``seed`` seeds
     every replayed workload (the fit is deterministic given it); ``sigma`` overrides a
     metric's expected relative error (:data:`simsched.fit.calibrate.METRIC_SIGMA`); ``cache``:
-    a dict of simulations shared between calibrations of overlapping runs (leave one out)."""
+    a dict of simulations shared between calibrations of overlapping runs (leave one out);
+    ``components``: the prior's (name, sigma share, weight) triples (default
+    :data:`simsched.fit.calibrate.COMPONENTS`)."""
     if isinstance(runs, (Measured, replay.Scenario)):
         runs = [runs]
     runs = list(runs)
     start = time.perf_counter()
     scenarios = [replay.scenario(r, seed) for r in runs]
-    out = core.fit_scenarios(scenarios, sigma=sigma, cache=cache)
+    out = core.fit_scenarios(scenarios, sigma=sigma, cache=cache,
+                             components=components or core.COMPONENTS)
     wall = time.perf_counter() - start
 
     center, cov = np.array(out["center"]), np.array(out["covariance"])
@@ -126,8 +129,8 @@ def calibrate(runs, path=None, seed: int = 0, sigma: dict | None = None,
         "covariance": out["covariance"],
         "intervals": {t: list(core.interval_of(center, cov, j)) for j, t in enumerate(TERMS)},
         "discrepancy": out["discrepancy"], "residuals": out["residuals"],
-        "prior": out["prior"], "metric_sigma": {m: core.METRIC_SIGMA.get(m) for m in
-                                                out["discrepancy"]},
+        "prior": out["prior"], "components": out["components"],
+        "metric_sigma": {m: core.METRIC_SIGMA.get(m) for m in out["discrepancy"]},
         "num_simulations": out["num_simulations"],
     }
     written = None

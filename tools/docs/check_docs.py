@@ -188,6 +188,7 @@ def _blocks() -> dict[str, Block]:
         "calibration-round-trip": Block("docs/calibration.md", cb.calibration_round_trip,
                                         False),
         "calibration-terms": Block("docs/calibration.md", cb.calibration_terms, False),
+        "calibration-prior": Block("docs/calibration.md", cb.calibration_prior, False),
         # The silicon rows live beside the checkout (../shared), never in the package.
         "silicon-coverage": Block("docs/validation_silicon.md", si.silicon_coverage, False),
         "silicon-errors": Block("docs/validation_silicon.md", si.silicon_errors, False),

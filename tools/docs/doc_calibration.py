@@ -58,3 +58,14 @@ def calibration_terms(runs) -> str:
     note = "; ".join(f"{w}: {int(s)} simulations" for w, s in sims.items())
     return md_table(terms, 3) + f"\n\n{note}."
 
+
+
+def calibration_prior(runs) -> str:
+    """The error model and the prior's empirical Bayes (experiments.calibrate_prior)."""
+    t = runs.get("calibrate_prior")
+    within, prior = t["within"], t["prior"]
+    claim(len(within) == 4, "the spread of all four metrics is estimated")
+    gap = prior.set_index("term").loc["log_likelihood"]
+    claim(gap.most_probable - gap.simsched < 1.0,
+          "simsched's prior is within one log-likelihood unit of the most probable")
+    return md_table(within, 3) + "\n\n" + md_table(prior, 3)
