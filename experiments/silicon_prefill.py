@@ -66,9 +66,7 @@ def table(rows: pd.DataFrame, terms: dict | None, kernels: str = "default") -> p
                     "wait_ms": wait, **step,
                     "implied_step_ms": row.silicon_ttft_ms - wait,
                     "ratio": (row.silicon_ttft_ms - wait) / step["step_ms"]})
-        factory._cached_cost_model.cache_clear()
-        factory._cached_parallel_model.cache_clear()
-        factory._cached_with_terms.cache_clear()
+        factory.clear_caches()
     return pd.DataFrame(out)
 
 

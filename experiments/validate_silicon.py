@@ -266,9 +266,7 @@ def simulate_row(row, engine: Engine, num_prompts: int | None = None,
 def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
     """Rows of one (GPU, model, layout), which share their cost model: id -> result."""
     out = {r.id: simulate_row(r, engine, kernels=kernels) for r in rows.itertuples()}
-    factory._cached_cost_model.cache_clear()
-    factory._cached_parallel_model.cache_clear()
-    factory._cached_with_terms.cache_clear()
+    factory.clear_caches()
     return out
 
 

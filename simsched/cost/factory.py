@@ -23,25 +23,36 @@ def _cached_parallel_model(spec, gpu, tp: int, model: str, engine_overhead: str,
     return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead)
 
 
-# Few: a fit or an ensemble uses each term set for a handful of runs, and a long-context
-# model's tables take ~100 MB.
+# Few: a fit, an ensemble or a silicon pass uses each term set for a handful of runs, and a
+# long-context model's tables take ~100 MB.
 @functools.lru_cache(maxsize=4)
-def _cached_adjusted(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
-                     terms: tuple):
-    adjust = dict(terms)
+def _cached_variant(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
+                    keyword: str, terms: tuple):
+    # keyword: "adjust" (deployment terms) or "engine_terms" (the engine profile's own terms).
+    extra = {keyword: dict(terms)}
     if parallel is not None:
         return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead,
-                                 adjust=adjust)
+                                 **extra)
     return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead,
-                               adjust=adjust)
+                               **extra)
+
+
+def _variant(hw, keyword: str, terms: dict):
+    return _cached_variant(model_spec(hw), gpu_spec(hw), hw.tensor_parallel_size, hw.model,
+                           hw.engine_overhead, getattr(hw, "parallel", None), keyword,
+                           tuple(sorted(terms.items())))
+
+
+def clear_caches() -> None:
+    """Drop every cached cost model (a run over many long-context models frees their tables)."""
+    for cached in (_cached_cost_model, _cached_parallel_model, _cached_variant):
+        cached.cache_clear()
 
 
 def adjusted_cost_model(hw, terms: dict):
     """The calibrated cost model of ``hw`` corrected by deployment ``terms``
     (:mod:`simsched.cost.deployment`), cached per term set."""
-    return _cached_adjusted(model_spec(hw), gpu_spec(hw), hw.tensor_parallel_size, hw.model,
-                            hw.engine_overhead, getattr(hw, "parallel", None),
-                            tuple(sorted(deployment.check_terms(terms).items())))
+    return _variant(hw, "adjust", deployment.check_terms(terms))
 
 
 def engine_terms_cost_model(hw, engine_terms: dict):
@@ -49,19 +60,7 @@ def engine_terms_cost_model(hw, engine_terms: dict):
     ``engine_terms`` (e.g. :func:`simsched.cost.vllm_silicon.terms`, the ``vllm_v1`` terms with
     the prefill and fused-MoE terms fitted on the silicon rows): pass it to ``simulate(cfg,
     cost_model=...)``. Cached per (model, GPU, layout, terms)."""
-    return _cached_with_terms(model_spec(hw), gpu_spec(hw), hw.tensor_parallel_size, hw.model,
-                              hw.engine_overhead, getattr(hw, "parallel", None),
-                              tuple(sorted(engine_terms.items())))
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_with_terms(spec, gpu, tp: int, model: str, engine_overhead: str, parallel,
-                       items: tuple):
-    if parallel is not None:
-        return ParallelCostModel(spec, gpu, tp, parallel, model, engine_overhead=engine_overhead,
-                                 engine_terms=dict(items))
-    return CalibratedCostModel(spec, gpu, tp, model_name=model, engine_overhead=engine_overhead,
-                               engine_terms=dict(items))
+    return _variant(hw, "engine_terms", engine_terms)
 
 
 def _calibrated(hw) -> CalibratedCostModel:
