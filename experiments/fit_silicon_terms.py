@@ -33,6 +33,7 @@ those rows; never used for ``--update``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -63,8 +64,7 @@ METRICS = ("ttft", "tpot")
 
 
 def _engine(terms) -> vs.Engine:
-    base = vs.ENGINES["vllm"]
-    return vs.Engine(base.name, base.recipe, base.engine_overhead, terms)
+    return dataclasses.replace(vs.ENGINES["vllm"], engine_terms=terms)
 
 
 def _pass(rows: pd.DataFrame, terms) -> pd.DataFrame:

@@ -18,6 +18,7 @@ Blackwell rows are never read). ``--terms fitted``: with the fitted silicon term
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ def prefill_step(cm, row) -> dict:
 def table(rows: pd.DataFrame, terms: dict | None, kernels: str = "default") -> pd.DataFrame:
     """One line per row: measured and simulated TTFT, the simulated prefill step and its parts,
     the wait, the implied measured step and the ratio."""
-    engine = vs.Engine("vllm", vs.vllm_recipe, "vllm_v1", terms)
+    engine = dataclasses.replace(vs.ENGINES["vllm"], engine_terms=terms)
     out = []
     for row in rows.itertuples():
         sim = vs.simulate_row(row, engine, kernels=kernels)

@@ -139,6 +139,8 @@ class Engine:
     name: str
     recipe: Callable[[object], Recipe]
     engine_overhead: str = "vllm_v1"
+    # The optional hooks below are keyword-only: a positional fourth argument once meant terms.
+    _: dataclasses.KW_ONLY
     # The engine's own settings on top of the shared ones, (config, row) -> config (None: vLLM,
     # the defaults), and why one of its rows cannot be simulated, row -> reason ('' or None: it
     # can). experiments._silicon_engines sets both for SGLang and TensorRT-LLM.

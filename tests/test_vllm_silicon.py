@@ -118,3 +118,19 @@ def test_terms_from_the_command_line():
         parse("prefill_gemm_scale=fast")
     with pytest.raises(ValueError, match="prefill_gemm_scale must be > 0"):
         parse("prefill_gemm_scale=0")
+
+
+def test_a_term_pass_simulates_the_registered_vllm_engine_with_its_terms():
+    # The fit's and the prefill study's engines are the registered vLLM engine with terms: the
+    # hooks other engines set stay keyword-only, so terms cannot land in one of them.
+    import experiments.fit_silicon_terms as fit
+    import experiments.validate_silicon as vs
+
+    terms = vllm_silicon.terms()
+    engine = fit._engine(terms)
+    base = vs.ENGINES["vllm"]
+    assert (engine.name, engine.recipe, engine.configure, engine.refuse) == \
+        (base.name, base.recipe, base.configure, base.refuse)
+    assert engine.terms_of(None) == terms
+    with pytest.raises(TypeError):
+        vs.Engine("vllm", vs.vllm_recipe, "vllm_v1", terms)
