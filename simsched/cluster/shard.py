@@ -35,9 +35,9 @@ from array import array
 
 import simpy
 
-from simsched.cluster.cluster import replica_rng
 from simsched.cluster.lazy import LazyRequests
 from simsched.cluster.records import RequestRecords
+from simsched.cluster.specs import replica_rng
 from simsched.cluster.state import ReplicaLoad
 from simsched.engine.replica import Replica
 from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
@@ -80,7 +80,7 @@ def _peak_rss_mib() -> float:
 class Shard:
     """Replicas ``indices`` (a ``range``) of ``config``'s cluster on a clock of their own.
 
-    ``specs`` are the replicas' :class:`~simsched.cluster.cluster.ReplicaSpec` (by index);
+    ``specs`` are the replicas' :class:`~simsched.cluster.specs.ReplicaSpec` (by index);
     ``num_requests`` the run's request count (records are kept by request id); ``reads_kv``
     and ``output_tokens`` mirror the run's router (the replicas report KV use only if it reads
     it; the load counts that many output tokens per request, None: the true length).

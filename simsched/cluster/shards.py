@@ -24,8 +24,9 @@ import time
 from array import array
 from types import SimpleNamespace
 
-from simsched.cluster.cluster import _long_lived_requests, router_rng
+from simsched.cluster.cluster import _long_lived_requests
 from simsched.cluster.routers import make_router
+from simsched.cluster.specs import router_rng
 from simsched.cluster.state import ReplicaLoad, Snapshot, TokenBucket
 from simsched.engine.log import IterationLog
 from simsched.request import Status
