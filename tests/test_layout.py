@@ -17,7 +17,8 @@ LAYERS = {
     "__init__": 9,
 }
 SIMPY_MODULES = {"simsched.engine.replica", "simsched.engine.simpy_fast", "simsched.cluster.cluster",
-                 "simsched.cluster.disagg", "simsched.cluster.sessions",
+                 "simsched.cluster.disagg", "simsched.cluster.kv_transfer",
+                 "simsched.cluster.sessions",
                  "simsched.cluster.retries", "simsched.cluster.failures",
                  "simsched.cluster.shard", "simsched.cluster.flow"}
 

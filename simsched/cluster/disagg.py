@@ -6,10 +6,10 @@ still held (:meth:`~simsched.engine.scheduler.core.Scheduler.release_held`). The
 (``cluster.decode_router`` over the decode and mixed replicas) picks a decode replica, which
 reserves KV blocks for the prompt before the transfer starts; while it cannot, the request waits
 with its KV held on the prefill replica (backpressure: those blocks count as used there and can
-stall its admissions). The KV then moves over a :class:`Link`; when the transfer ends the prefill
-replica frees its blocks and the request joins the decode replica's decoders at its next
-iteration. The gap between the first and second token therefore includes the wait for memory,
-the transfer and the wait for the decode replica's next iteration.
+stall its admissions). The KV then moves over a :class:`~simsched.cluster.kv_transfer.Link`;
+when the transfer ends the prefill replica frees its blocks and the request joins the decode
+replica's decoders at its next iteration. The gap between the first and second token therefore
+includes the wait for memory, the transfer and the wait for the decode replica's next iteration.
 
 Topology: every prefill replica has one link per GPU (its NIC, or NVLink port) shared by all
 its outgoing transfers. With tensor parallelism each of the TP shards moves its own share of
@@ -44,6 +44,9 @@ from array import array
 import simpy
 
 from simsched.cluster.flow import refuse_flow_control
+# The link itself lives in simsched.cluster.kv_transfer; re-exported here, where callers have
+# always imported it.
+from simsched.cluster.kv_transfer import Link, transfer_time
 from simsched.cluster.routers import make_router
 from simsched.cluster.state import ReplicaLoad, Snapshot
 from simsched.cost import hardware
@@ -53,87 +56,6 @@ from simsched.request import Status
 FAILED = Status.FAILED
 
 __all__ = ["Link", "Disagg", "disagg_request", "transfer_time"]
-
-
-def transfer_time(num_bytes: float, bandwidth: float, latency: float) -> float:
-    """Seconds to move ``num_bytes`` over an idle link of ``bandwidth`` bytes/s."""
-    return num_bytes / bandwidth + latency
-
-
-class Link:
-    """One link of ``bandwidth`` bytes/s and ``latency`` s; concurrent transfers share it fairly.
-
-    :meth:`transfer` returns an event that fires when the bytes have arrived. Active transfers
-    keep their remaining bytes; on every start and end the bytes drained since the last change
-    (``elapsed * bandwidth / n`` each) are subtracted and the next completion is rescheduled, so
-    the cost is O(active transfers) per start or end.
-    """
-
-    def __init__(self, env: simpy.Environment, bandwidth: float, latency: float) -> None:
-        if not bandwidth > 0 or not latency >= 0:
-            raise ValueError(f"a link needs bandwidth > 0 and latency >= 0, got {bandwidth}, "
-                             f"{latency}")
-        self.env = env
-        self.bandwidth = float(bandwidth)
-        self.latency = float(latency)
-        self.active: list[list] = []     # [remaining bytes, done event]
-        self._last = 0.0
-        self._version = 0
-        self.num_transfers = 0
-        self.bytes_moved = 0.0
-
-    def transfer(self, num_bytes: float) -> simpy.Event:
-        """Start moving ``num_bytes``; the returned event fires when they have arrived."""
-        done = self.env.event()
-        self.num_transfers += 1
-        self.bytes_moved += num_bytes
-        if self.latency > 0:
-            self.env.timeout(self.latency).callbacks.append(
-                lambda _ev: self._join(num_bytes, done))
-        else:
-            self._join(num_bytes, done)
-        return done
-
-    def _drain(self) -> None:
-        now = self.env.now
-        if self.active:
-            drained = (now - self._last) * self.bandwidth / len(self.active)
-            for entry in self.active:
-                entry[0] -= drained
-        self._last = now
-
-    def _join(self, num_bytes: float, done: simpy.Event) -> None:
-        self._drain()
-        if num_bytes <= 0:
-            done.succeed()
-            return
-        self.active.append([float(num_bytes), done])
-        self._schedule()
-
-    def _schedule(self) -> None:
-        self._version += 1
-        if not self.active:
-            return
-        version = self._version
-        delay = min(e[0] for e in self.active) * len(self.active) / self.bandwidth
-        self.env.timeout(max(delay, 0.0)).callbacks.append(lambda _ev: self._wake(version))
-
-    def _wake(self, version: int) -> None:
-        if version != self._version:
-            return                       # a start or end since rescheduled the completion
-        self._drain()
-        # The transfer this wake-up was timed for is done by construction, whatever float
-        # drift left of it (a remainder too small to advance the clock would spin forever).
-        eps = max(0.0, min(e[0] for e in self.active)) \
-            + 1e-9 * max(1.0, max(e[0] for e in self.active))
-        keep = []
-        for entry in self.active:
-            if entry[0] <= eps:
-                entry[1].succeed()
-            else:
-                keep.append(entry)
-        self.active = keep
-        self._schedule()
 
 
 class _Pool:
@@ -343,6 +265,11 @@ def _wait(cluster, req, event):
             cluster.preempted(req, interrupt)
 
 
+def _no_replica_up(req, now: float) -> None:
+    """Fail ``req``: every replica that could take it (or its decode stage) is down at ``now``."""
+    req.status, req.reject_reason = FAILED, f"failed: no replica up at t={now:g} s"
+
+
 def disagg_request(cluster, req, process=None, done=None):
     """A request's life in a disaggregated cluster (a SimPy process; ``process`` and ``done``
     as for :meth:`~simsched.cluster.cluster.Cluster._request`)."""
@@ -370,7 +297,7 @@ def disagg_request(cluster, req, process=None, done=None):
         k, i = d.refit(pool, *choice, req, first=not local)
     if i < 0:
         if i == -2:     # every replica that could take it is down (disagg_failures)
-            req.status, req.reject_reason = FAILED, f"failed: no replica up at t={env.now:g} s"
+            _no_replica_up(req, env.now)
         else:
             cluster.reject(req, d.why_not(req, local))
         return
@@ -406,7 +333,7 @@ def disagg_request(cluster, req, process=None, done=None):
     if j < 0:                   # every decode replica that could take it is down
         cluster.failures.num_aborted_kv_tokens += req.num_computed_tokens
         replica.release(req)
-        req.status, req.reject_reason = FAILED, f"failed: no replica up at t={env.now:g} s"
+        _no_replica_up(req, env.now)
         return
     target = cluster.replicas[j]
     d.decode_replica[req.id] = j

@@ -5,13 +5,13 @@ Built by the cluster only when link faults are on (:class:`LinkFaults`); otherwi
 runs and results are bit-identical. Each link has a :class:`~simsched.cluster.timeline.
 LinkTimeline` (its bandwidth fraction over time).
 
-**Disaggregated links** (one per prefill replica, :class:`~simsched.cluster.disagg.Link`) become
-:class:`FaultyLink`\\ s, driven through their timelines by a process each. At a change of
-fraction the bytes drained so far are counted at the old bandwidth and every active transfer's
-finish is recomputed at the new one (processor sharing, as before), so a transfer in flight at
-half bandwidth takes exactly twice its remaining time. When the link goes down every transfer on
-it (active, or still paying the latency) fails at that instant, and a transfer started while it
-is down fails at once. Then (``faults.on_link_down``):
+**Disaggregated links** (one per prefill replica, :class:`~simsched.cluster.kv_transfer.
+Link`) become :class:`FaultyLink`\\ s, driven through their timelines by a process each. At a
+change of fraction the bytes drained so far are counted at the old bandwidth and every active
+transfer's finish is recomputed at the new one (processor sharing, as before), so a transfer in
+flight at half bandwidth takes exactly twice its remaining time. When the link goes down every
+transfer on it (active, or still paying the latency) fails at that instant, and a transfer
+started while it is down fails at once. Then (``faults.on_link_down``):
 
 * ``retry``: the transfer is sent again, whole (latency and all bytes), at the instant the link
   is back; meanwhile the prompt's KV stays held on the prefill replica and reserved on the
@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from simsched.cluster.disagg import Link
+from simsched.cluster.kv_transfer import Link
 from simsched.cluster.timeline import LinkTimeline
 from simsched.engine.simpy_fast import at_time
 from simsched.request import Status
@@ -59,7 +59,7 @@ LINK_COLUMNS = ("link", "started_at", "ended_at", "bandwidth_fraction")
 
 
 class FaultyLink(Link):
-    """A :class:`~simsched.cluster.disagg.Link` whose bandwidth changes and which can go down.
+    """A :class:`~simsched.cluster.kv_transfer.Link` whose bandwidth changes and which can go down.
 
     A transfer's event succeeds with False when the transfer failed (the link went down), with
     None when its bytes arrived.
