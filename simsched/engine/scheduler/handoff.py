@@ -9,6 +9,7 @@ processes of :mod:`simsched.cluster.disagg`.
 
 from __future__ import annotations
 
+from simsched.engine.scheduler.preemption import recompute_from_start
 from simsched.request import Request
 
 
@@ -63,9 +64,7 @@ class HandoffMixin:
         recompute what it had: its prompt and the tokens it generated, as a recompute
         preemption does (the dropped KV counts in ``num_recomputed_tokens``)."""
         self.drop_reservation(req, cached)
-        req.num_recomputed_tokens += req.num_computed_tokens
-        req.prefill_target = req.num_prompt_tokens + req.num_generated
-        req.num_computed_tokens = 0
+        recompute_from_start(req, req.num_generated, req.num_computed_tokens)
 
     def drop_reservation(self, req: Request, cached: int = 0) -> None:
         """Free the blocks reserved for ``req``'s KV, which will not arrive here (or has

@@ -43,6 +43,18 @@ class _VictimSearch:
 VICTIM_SEARCH = _VictimSearch()
 
 
+def recompute_from_start(req: Request, generated: int, num_lost: int) -> None:
+    """Make ``req`` recompute from scratch: prefill its prompt and the ``generated`` tokens it
+    had again (the next one is new), ``num_lost`` tokens' KV counted as recomputed.
+
+    The bookkeeping of a recompute preemption, shared with a decode replica's dropped KV
+    transfer (:meth:`~simsched.engine.scheduler.handoff.HandoffMixin.drop_incoming`)."""
+    req.num_generated = generated
+    req.num_computed_tokens = 0
+    req.prefill_target = req.num_prompt_tokens + generated
+    req.num_recomputed_tokens += num_lost
+
+
 class PreemptionMixin:
     """Preemption triggers, victims and stopping a request for
     :class:`~simsched.engine.scheduler.core.Scheduler`.
@@ -151,14 +163,11 @@ class PreemptionMixin:
         generated = self.num_generated(victim)
         cached = self.num_cached(victim)
         self._stop(victim, cached, scheduled)
-        victim.num_generated = generated
-        victim.num_computed_tokens = 0
         # Re-prefill the prompt and every token already generated; the next one is new.
-        victim.prefill_target = victim.num_prompt_tokens + generated
+        recompute_from_start(victim, generated, cached)
         victim.status = WAITING
         victim.queued_at = self.now
         victim.num_preemptions += 1
-        victim.num_recomputed_tokens += cached
         self._requeue.append(victim)
         self.preempted.append((victim, PreemptionCause(victim.id, reason, by, self.now, cached)))
 
