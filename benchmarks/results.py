@@ -196,6 +196,23 @@ BENCHMARKS: dict[str, Benchmark] = {
         lambda r: (_met(r["full"]["wall_s"] <= 900, "time")
                    + " (blocked: below what a bare SimPy loop costs on this machine); "
                    + _met(r["full"]["peak_rss_mib"] <= 1024, "memory"))),
+    "router_cost": Benchmark(
+        "`python -m benchmarks.router_cost [--routers jsq llm-d] [--num-requests N] "
+        "[--repeat K] [--instructions]`",
+        "`cluster.py`'s 64-replica run (lesson workload, 80 % load, exact state) per router: "
+        "CPU µs per request (best of K, the routers alternating) and the part in the router's "
+        "`choose`; `--instructions`: instructions per request under cachegrind (docs/llm_d.md)",
+        "llm-d's default profile ≤ 1.2× `jsq` per request",
+        "llm-d **{cpu[routers][llm-d][us_per_request]:.1f}** vs jsq "
+        "{cpu[routers][jsq][us_per_request]:.1f} µs/request CPU ({cpu[routers][llm-d][choose_us_"
+        "per_request]:.1f} vs {cpu[routers][jsq][choose_us_per_request]:.1f} in `choose`); "
+        "instructions {instructions[routers][llm-d][instructions]:,} vs "
+        "{instructions[routers][jsq][instructions]:,} per request",
+        lambda r: _met(r["cpu"]["routers"]["llm-d"]["us_per_request"]
+                       <= 1.2 * r["cpu"]["routers"]["jsq"]["us_per_request"], "time")
+        + "; " + _met(r["instructions"]["routers"]["llm-d"]["instructions"]
+                      <= 1.2 * r["instructions"]["routers"]["jsq"]["instructions"],
+                      "instructions")),
     "shards": Benchmark(
         "`python -m benchmarks.shards [--replicas 64 256 1024] [--shards 2 4] [--hours H] "
         "[--workers process\\|ray] [--repeat K] [--round-trip]`",
@@ -451,7 +468,7 @@ def shards_table() -> str:
 
 
 BLOCK_NAMES = ("benchmarks-table", "performance-figures", "cluster-speed", "validation-parity",
-               "prefix-cache-speed", "cluster-shards")
+               "prefix-cache-speed", "cluster-shards", "llm-d-cost")
 
 
 def main(argv=None) -> int:

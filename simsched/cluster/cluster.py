@@ -181,6 +181,15 @@ class Cluster:
             # decode steps may share one clock event (simsched.engine.scheduler.quiet).
             for replica in self.replicas:
                 replica.allow_quiet_steps(MAX_QUIET_STEPS)
+        if self.fleet is None and self.disagg is None and client is None \
+                and self.remote_tier is None and not faults.enabled \
+                and getattr(getattr(self, "router", None), "watches_queues", False) and self.view is self.load:
+            # Only a replica's own loop and its arrivals change its queues here: a router reading
+            # the waiting gauges live recounts only those that report (epp.gauges).
+            changed = self.load.queue_changed = set(range(len(self.replicas)))
+            for replica in self.replicas:
+                replica.on_queue = changed.add
+            self.router.verify_queues = config.check_invariants
 
     def replica_rng(self, index: int) -> np.random.Generator:
         """Replica ``index``'s Generator (a replica added during the run asks for its own)."""
@@ -211,6 +220,8 @@ class Cluster:
         self._choose = self.router.choose if self.router is not None else _first
         # A router that sheds requests itself (llm-d's admission control).
         self._admit = getattr(self.router, "admit", None)
+        # (It looks only at requests below this priority: the others skip the call.)
+        self._admit_below = getattr(self.router, "admits_below_priority", math.inf)
         if getattr(self.router, "flow_control", None) is not None:
             self.flow = FlowGate(self, self.router)
         self.bucket = TokenBucket(cl.rate_limit, cl.burst) if cl.rate_limit is not None else None
@@ -308,7 +319,7 @@ class Cluster:
         # (Each check called only where its admission control is on: once per request.)
         if self.bucket is not None and self.rate_limited(req):
             return -1
-        if self._admit is not None:
+        if self._admit is not None and req.priority < self._admit_below:
             why = self._admit(self.view, req)
             if why is not None:
                 self._shed(req, why)

@@ -86,6 +86,10 @@ class ReplicaLoad:
         self.total_outstanding = 0
         self.output_tokens = output_tokens
         self.prefix_holders: PrefixHolders | None = None    # set by a cache-aware cluster
+        # The replicas (their indices) whose waiting count may have changed since a router last
+        # read them (each replica's ``on_queue`` adds to it): set only in a cluster where nothing
+        # but a replica's own loop and its arrivals reach its queues; None: count them all.
+        self.queue_changed: set[int] | None = None
         # Called as on_finished(i, req) after a request ends (a router's own in-flight counters).
         self.on_finished = None
         # Called as on_first_token(i, req) at a request's first token (llm-d's latency

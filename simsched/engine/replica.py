@@ -67,7 +67,11 @@ class Replica:
     invariant checker uses it). ``on_kv(index, num_used, num_blocks)``, if set, hears the KV
     blocks in use once per iteration (after scheduling) and when the replica falls idle: a
     router's view of KV use. ``on_first_token(index, request)``, if set, hears each first token
-    as its iteration commits (a router's load tracking: the prompt is done).
+    as its iteration commits (a router's load tracking: the prompt is done). ``on_queue(index)``,
+    if set, hears that the waiting count may have changed: at each :meth:`add` and at the top of
+    each pass of the GPU loop, which every step of that loop goes through (a router tracking the
+    waiting gauges incrementally recounts only the replicas it heard from; the cluster sets it
+    only where nothing else reaches a replica's queues).
     """
 
     def __init__(self, env: simpy.Environment, config, cost_model, num_blocks: int,
@@ -111,6 +115,7 @@ class Replica:
         self.on_iteration = on_iteration
         self.on_kv = None
         self.on_first_token = None
+        self.on_queue = None
         # Called as on_idle(replica) when the GPU loop falls idle (a run that ends with its
         # work waits for the iterations in flight: simsched.cluster.work_end).
         self.on_idle = None
@@ -147,6 +152,8 @@ class Replica:
         quiet = self.quiet
         if quiet is not None and quiet.run is not None:
             quiet.cut(now)              # the run of quiet steps ends where a plan sees req
+        if self.on_queue is not None:
+            self.on_queue(self.index)
         if self.async_scheduling:
             return self._add_pending(req, handles, now)
         if not self.scheduler.add(req, now):
@@ -263,7 +270,12 @@ class Replica:
         asynchronous, pending = self.async_scheduling, self.pending
         plan_at = now               # async: when the plan of the iteration starting now was made
         quiet = self.quiet = QuietSteps.for_replica(self)
+        on_queue = self.on_queue
         while True:
+            # Each step of this loop (from one yield to the next) passes here: whatever a step
+            # changes in the queues, the listener hears of it before another process runs.
+            if on_queue is not None:
+                on_queue(index)
             if asynchronous:
                 if pending:
                     if pending[0][0] <= plan_at:    # most iterations: nothing to release

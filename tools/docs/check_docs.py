@@ -84,6 +84,7 @@ class Block:
 
 def _blocks() -> dict[str, Block]:
     from benchmarks import results as bench
+    from benchmarks import router_cost
     from tools.docs import doc_autoscaling as a
     from tools.docs import doc_calibration as cb
     from tools.docs import doc_config as conf
@@ -170,6 +171,7 @@ def _blocks() -> dict[str, Block]:
         "performance-figures": Block("docs/performance.md", lambda runs: bench.summary(), True),
         "cluster-speed": Block("docs/cluster.md", lambda runs: bench.cluster_table(), True),
         "cluster-shards": Block("docs/cluster.md", lambda runs: bench.shards_table(), True),
+        "llm-d-cost": Block("docs/llm_d.md", lambda runs: router_cost.table(), True),
         "validation-parity": Block("docs/validation.md", lambda runs: bench.parity_summary(),
                                    True),
         "prefix-cache-speed": Block("docs/prefix_caching.md",

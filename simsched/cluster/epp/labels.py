@@ -9,6 +9,8 @@ have none). Source: ``pkg/epp/framework/plugins/scheduling/filter/bylabel`` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from simsched.cluster.epp.plugins import Plugin
 
 ROLE_LABEL = "llm-d.ai/role"
@@ -163,3 +165,16 @@ class ContextLengthAware(Plugin):
 
 
 LABELS = (ByLabel, DecodeFilter, PrefillFilter, EncodeFilter, ContextLengthAware)
+
+
+def check_labels(labels):
+    """The llm-d router's ``labels`` option as a tuple of string mappings (None stays None)."""
+    if labels is None:
+        return None
+    if isinstance(labels, (str, bytes, Mapping)) or not isinstance(labels, (list, tuple)):
+        raise ValueError(f"labels must be a list of mappings (one per replica), got {labels!r}")
+    for i, entry in enumerate(labels):
+        if not isinstance(entry, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+            raise ValueError(f"labels[{i}] must map label names to string values, got {entry!r}")
+    return tuple(labels)

@@ -210,16 +210,19 @@ class MaxScorePicker(_Picker):
     TYPE = "max-score-picker"
     random_ties = True
 
+    def one_of(self, tied: list[int]) -> int:
+        """The one endpoint picked among ``tied`` (equal best scores, in candidate order)."""
+        if len(tied) == 1 or not self.random_ties:
+            return tied[0]
+        return tied[min(int(self.draw() * len(tied)), len(tied) - 1)]
+
     def pick(self, cands, scores) -> list[int]:
         """The picked replicas (``maxNumOfEndpoints`` of them at most), best first."""
         if self.max_endpoints == 1:
             best = max(scores)
             if scores.count(best) == 1:         # (in C: the common case, no tie)
                 return [cands[scores.index(best)]]
-            tied = [c for c, s in zip(cands, scores) if s == best]
-            if len(tied) == 1 or not self.random_ties:
-                return [tied[0]]
-            return [tied[min(int(self.draw() * len(tied)), len(tied) - 1)]]
+            return [self.one_of([c for c, s in zip(cands, scores) if s == best])]
         order = list(zip(cands, scores))
         if self.random_ties:
             for j in range(len(order) - 1, 0, -1):      # Fisher-Yates, as Go's Shuffle

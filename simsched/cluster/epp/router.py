@@ -16,13 +16,17 @@ dispatch and at the request's end, never stale, as llm-d's inflight-load-produce
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 from simsched.cluster.epp.config import load_yaml, parse
+from simsched.cluster.epp.fast import FastCycle
+from simsched.cluster.epp.gauges import QueueGauges
+from simsched.cluster.epp.labels import check_labels
 from simsched.cluster.epp.latency import PredictedLatencyProducer
 from simsched.cluster.epp.latency_model import model_options
-from simsched.cluster.epp.plugins import (InFlightLoadProducer, KVCacheUtilizationScorer, Metrics,
-                                          QueueScorer)
+from simsched.cluster.epp.plugins import (InFlightLoadProducer, KVCacheUtilizationScorer,
+                                          Metrics, QueueScorer)
 from simsched.cluster.epp.prefix import ApproxPrefixCacheProducer
 from simsched.cluster.load_routers import Router, _Uniforms, register
 
@@ -51,7 +55,7 @@ class LlmD(Router):
                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
                  latency_model: Mapping | None = None) -> None:
         super().__init__(num_replicas, rng)
-        self.labels = _check_labels(labels)
+        self.labels = check_labels(labels)
         for name, slo in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
             if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float))
                                     or not 0 <= slo < float("inf")):
@@ -136,6 +140,9 @@ class LlmD(Router):
         self.consumed = consumed
         everything = consumed | self.admission_consumes
         self.reads_kv = "kv_use" in everything
+        # The cluster reports queue changes to a router that reads the waiting gauges.
+        self.watches_queues = "waiting" in everything
+        self.verify_queues = False      # the cluster sets it with check_invariants
         prefix = self.pipeline.producers(ApproxPrefixCacheProducer.TYPE)
         self.prefix = prefix[0] if prefix and "prefix" in consumed else None
         # In-flight tokens and the prefix index are kept per replica object (llm-d keys them by
@@ -145,29 +152,24 @@ class LlmD(Router):
         kinds = [type(s) for s, _ in self.profile.scorers[:2]]
         self._fuse_queue_kv = kinds == [QueueScorer, KVCacheUtilizationScorer]
         self.precise = "precise" in consumed
+        self._fast = None       # set at attach (simsched.cluster.epp.fast)
         self.uses_prefix_index = self.precise
         self.tokens_of: dict[int, int] = {}
         self.cycle: dict = {}
-        self._attached = self._live = self._replicas = None
+        self._attached = self._live = self._replicas = self._gauges = None
         self._labels_of = None
 
     # ------------------------------------------------------------------ metrics
     def _queues(self, consumed=None) -> dict:
         """The waiting and running gauges of every replica (those ``consumed``, default: all
         the router reads), read now."""
-        replicas = self._replicas
         if consumed is None:
             consumed = self.consumed | self.admission_consumes
         out = {}
         if "waiting" in consumed:
-            # Replica.num_waiting, inlined over the four containers it counts, bound once per
-            # view (they are never rebound): two property calls a replica, per request with
-            # exact state, were half the router's time on 64 replicas. The equality is tested.
-            parts = self._wait_parts
-            out["waiting"] = [r.num_waiting for r in replicas] if parts is None else \
-                [len(w) + len(q) + len(u) + len(p) for w, q, u, p in parts]
+            out["waiting"] = self._gauges.waiting()
         if "running" in consumed:
-            out["running"] = [len(r.scheduler.running) for r in replicas]
+            out["running"] = self._gauges.running()
         return out
 
     def _attach(self, view) -> None:
@@ -175,11 +177,11 @@ class LlmD(Router):
         release in-flight tokens when a request ends. O(replicas), when the view changes."""
         self._attached = view
         self._replicas = view.replicas
-        self._wait_parts = [(r.scheduler._waiting, r.scheduler._requeue, r.scheduler._unseen,
-                             r.pending) for r in view.replicas] \
-            if all(hasattr(r, "pending") and hasattr(getattr(r, "scheduler", None), "_unseen")
-                   for r in view.replicas) else None
         self._live = getattr(view, "live", view)
+        self._gauges = QueueGauges(view.replicas, getattr(view, "queue_changed", None),
+                                   self.verify_queues)
+        self._fast = FastCycle.of(self) if self._gauges.changed is not None \
+            and self._live is view else None
         self._keys = [id(r) for r in view.replicas]
         self._local = {k: i for i, k in enumerate(self._keys)}
         self.candidates = list(range(len(view.replicas)))
@@ -219,6 +221,8 @@ class LlmD(Router):
             self._live.on_first_token = lambda i, req: first(req)
 
     # ------------------------------------------------------------------ admission
+    admits_below_priority = 0       # admit() returns None for every other request
+
     def admit(self, view, req) -> str | None:
         """None to admit ``req``, else why it is shed (llm-d's legacy admission control, then
         the admitter plugins, :mod:`simsched.cluster.epp.admission`, in the director's order).
@@ -243,7 +247,7 @@ class LlmD(Router):
 
     def pool_saturation(self, view, now: float) -> float:
         """The saturation detector's reading of the pool at ``now`` (flow control's input)."""
-        m = self.metrics(view, _At(now), self.admission_consumes)
+        m = self.metrics(view, SimpleNamespace(arrival_at=now), self.admission_consumes)
         return self.pipeline.detector.saturation(m, self.candidates)
 
     def metrics(self, view, req, consumed=None) -> Metrics:
@@ -325,13 +329,7 @@ class LlmD(Router):
             # in the same order, as the two passes below).
             (_, wq), (_, wk) = scorers[:2]
             scorers = scorers[2:]
-            waiting, kv = m.waiting, m.kv_use
-            low, high = min(waiting), max(waiting)
-            if high == low:
-                totals = [1.0 * wq + (1.0 - k) * wk for k in kv]
-            else:
-                span = high - low
-                totals = [(high - v) / span * wq + (1.0 - k) * wk for v, k in zip(waiting, kv)]
+            totals = self._gauges.fused_terms(m.waiting, m.kv_use, wq, wk)
         for scorer, w in scorers:
             if scorer.zero(cycle):
                 continue
@@ -355,6 +353,9 @@ class LlmD(Router):
         return cands, totals if totals is not None else [0.0] * len(cands), cycle
 
     def choose(self, view, req) -> int:
+        if self._fast is not None and view is self._attached \
+                and view.replicas is self._replicas:
+            return self._fast.choose(view, req)
         cands, totals, cycle = self.scores(view, req)
         self.cycle = cycle
         i = self.profile.picker.pick(cands, totals)[0]
@@ -377,25 +378,3 @@ class LlmD(Router):
         if "prefix" not in self.cycle:
             return None, 0
         return self.cycle["prefix"][0].get(i, 0), self.cycle["block_size"]
-
-
-class _At:
-    """A stand-in request arriving at ``arrival_at`` (metric ages at a flow-control cycle)."""
-
-    __slots__ = ("arrival_at",)
-
-    def __init__(self, arrival_at: float) -> None:
-        self.arrival_at = arrival_at
-
-
-def _check_labels(labels):
-    """The ``labels`` option as a tuple of string mappings (None stays None)."""
-    if labels is None:
-        return None
-    if isinstance(labels, (str, bytes, Mapping)) or not isinstance(labels, (list, tuple)):
-        raise ValueError(f"labels must be a list of mappings (one per replica), got {labels!r}")
-    for i, entry in enumerate(labels):
-        if not isinstance(entry, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
-            raise ValueError(f"labels[{i}] must map label names to string values, got {entry!r}")
-    return tuple(labels)
