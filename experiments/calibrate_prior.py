@@ -9,9 +9,9 @@ another folder of the format), at the shipped model (no term fitted):
    its sensitivity to each term (the Jacobian :mod:`simsched.fit.calibrate` uses, in the wide
    prior's standard units);
 2. **within a (model, GPU)**: the errors' spread around their (model, GPU) mean (each deviation
-   scaled by sqrt(n / (n - 1))) and their correlations: what one workload's error is that the
-   next workload of the same deployment does not share: the fit's noise
-   (:mod:`simsched.fit.errors` rounds these);
+   scaled by sqrt(n / (n - 1))), their kurtosis and their correlations: what one workload's
+   error is that the next workload of the same deployment does not share: the fit's noise
+   (:mod:`simsched.fit.errors` rounds these, and sets its t's tails from TTFT's kurtosis);
 3. **the prior**: with that noise (as :mod:`simsched.fit.errors` models it), each (model, GPU)'s
    errors are modelled as its runs' noise plus the sensitivity times shared term shifts drawn
    from the ``validated`` normal (each term's sigma its own ``share`` of the wide prior's: these
@@ -79,6 +79,8 @@ def within(errors: pd.DataFrame) -> pd.DataFrame:
     out.insert(0, "sd_percent", (sd * 100).round(2))
     out.insert(1, "model_sd_percent", [METRIC_SIGMA[m] * 100 for m in METRICS])
     out.insert(2, "num_deviations", len(dev))
+    # Their tails: a normal's kurtosis is 3 (simsched.fit.errors.TAIL_DOF is set from TTFT's).
+    out.insert(2, "kurtosis", ((dev ** 4).mean() / (dev ** 2).mean() ** 2).round(2).to_numpy())
     return out.reset_index(names="metric")
 
 

@@ -65,6 +65,11 @@ def calibration_prior(runs) -> str:
     t = runs.get("calibrate_prior")
     within, prior = t["within"], t["prior"]
     claim(len(within) == 4, "the spread of all four metrics is estimated")
+    from simsched.fit.errors import TAIL_DOF
+
+    kurt = within.set_index("metric")["kurtosis"]["ttft_mean"]
+    claim(kurt > 3 and abs(4 + 6 / (kurt - 3) - TAIL_DOF) < 1,
+          "the error model's t has the tails of the TTFT deviations (kurtosis 3 + 6 / (nu - 4))")
     p = prior.set_index("term")
     shares = p.drop(index="log_likelihood")
     claim(((shares.simsched - shares.posterior).abs() < 0.011).all(),
