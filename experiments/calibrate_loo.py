@@ -95,16 +95,20 @@ def _simulated(sc: replay.Scenario, terms: dict | None, cache: dict) -> dict:
 
 
 def held_out_priors(runs, cache: dict) -> dict:
-    """run name -> the prior's components estimated without that run (empirical Bayes as
-    ``experiments.calibrate_prior`` on the other runs), so no left-out run informs its prior."""
+    """run name -> the prior's components (the validated shares and the components' weights)
+    estimated without that run (``experiments.calibrate_prior`` on the other runs), so no
+    left-out run informs its prior."""
     from experiments import calibrate_prior
 
     errors, jac = calibrate_prior.linearisation(runs, cache)
     out = {}
     for name in errors.run.unique():
         keep = (errors.run != name).to_numpy()
-        shares, _ = calibrate_prior.estimate(errors[keep].reset_index(drop=True), jac[keep])
-        weight = core.PRIOR_WEIGHT
+        kept, kept_jac = errors[keep].reset_index(drop=True), jac[keep]
+        groups = calibrate_prior.group_errors(kept, kept_jac)
+        shares = calibrate_prior.posterior_shares(
+            groups, calibrate_prior.estimate(kept, kept_jac)[0])
+        weight = 1.0 - calibrate_prior.other_weight(groups, shares)
         out[name] = (("validated", {t: float(v) for t, v in zip(deployment.TERMS, shares)},
                       weight), ("other", 1.0, 1.0 - weight))
     return out

@@ -65,7 +65,15 @@ def calibration_prior(runs) -> str:
     t = runs.get("calibrate_prior")
     within, prior = t["within"], t["prior"]
     claim(len(within) == 4, "the spread of all four metrics is estimated")
-    gap = prior.set_index("term").loc["log_likelihood"]
-    claim(gap.most_probable - gap.simsched < 1.0,
-          "simsched's prior is within one log-likelihood unit of the most probable")
+    from simsched.fit.errors import TAIL_DOF
+
+    kurt = within.set_index("metric")["kurtosis"]["ttft_mean"]
+    claim(kurt > 3 and abs(4 + 6 / (kurt - 3) - TAIL_DOF) < 1,
+          "the error model's t has the tails of the TTFT deviations (kurtosis 3 + 6 / (nu - 4))")
+    p = prior.set_index("term")
+    shares = p.drop(index="log_likelihood")
+    claim(((shares.simsched - shares.posterior).abs() < 0.011).all(),
+          "simsched's prior is the posterior one, rounded to two decimals")
+    claim(abs(p.simsched["log_likelihood"] - p.posterior["log_likelihood"]) < 0.1,
+          "the rounding costs the prior less than 0.1 of log likelihood")
     return md_table(within, 3) + "\n\n" + md_table(prior, 3)
