@@ -53,11 +53,11 @@ class FastCycle:
         """The endpoint picked for ``req`` (a local index), as the general cycle picks it."""
         router, gauges, picker = self.router, self.gauges, self.picker
         wq, wk = self.wq, self.wk
-        gauges.waiting(copy=False)
         if self.prefix_only and getattr(req, "content", None) is None:
             router.cycle = NO_BLOCKS
-            tied = gauges.best(view.kv_use, wq, wk)
+            tied = gauges.best(view.kv_use, wq, wk)     # (recounts the reported replicas)
             return tied[0] if len(tied) == 1 else picker.one_of(tied)
+        gauges.waiting(copy=False)
         cycle = router._produce(view, req, None)
         router.cycle = cycle
         sparse = [(scorer, w) for scorer, w in self.sparse if not scorer.zero(cycle)]

@@ -59,7 +59,6 @@ class QueueGauges:
         self._stale: set[int] = set(range(n))
         self._groups: dict[int, list[tuple[float, int]]] = {}
         self._filed: list[int | None] = [None] * n
-        self._terms_of: tuple[float, dict[int, float]] | None = None    # (wq, _queue_terms)
         if self.changed is not None:
             self.changed.update(range(n))       # a new view: count them all once
 
@@ -79,21 +78,33 @@ class QueueGauges:
         self._stale.update(changed)
         changed.clear()
         if self.verify:
-            for i, r in enumerate(self.replicas):
-                if waiting[i] != r.num_waiting:
-                    raise AssertionError(f"llm-d's waiting gauge of replica {r.index} is "
-                                         f"{waiting[i]}, the replica has {r.num_waiting} waiting")
+            self._verify_waiting()
         return waiting.copy() if copy else waiting
+
+    def _verify_waiting(self) -> None:
+        for i, r in enumerate(self.replicas):
+            if self._waiting[i] != r.num_waiting:
+                raise AssertionError(f"llm-d's waiting gauge of replica {r.index} is "
+                                     f"{self._waiting[i]}, the replica has {r.num_waiting} "
+                                     f"waiting")
 
     def running(self) -> list[int]:
         """Each replica's running requests (a new list)."""
         return [len(r.scheduler.running) for r in self.replicas]
 
     def _refresh(self, kv: list, wk: float) -> None:
-        """Bring the KV terms and the groups up to date with the last :meth:`waiting` read and
-        ``kv`` (the replicas recounted since, or all of them for a new KV weight)."""
+        """Bring the waiting counts, the KV terms and the groups up to date with the replicas'
+        queues and ``kv`` (the replicas reported or recounted since, or all of them for a new KV
+        weight)."""
         terms, groups, filed, waiting = self._kv_terms, self._groups, self._filed, self._waiting
-        stale = self._stale
+        stale, changed = self._stale, self.changed
+        if changed:     # reported since the last read: recounted as waiting() does
+            parts = self.parts
+            for i in changed:
+                w, q, u, p = parts[i]
+                waiting[i] = len(w) + len(q) + len(u) + len(p)
+            stale.update(changed)
+            changed.clear()
         if wk != self._kv_weight:
             stale.update(range(len(terms)))
             self._kv_weight = wk
@@ -106,12 +117,10 @@ class QueueGauges:
                 del group[bisect_left(group, (terms[i], i))]
                 if not group:
                     del groups[old]
-                    self._terms_of = None       # the counts present changed
             terms[i], filed[i] = t, v
             group = groups.get(v)
             if group is None:
                 groups[v] = [(t, i)]
-                self._terms_of = None
             else:
                 insort(group, (t, i))
         stale.clear()
@@ -135,19 +144,28 @@ class QueueGauges:
         order, from the groups: O(groups + ties), after the changes since the last call."""
         self._refresh(kv, wk)
         groups = self._groups
-        tops = [(q + groups[v][-1][0], v, q) for v, q in self._queue_terms(wq).items()]
-        best = max(tops)[0]
+        low, high = min(groups), max(groups)
+        span = high - low
+        # Each group's best: its one queue term (as _queue_terms) plus its greatest KV term;
+        # the groups whose best is the best of all, then the endpoints as good in each.
+        best = None
+        for v, group in groups.items():
+            q = (high - v) / span * wq if span else 1.0 * wq
+            top = q + group[-1][0]
+            if best is None or top > best:
+                best, tops = top, [(q, group)]
+            elif top == best:
+                tops.append((q, group))
         tied = []
-        for top, v, q in tops:
-            if top == best:         # this group's best, and those below it as good
-                group = groups[v]
-                j = len(group) - 1
-                while j >= 0 and q + group[j][0] == best:
-                    tied.append(group[j][1])
-                    j -= 1
+        for q, group in tops:
+            j = len(group) - 1
+            while j >= 0 and q + group[j][0] == best:
+                tied.append(group[j][1])
+                j -= 1
         if len(tied) > 1:
             tied.sort()
         if self.verify:
+            self._verify_waiting()
             whole = _terms(self._waiting, kv, min(self._waiting), max(self._waiting), wq, wk)
             top = max(whole)
             if tied != [i for i, t in enumerate(whole) if t == top]:
@@ -157,20 +175,13 @@ class QueueGauges:
 
     def _queue_terms(self, wq: float) -> dict[int, float]:
         """The queue scorer's weighted term of each waiting count present (a handful: queues
-        are short), the same float expression as its pass; made again only when the counts
-        present or the weight change."""
+        are short), the same float expression as its pass."""
         groups = self._groups
-        if self._terms_of is not None and self._terms_of[0] == wq \
-                and len(self._terms_of[1]) == len(groups):
-            return self._terms_of[1]
         low, high = min(groups), max(groups)
         if high == low:
-            terms = {low: 1.0 * wq}
-        else:
-            span = high - low
-            terms = {v: (high - v) / span * wq for v in groups}
-        self._terms_of = (wq, terms)
-        return terms
+            return {low: 1.0 * wq}
+        span = high - low
+        return {v: (high - v) / span * wq for v in groups}
 
     def _check(self, fused: list, whole: list) -> None:
         for i, (have, full) in enumerate(zip(fused, whole)):
