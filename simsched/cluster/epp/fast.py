@@ -17,21 +17,23 @@ from __future__ import annotations
 from simsched.cluster.epp.plugins import MaxScorePicker
 from simsched.cluster.epp.prefix import PrefixCacheScorer
 
-# The cycle state of a request without prefix blocks (as the router's _produce makes it): read,
+# The cycle state of a request without prefix blocks (as the router's produce makes it): read,
 # never changed.
 NO_BLOCKS = {"prefix": ({}, 0), "hashes": [], "block_size": 0}
 
 
 class FastCycle:
-    """The one-pass cycle of ``router`` (an attached :class:`LlmD`): see the module."""
+    """The one-pass cycle of ``router`` (an :class:`LlmD`) over its view's ``gauges``: see the
+    module. It reads the router's profile and prefix producer, runs its producers
+    (:meth:`LlmD.produce`) for requests with content, and sets its ``cycle``."""
 
-    def __init__(self, router) -> None:
+    def __init__(self, router, gauges) -> None:
         self.router = router
         profile = router.profile
         (_, self.wq), (_, self.wk) = profile.scorers[:2]
         self.sparse = profile.scorers[2:]
         self.picker = profile.picker
-        self.gauges = router._gauges
+        self.gauges = gauges
         self.prefix = router.prefix
         # Only prefix scorers after the fused terms, fed by the approximate index: a request
         # without content scores 0 on all of them.
@@ -39,14 +41,15 @@ class FastCycle:
             type(s) is PrefixCacheScorer for s, _ in self.sparse)
 
     @classmethod
-    def of(cls, router) -> "FastCycle | None":
-        """The fast cycle of ``router``'s profile, or None where the general one must run."""
+    def of(cls, router, gauges) -> "FastCycle | None":
+        """The fast cycle of ``router``'s profile over ``gauges`` (kept incrementally), or None
+        where the general one must run."""
         profile, picker = router.profile, router.profile.picker
-        if router._fuse_queue_kv and not profile.filters \
+        if router.fuses_queue_kv and not profile.filters \
                 and all(hasattr(s, "sparse") for s, _ in profile.scorers[2:]) \
                 and type(picker) is MaxScorePicker and picker.max_endpoints == 1 \
                 and router.latency is None and not router.track_tokens and not router.post:
-            return cls(router)
+            return cls(router, gauges)
         return None
 
     def choose(self, view, req) -> int:
@@ -58,7 +61,7 @@ class FastCycle:
             tied = gauges.best(view.kv_use, wq, wk)     # (recounts the reported replicas)
             return tied[0] if len(tied) == 1 else picker.one_of(tied)
         gauges.waiting(copy=False)
-        cycle = router._produce(view, req, None)
+        cycle = router.produce(view, req, None)
         router.cycle = cycle
         sparse = [(scorer, w) for scorer, w in self.sparse if not scorer.zero(cycle)]
         if not sparse:

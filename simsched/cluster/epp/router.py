@@ -150,7 +150,7 @@ class LlmD(Router):
         self.track_tokens = "inflight_tokens" in everything
         self.post = [p for p in plugins if hasattr(p, "pre_request")]
         kinds = [type(s) for s, _ in self.profile.scorers[:2]]
-        self._fuse_queue_kv = kinds == [QueueScorer, KVCacheUtilizationScorer]
+        self.fuses_queue_kv = kinds == [QueueScorer, KVCacheUtilizationScorer]
         self.precise = "precise" in consumed
         self._fast = None       # set at attach (simsched.cluster.epp.fast)
         self.uses_prefix_index = self.precise
@@ -180,7 +180,7 @@ class LlmD(Router):
         self._live = getattr(view, "live", view)
         self._gauges = QueueGauges(view.replicas, getattr(view, "queue_changed", None),
                                    self.verify_queues)
-        self._fast = FastCycle.of(self) if self._gauges.changed is not None \
+        self._fast = FastCycle.of(self, self._gauges) if self._gauges.changed is not None \
             and self._live is view else None
         self._keys = [id(r) for r in view.replicas]
         self._local = {k: i for i, k in enumerate(self._keys)}
@@ -238,7 +238,7 @@ class LlmD(Router):
                 return (f"shed: llm-d system saturated, sheddable request dropped "
                         f"({self.pipeline.detector.TYPE} saturation {sat:.3f})")
         if self.admit_latency:      # (Go's admitters run after the data producers)
-            self._produce(view, req, m)
+            self.produce(view, req, m)
         for admitter in self.pipeline.admitters:
             why = admitter.admit(m, req, cands)
             if why is not None:
@@ -283,7 +283,7 @@ class LlmD(Router):
                        lora=lora)
 
     # ------------------------------------------------------------------ the cycle
-    def _produce(self, view, req, m) -> dict:
+    def produce(self, view, req, m) -> dict:
         """The cycle state the producers prepare for ``req``: the prefix match (and the
         precise scorer's holders), the latency predictions (into ``m``)."""
         cycle: dict[str, Any] = {"keys": self._keys, "replicas": view.replicas}
@@ -310,7 +310,7 @@ class LlmD(Router):
     def scores(self, view, req) -> tuple[list[int], list[float], dict]:
         """``(candidates, weighted scores, cycle state)`` of ``req`` (filters and scorers)."""
         m = self.metrics(view, req)
-        cycle = self._produce(view, req, m)
+        cycle = self.produce(view, req, m)
         cands = self.candidates
         for f in self.profile.filters:
             kept = f.filter(m, req, cycle, cands)
@@ -323,7 +323,7 @@ class LlmD(Router):
         # one that scores every endpoint 0 this time (zero) adds nothing: t + 0.0 is t, so
         # both give the same floats as the plain sum.
         totals, scorers = None, self.profile.scorers
-        if self._fuse_queue_kv and len(cands) == len(self.candidates):
+        if self.fuses_queue_kv and len(cands) == len(self.candidates):
             # llm-d's default profile starts with queue-scorer and kv-cache-utilization-scorer:
             # their weighted terms in one pass over every endpoint (the same float operations,
             # in the same order, as the two passes below).
