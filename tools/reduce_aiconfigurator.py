@@ -28,7 +28,16 @@ Latencies are float16 milliseconds.
   weighted sum; not the router GEMM or shared experts) by ``moe_keys`` rows (index into
   ``MOE_DTYPES``, hidden size, expert width, top-k, experts, MoE TP, MoE EP) x ``moe_tokens``
   (tokens entering the layer), the fastest measured kernel per point, under AIConfigurator's
-  ``power_law_1.01`` routing (skewed as trained routers are; ``balanced`` where not measured).
+  ``power_law_1.01`` routing (skewed as trained routers are; ``balanced`` where not measured);
+* ``mla_ctx_<gemm>_<kv>`` / ``mla_gen_<gemm>_<kv>`` (the GPUs of :data:`MLA_GPUS` only): vLLM's
+  whole MLA attention module of DeepSeek-V3's shape (``DeepseekV2MLAAttention``: the low-rank
+  projections, norms, rope, the attention kernel and the output projection; ``mla/vllm/<version>/
+  mla_{context,generation}_module_perf.parquet``) for ``gemm`` weights (bfloat16, fp8_block) and
+  KV dtype ``kv``: context by ``mla_ctx_heads`` (query heads per GPU) x ``mla_ctx_batch`` x
+  ``mla_ctx_isl``, generation by ``mla_gen_heads`` x ``mla_gen_batch`` x ``mla_gen_seq`` (KV
+  tokens per sequence); per point the fastest measured attention backend (vLLM picks the
+  backend by phase and KV dtype: FlashAttention for long prefills, FlashAttention-MLA or
+  FlashMLA otherwise).
 
 The attention and GEMM tables take, per GPU, the kernel source vLLM uses by default there (the
 one with the most rows); ``manifest.json`` records it, the vLLM and NCCL versions and the commit.
@@ -78,6 +87,9 @@ CUSTOM_ALLREDUCE = {"vllm": "vLLM_custom_graph", "sglang": "SGLang_CustomAllRedu
                     "trtllm": "TRTLLM"}
 GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 HEAD_DIMS = (64, 128)
+# GPUs whose vLLM MLA module tables are shipped (the Hopper GPUs of the silicon rows).
+MLA_GPUS = ("h100-sxm", "h200")
+MLA_GEMMS = ("bfloat16", "fp8_block")
 # MoE weight formats (index = the dtype code in moe_keys' first column).
 MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "int4_wo", "w4a16_mxfp4", "nvfp4",
               "w4a8_mxfp4_fp8")
@@ -269,6 +281,28 @@ def moe_tables(df: pd.DataFrame) -> tuple[dict, dict]:
             "moe_lat": lat}, sources
 
 
+def mla_tables(ctx: pd.DataFrame, gen: pd.DataFrame) -> tuple[dict, dict]:
+    """vLLM's MLA attention module (DeepSeek-V3's shape) by (heads, batch, tokens), per
+    (GEMM weights, KV dtype), the fastest measured backend per point; and those backends."""
+    arrays, sources = {}, {}
+    for name, df, col in (("ctx", ctx, "isl"), ("gen", gen, "seq")):
+        df = df[(df.mla_dtype == "bfloat16") & df.gemm_type.isin(MLA_GEMMS)]
+        df = df.assign(seq=df.isl + df.step)
+        heads = np.array(sorted(df.num_heads.unique()))
+        batch = np.array(sorted(df.batch_size.unique()))
+        tok = np.array(sorted(df[col].unique()))
+        arrays.update({f"mla_{name}_heads": heads, f"mla_{name}_batch": batch,
+                       f"mla_{name}_{col}": tok})
+        for (gemm, kv), d in sorted(df.groupby(["gemm_type", "kv_cache_dtype"])):
+            sources[f"{name} {gemm} {kv}"] = sorted(d.kernel_source.unique())
+            g = d.groupby(["num_heads", "batch_size", col]).latency.min().reset_index()
+            grid = np.full((len(heads), len(batch), len(tok)), np.nan, dtype=DTYPE)
+            grid[np.searchsorted(heads, g.num_heads), np.searchsorted(batch, g.batch_size),
+                 np.searchsorted(tok, g[col])] = g.latency
+            arrays[f"mla_{name}_{gemm}_{kv}"] = grid
+    return arrays, sources
+
+
 def write_npz(path: Path, arrays: dict) -> None:
     """A compressed .npz whose bytes depend on the arrays only (sorted, fixed timestamps)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
@@ -281,8 +315,10 @@ def write_npz(path: Path, arrays: dict) -> None:
             z.writestr(info, buf.getvalue(), compresslevel=9)
 
 
-def one_set(repo: Repo, system: str, version: str, framework: str = "vllm") -> tuple[dict, dict]:
-    """The arrays and manifest entry of one (GPU, framework, version)."""
+def one_set(repo: Repo, system: str, version: str, framework: str = "vllm",
+            mla: bool = False) -> tuple[dict, dict]:
+    """The arrays and manifest entry of one (GPU, framework, version); ``mla``: with the MLA
+    module tables."""
     arrays, entry = {}, {"system": system, framework: version}
 
     def table(op: str, name: str) -> pd.DataFrame:
@@ -302,6 +338,10 @@ def one_set(repo: Repo, system: str, version: str, framework: str = "vllm") -> t
         arrays.update(a)
     except ValueError:          # no MoE table for this GPU and version
         pass
+    if mla:
+        a, entry["mla"] = mla_tables(table("mla", "mla_context_module_perf"),
+                                     table("mla", "mla_generation_module_perf"))
+        arrays.update(a)
     return arrays, entry
 
 
@@ -311,7 +351,7 @@ def reduce(repo: Repo, out: Path = OUT) -> dict:
     manifest = {"source": "github.com/ai-dynamo/aiconfigurator", "commit": repo.commit,
                 "licence": "Apache-2.0", "gpus": {}, "engines": {}}
     for gpu, (system, version) in SYSTEMS.items():
-        arrays, entry = one_set(repo, system, version)
+        arrays, entry = one_set(repo, system, version, mla=gpu in MLA_GPUS)
         write_npz(out / f"{gpu}.npz", arrays)
         manifest["gpus"][gpu] = entry
         tables = [k for k in sorted(arrays) if arrays[k].ndim > 1]

@@ -29,7 +29,11 @@ weight-only at the bf16 rate. The decode attention's KV reads scale with ``kv_ca
 (and MLA's compressed KV). What is assumed rather than measured: that the dense GEMM
 efficiency at ``m`` rows holds for a grouped expert GEMM, the all-to-all latency
 (:data:`A2A_LATENCY`), and the MLA attention kernels (timed as grouped-query ones reading the
-latent's bytes).
+latent's bytes) except where measured: under the H100's and H200's AIConfigurator kernels
+(``hardware.kernel_profile="aiconfigurator"``; :func:`mla_attention`) a model of DeepSeek-V3's
+MLA shape (DeepSeek-R1/V3, Kimi-K2.5) reads its prefill attention and decode attention's cost
+per KV token from AIConfigurator's measured vLLM MLA module
+(:func:`simsched.cost.aiconfigurator.mla_context_attention`, ``mla_generation_attention``).
 """
 
 from __future__ import annotations
@@ -273,4 +277,65 @@ def apply(tables, coef: dict, n: np.ndarray, parallel=None) -> None:
     scale = kv_read_scale(spec, tp)
     tables.dec_s = tables.dec_s * scale
     tables.sat_s = tables.sat_s * scale
+    if spec.kv_lora_rank:
+        mla_attention(tables, coef, n)
 
+
+def mla_table_set(gpu: GPUSpec) -> str | None:
+    """The AIConfigurator table set whose measured MLA module times ``gpu``'s MLA attention: the
+    profile's own (``aic-<gpu>``, e.g. ``hardware.kernel_profile="aiconfigurator"`` on an H100
+    or H200) where it holds MLA tables; None otherwise (the grouped-query approximation stays).
+    The GPUs' default kernels keep the approximation: on the silicon rows (Kimi-K2.5, H200)
+    the measured MLA moved their median TPOT error from 12.8 % to 12.9 %."""
+    if not gpu.kernels.startswith("aic-"):
+        return None
+    from simsched.cost import aiconfigurator as aic    # numpy only; read on demand
+
+    name = gpu.kernels[len("aic-"):]
+    known = aic.gpus() + aic.engine_sets()
+    return name if name in known and "mla_gen_heads" in aic.tables(name) else None
+
+
+def mla_attention(tables, coef: dict, n: np.ndarray) -> bool:
+    """Time an MLA model's attention from the measured vLLM MLA module where its GPU and shape
+    were measured (:func:`mla_table_set`, ``aiconfigurator.mla_available``); returns whether it
+    did. Prefill attention (``pre_t0``) of a ``c``-token chunk: the measured module's time for
+    one sequence of ``c`` tokens less its time for 1 token (the module's fixed launches and
+    element-wise work, which the linear part's per-layer constants already charge), less the
+    same growth of the derived projection GEMMs (which the linear part charges); never below
+    0, non-decreasing, and past the longest measured prompt quadratic in ``c``; ``pre_slope``
+    at the longest measured prompt's rate per causal pair. Decode attention's cost per KV token
+    read (``dec_s``): the measured generation module's, with no separate floor; decode's fixed
+    part stays derived."""
+    from simsched.cost import aiconfigurator as aic
+
+    spec, tp = tables.spec, tables.tp
+    name = mla_table_set(tables.gpu)
+    if name is None or not aic.mla_available(name, spec):
+        return False
+    layers, hq = spec.num_layers, max(1, spec.num_heads // tp)
+    kv = "fp8" if spec.kv_cache_dtype == "fp8" else "bfloat16"
+    w = spec.weight_dtype
+    longest = float(aic.tables(name)["mla_ctx_isl"][-1])
+    x = np.maximum(n, 1.0)
+    gemm = _Gemm(coef["linear"], spec, tables.gpu)
+    xs = np.append(np.minimum(x, longest), longest)          # n is increasing; then the longest
+    one = np.ones(1)
+
+    def module(tok):
+        return aic.mla_context_module(name, hq, tok, w, kv)
+
+    grow = (module(xs) - module(one)) \
+        - (_layer_parts(spec, tp, gemm, xs)[0] - _layer_parts(spec, tp, gemm, one)[0])
+    att = np.maximum.accumulate(np.maximum(grow, 0.0))
+    t_long, att = float(att[-1]), att[:-1]
+    att = np.where(x > longest, t_long * (x / longest) ** 2, att)
+    t0 = att * layers
+    t0[0] = 0.0
+    tables.pre_t0 = np.maximum.accumulate(t0)
+    tables.pre_slope = np.full_like(n, 2.0 * t_long / longest ** 2 * layers)
+    batch, _, per_token = aic.mla_generation_attention(name, hq, w, kv)
+    # n x dec_s (one more cached token per sequence) never falls as sequences are added.
+    tables.dec_s = np.maximum.accumulate(np.interp(x, batch, per_token) * layers * x) / x
+    tables.sat_a = tables.sat_s = 0.0
+    return True
