@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from simsched.cost import aiconfigurator as aic
+from simsched.cost import aiconfigurator_mla as mla
 from simsched.cost import fits, moe
 from simsched.cost.deployed import MODELS
 from simsched.cost.hardware import GPUS
@@ -23,21 +24,21 @@ def test_context_module_reads_the_measured_cell_exactly():
     h = list(t["mla_ctx_heads"]).index(8)
     for tokens in (1, 1024, 8192, 32768):
         want = t["mla_ctx_bfloat16_bfloat16"][h, 0, isl.index(tokens)] * 1e-3
-        got = aic.mla_context_module("h200", 8, [tokens])[0]
+        got = mla.mla_context_module("h200", 8, [tokens])[0]
         assert got == pytest.approx(want, rel=1e-12)
     # FP8 block-scaled weights and an FP8 KV cache read their own table.
     want = t["mla_ctx_fp8_block_fp8"][h, 0, isl.index(8192)] * 1e-3
-    assert aic.mla_context_module("h200", 8, [8192], "fp8", "fp8")[0] == pytest.approx(want)
+    assert mla.mla_context_module("h200", 8, [8192], "fp8", "fp8")[0] == pytest.approx(want)
     # Between measured prompts: log-log, so between the neighbours.
-    lo, hi = aic.mla_context_module("h200", 8, [8192, 10240])
-    assert lo < aic.mla_context_module("h200", 8, [9000])[0] < hi
+    lo, hi = mla.mla_context_module("h200", 8, [8192, 10240])
+    assert lo < mla.mla_context_module("h200", 8, [9000])[0] < hi
 
 
 def test_generation_slope_is_the_chord_of_the_measured_cells():
     t = aic.tables("h100-sxm")
     grid = t["mla_gen_bfloat16_bfloat16"][list(t["mla_gen_heads"]).index(8)]
     seq, batch = t["mla_gen_seq"].astype(float), t["mla_gen_batch"].astype(float)
-    b, _, s = aic.mla_generation_attention("h100-sxm", 8)
+    b, _, s = mla.mla_generation_attention("h100-sxm", 8)
     i = list(batch).index(64)
     ok = ~np.isnan(grid[i]) & (seq >= 1024)
     x, y = 64 * seq[ok], grid[i][ok] * 1e-3
@@ -78,12 +79,12 @@ def test_kimi_attention_on_aic_h200_is_the_table_not_the_gqa_approximation(monke
     # Prefill: the module's growth from 1 to c tokens less the derived projections' growth.
     gemm = moe._Gemm(fits.coefficients("h200")["linear"], KIMI, new.gpu)
     proj = moe._layer_parts(KIMI, 8, gemm, np.array([1.0, c]))[0]
-    mod = aic.mla_context_module("h200", 8, [1.0, c])
+    mod = mla.mla_context_module("h200", 8, [1.0, c])
     want = ((mod[1] - mod[0]) - (proj[1] - proj[0])) * layers
     assert new.pre_t0[c] == pytest.approx(want, rel=1e-9)
     assert abs(new.pre_t0[c] / old.pre_t0[c] - 1.0) > 0.2           # not the GQA approximation
     # Decode: the measured per-KV-token cost at 8 sequences, no separate floor.
-    b, _, s = aic.mla_generation_attention("h200", 8)
+    b, _, s = mla.mla_generation_attention("h200", 8)
     assert new.dec_s[8] == pytest.approx(s[list(b).index(8)] * layers, rel=1e-9)
     assert new.sat_a == new.sat_s == 0.0
     # The linear part and the decode fixed part are untouched.
@@ -102,9 +103,9 @@ def test_default_kernels_and_other_shapes_keep_the_approximation(monkeypatch):
     assert moe.mla_table_set(GPUS["h200"]) is None
     assert moe.mla_table_set(dataclasses.replace(GPUS["b200"], kernels="aic-b200")) is None
     assert moe.mla_table_set(dataclasses.replace(GPUS["h200"], kernels="aic-h200")) == "h200"
-    assert aic.mla_available("h200", KIMI) and aic.mla_available("h100-sxm", MODELS["deepseek-r1"])
+    assert mla.mla_available("h200", KIMI) and mla.mla_available("h100-sxm", MODELS["deepseek-r1"])
     other = dataclasses.replace(KIMI, q_lora_rank=768)
-    assert not aic.mla_available("h200", other)
+    assert not mla.mla_available("h200", other)
 
 
 def test_describe_says_what_is_measured():

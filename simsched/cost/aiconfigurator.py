@@ -14,8 +14,7 @@ here takes a GPU name or such a set name.
 * all-reduces by GPUs x message bytes (vLLM's custom all-reduce in a CUDA graph, and NCCL);
 * (H100 and H200) vLLM's whole MLA attention module of DeepSeek-V3's shape, context by query heads
   x batch x tokens and generation by query heads x batch x KV tokens, per GEMM weights and KV
-  dtype; :func:`mla_context_module` and :func:`mla_generation_attention` read it
-  (:func:`mla_available` says when a model may read them).
+  dtype; :mod:`simsched.cost.aiconfigurator_mla` reads it.
 
 Reading rule (every query says whether it stayed inside the measured grid): inside, times are
 interpolated (GEMM: log time bilinear in log n, log k, piecewise linear in m; attention:
@@ -147,7 +146,7 @@ def _nkv_key(t: dict, prefix: str, kv: str, hq: int, hkv: int, hd: int) -> tuple
     return f"{prefix}_{kv}_{below[-1]}_{near}", hkv / below[-1], hd_scale
 
 
-def _along_heads(grid: np.ndarray, heads: np.ndarray, hq: int) -> np.ndarray:
+def along_heads(grid: np.ndarray, heads: np.ndarray, hq: int) -> np.ndarray:
     """The grid's rows interpolated (piecewise linear) to ``hq`` query heads over the measured
     head counts; proportional beyond them."""
     ok = ~np.isnan(grid).all(axis=tuple(range(1, grid.ndim)))
@@ -166,7 +165,7 @@ def context_attention(gpu: str, hq: int, hkv: int, hd: int, tokens, kv: str = "b
     and ``hkv`` KV heads per GPU; past the longest measured prompt it grows quadratically."""
     t = tables(gpu)
     key, _, hd_scale = _nkv_key(t, "ctx", kv, hq, hkv, hd)
-    row = _along_heads(t[key], t["ctx_heads"], hq) * hd_scale
+    row = along_heads(t[key], t["ctx_heads"], hq) * hd_scale
     isl = t["ctx_isl"].astype(float)
     ok = ~np.isnan(row)
     isl, row = isl[ok], row[ok]
@@ -217,7 +216,7 @@ def generation_attention(gpu: str, hq: int, hkv: int, hd: int, kv: str = "bfloat
         key, scale = src, 1.0
         grid = t[key][list(t["gen_heads"]).index(src_hq)]
     else:
-        grid = _along_heads(t[key], t["gen_heads"], hq)          # batch x seq
+        grid = along_heads(t[key], t["gen_heads"], hq)          # batch x seq
     scale *= hd_scale * r
     batch, seq = t["gen_batch"].astype(float), t["gen_seq"].astype(float)
     a, s = np.zeros(len(batch)), np.zeros(len(batch))
@@ -307,65 +306,6 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
         out = np.where(x > m[-1], y[-1] * x / m[-1], out)
         return np.where(x > 0, out, 0.0) * MS
     return None
-
-
-# The MLA attention shape AIConfigurator measured (DeepSeek-V3's; Kimi-K2.5 shares it): hidden
-# size, kv_lora_rank, q_lora_rank, qk_rope_head_dim, head_dim (qk_nope = v).
-MLA_SHAPE = (7168, 512, 1536, 64, 128)
-
-
-def mla_available(gpu: str, spec) -> bool:
-    """Whether ``gpu``'s tables hold the MLA module measured for ``spec``'s attention shape."""
-    try:
-        t = tables(gpu)
-    except ValueError:
-        return False
-    shape = (spec.hidden_size, spec.kv_lora_rank, spec.q_lora_rank, spec.qk_rope_head_dim,
-             spec.head_dim)
-    return "mla_gen_heads" in t and shape == MLA_SHAPE
-
-
-def _mla_key(t: dict, phase: str, weight_dtype: str, kv: str) -> str:
-    gemm = "fp8_block" if weight_dtype == "fp8" else "bfloat16"
-    return f"mla_{phase}_{gemm}_{'fp8' if kv == 'fp8' else 'bfloat16'}"
-
-
-def mla_context_module(gpu: str, hq: int, tokens, weight_dtype: str = "auto",
-                       kv: str = "bfloat16") -> np.ndarray:
-    """Seconds of vLLM's whole MLA attention module (projections, norms, rope, attention,
-    output projection) prefilling one sequence of ``tokens`` (array) with ``hq`` query heads
-    per GPU, as measured (batch 1): log-log in the tokens between measured prompt lengths,
-    piecewise linear in the heads; ``tokens`` past the longest measured prompt read the longest
-    (the caller extrapolates, :func:`simsched.cost.moe.mla_attention`)."""
-    t = tables(gpu)
-    key = _mla_key(t, "ctx", weight_dtype, kv)
-    row = _along_heads(t[key], t["mla_ctx_heads"], hq)[0]            # batch 1 x isl
-    isl = t["mla_ctx_isl"].astype(float)
-    ok = ~np.isnan(row)
-    isl, row = isl[ok], row[ok]
-    x = np.clip(np.asarray(tokens, dtype=float), 1.0, isl[-1])
-    return np.exp(np.interp(np.log(x), np.log(isl), np.log(row))) * MS
-
-
-def mla_generation_attention(gpu: str, hq: int, weight_dtype: str = "auto",
-                             kv: str = "bfloat16"):
-    """MLA decode attention as ``(batch sizes, fixed seconds, seconds per KV token read)`` of
-    the measured generation module: per measured batch size the chord through its times at the
-    shortest context of at least 1,024 tokens and the longest measured (as
-    :func:`generation_attention`). The per-token cost is the attention kernel's alone (the
-    module's projections do not depend on the context); the fixed part is the whole module's
-    (projections included)."""
-    t = tables(gpu)
-    key = _mla_key(t, "gen", weight_dtype, kv)
-    grid = _along_heads(t[key], t["mla_gen_heads"], hq)              # batch x seq
-    batch, seq = t["mla_gen_batch"].astype(float), t["mla_gen_seq"].astype(float)
-    a, s = np.zeros(len(batch)), np.zeros(len(batch))
-    for i, b in enumerate(batch):
-        ok = ~np.isnan(grid[i]) & (seq >= 1024)
-        x, y = b * seq[ok], grid[i][ok] * MS
-        slope = max((y[-1] - y[0]) / (x[-1] - x[0]), 0.0)
-        a[i], s[i] = max(y[0] - slope * x[0], 0.0), slope
-    return batch, a, s
 
 
 # Each engine's custom all-reduce (the manifest's kernel source) as coverage() names it.

@@ -33,7 +33,7 @@ latent's bytes) except where measured: under the H100's and H200's AIConfigurato
 (``hardware.kernel_profile="aiconfigurator"``; :func:`mla_attention`) a model of DeepSeek-V3's
 MLA shape (DeepSeek-R1/V3, Kimi-K2.5) reads its prefill attention and decode attention's cost
 per KV token from AIConfigurator's measured vLLM MLA module
-(:func:`simsched.cost.aiconfigurator.mla_context_attention`, ``mla_generation_attention``).
+(:mod:`simsched.cost.aiconfigurator_mla`).
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ def mla_table_set(gpu: GPUSpec) -> str | None:
 
 def mla_attention(tables, coef: dict, n: np.ndarray) -> bool:
     """Time an MLA model's attention from the measured vLLM MLA module where its GPU and shape
-    were measured (:func:`mla_table_set`, ``aiconfigurator.mla_available``); returns whether it
+    were measured (:func:`mla_table_set`, ``aiconfigurator_mla.mla_available``); returns whether it
     did. Prefill attention (``pre_t0``) of a ``c``-token chunk: the measured module's time for
     one sequence of ``c`` tokens less its time for 1 token (the module's fixed launches and
     element-wise work, which the linear part's per-layer constants already charge), less the
@@ -308,10 +308,11 @@ def mla_attention(tables, coef: dict, n: np.ndarray) -> bool:
     read (``dec_s``): the measured generation module's, with no separate floor; decode's fixed
     part stays derived."""
     from simsched.cost import aiconfigurator as aic
+    from simsched.cost import aiconfigurator_mla as mla
 
     spec, tp = tables.spec, tables.tp
     name = mla_table_set(tables.gpu)
-    if name is None or not aic.mla_available(name, spec):
+    if name is None or not mla.mla_available(name, spec):
         return False
     layers, hq = spec.num_layers, max(1, spec.num_heads // tp)
     kv = "fp8" if spec.kv_cache_dtype == "fp8" else "bfloat16"
@@ -323,7 +324,7 @@ def mla_attention(tables, coef: dict, n: np.ndarray) -> bool:
     one = np.ones(1)
 
     def module(tok):
-        return aic.mla_context_module(name, hq, tok, w, kv)
+        return mla.mla_context_module(name, hq, tok, w, kv)
 
     grow = (module(xs) - module(one)) \
         - (_layer_parts(spec, tp, gemm, xs)[0] - _layer_parts(spec, tp, gemm, one)[0])
@@ -334,7 +335,7 @@ def mla_attention(tables, coef: dict, n: np.ndarray) -> bool:
     t0[0] = 0.0
     tables.pre_t0 = np.maximum.accumulate(t0)
     tables.pre_slope = np.full_like(n, 2.0 * t_long / longest ** 2 * layers)
-    batch, _, per_token = aic.mla_generation_attention(name, hq, w, kv)
+    batch, _, per_token = mla.mla_generation_attention(name, hq, w, kv)
     # n x dec_s (one more cached token per sequence) never falls as sequences are added.
     tables.dec_s = np.maximum.accumulate(np.interp(x, batch, per_token) * layers * x) / x
     tables.sat_a = tables.sat_s = 0.0
