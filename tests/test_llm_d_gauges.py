@@ -179,3 +179,50 @@ def test_fast_cycle_routes_as_the_general_cycle_with_prefixes_and_ties(monkeypat
     general, _ = run(cfg, table, keep_engine=True)
     pd.testing.assert_frame_equal(fast.requests, general.requests)
     assert fast.requests.replica.nunique() == 6
+
+
+def _feature_cases():
+    import dataclasses
+
+    from simsched.config.lora import LoRAConfig
+    from simsched.config.speculative import SpeculativeConfig
+    from simsched.workloads.workload import WorkloadConfig
+    base = SimConfig().replace(num_replicas=4, router="llm-d", rate=120.0, num_requests=300,
+                               num_blocks=600)
+    rng = np.random.default_rng(1)
+    n = 300
+    table = pd.DataFrame({"arrival_at": np.sort(rng.uniform(0, 2.5, n)),
+                          "num_prompt_tokens": rng.integers(64, 700, n),
+                          "num_output_tokens": rng.integers(1, 80, n),
+                          "prefix_group": rng.integers(0, 5, n)})
+    table["prefix_len"] = (table.num_prompt_tokens * 0.6).astype(int)
+    adapters = table.assign(adapter=rng.integers(0, 6, n))[
+        ["arrival_at", "num_prompt_tokens", "num_output_tokens", "adapter"]]
+    sessions = WorkloadConfig(name="sessions", num_turns=4, rate=20.0, num_requests=60,
+                              think_time=("exponential", 0.5), lengths="uniform",
+                              prompt_range=(20, 400), output_range=(10, 80))
+    spec = dataclasses.replace(base.scheduler,
+                               speculative=SpeculativeConfig(num_speculative_tokens=3))
+    return {
+        "kv tiers": (base.replace(**{"cache.enable_prefix_caching": True,
+                                     "cache.prefix_cache_model": "segments",
+                                     "cache.kv_tiers": {"tiers": [{"name": "cpu"}]}}), table),
+        "sessions": (SimConfig(workload=sessions).replace(num_replicas=4, router="llm-d",
+                                                          enable_prefix_caching=True,
+                                                          num_blocks=300), None),
+        "lora": (base.replace(cost_model="linear", lora=LoRAConfig(max_loras=2)), adapters),
+        "speculative": (dataclasses.replace(base, scheduler=spec), None),
+        "async scheduling": (base.replace(**{"scheduler.async_scheduling": True}), None),
+        "preemption": (base.replace(num_blocks=150, rate=300.0), None),
+    }
+
+
+@pytest.mark.parametrize("name", list(_feature_cases()))
+def test_checked_runs_with_the_features_a_plain_cluster_admits(name):
+    # Every queue change in these configurations reaches the gauges: check_invariants compares
+    # every read with a full count (a missed report fails, see the planted one above).
+    from simsched.api import simulate_checked
+    cfg, table = _feature_cases()[name]
+    results, engine = simulate_checked(cfg, table)
+    assert engine.load.queue_changed is not None and engine.router._fast is not None
+    assert (results.iterations.num_waiting > 0).any()
