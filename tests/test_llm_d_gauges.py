@@ -164,14 +164,21 @@ def test_fast_cycle_routes_as_the_general_cycle_on_fuzzed_clusters(case, monkeyp
     pd.testing.assert_frame_equal(fast.requests, general.requests)
 
 
+def _prefix_table(rng, n: int, span: float, max_prompt: int, max_output: int, groups: int,
+                  shared: float) -> pd.DataFrame:
+    """``n`` requests over ``span`` seconds in ``groups`` prefix groups, each prompt's first
+    ``shared`` share its group's."""
+    table = pd.DataFrame({"arrival_at": np.sort(rng.uniform(0, span, n)),
+                          "num_prompt_tokens": rng.integers(64, max_prompt, n),
+                          "num_output_tokens": rng.integers(1, max_output, n),
+                          "prefix_group": rng.integers(0, groups, n)})
+    table["prefix_len"] = (table.num_prompt_tokens * shared).astype(int)
+    return table
+
+
 def test_fast_cycle_routes_as_the_general_cycle_with_prefixes_and_ties(monkeypatch):
-    rng = np.random.default_rng(5)
     n = 600
-    table = pd.DataFrame({"arrival_at": np.sort(rng.uniform(0, 4.0, n)),
-                          "num_prompt_tokens": rng.integers(64, 900, n),
-                          "num_output_tokens": rng.integers(1, 60, n),
-                          "prefix_group": rng.integers(0, 6, n)})
-    table["prefix_len"] = (table.num_prompt_tokens * 0.7).astype(int)
+    table = _prefix_table(np.random.default_rng(5), n, 4.0, 900, 60, 6, 0.7)
     cfg = _cfg(num_requests=n, **{"cache.enable_prefix_caching": True})
     fast, engine = run(cfg, table, keep_engine=True)
     assert engine.router._fast
@@ -191,11 +198,7 @@ def _feature_cases():
                                num_blocks=600)
     rng = np.random.default_rng(1)
     n = 300
-    table = pd.DataFrame({"arrival_at": np.sort(rng.uniform(0, 2.5, n)),
-                          "num_prompt_tokens": rng.integers(64, 700, n),
-                          "num_output_tokens": rng.integers(1, 80, n),
-                          "prefix_group": rng.integers(0, 5, n)})
-    table["prefix_len"] = (table.num_prompt_tokens * 0.6).astype(int)
+    table = _prefix_table(rng, n, 2.5, 700, 80, 5, 0.6)
     adapters = table.assign(adapter=rng.integers(0, 6, n))[
         ["arrival_at", "num_prompt_tokens", "num_output_tokens", "adapter"]]
     sessions = WorkloadConfig(name="sessions", num_turns=4, rate=20.0, num_requests=60,
