@@ -113,6 +113,7 @@ class Cluster:
         self.num_shed = 0
         self.replica_of: array | None = None
         self.load: ReplicaLoad | None = None     # per-replica load, when requests are routed
+        self.router = None              # set with routing (a fleet sets its own)
         self._admit = None              # a router's own admission control (set with routing)
         self.flow = None                # llm-d's flow control (simsched.cluster.flow)
         cl = config.cluster
@@ -174,18 +175,17 @@ class Cluster:
         self.client = client
         if client is not None:
             self.env.process(run_client(self, client))
-        if self.fleet is None and self.disagg is None and not sessions and client is None \
-                and self.remote_tier is None and math.isinf(config.max_sim_time) \
-                and not faults.enabled:
+        # Only a replica's loop and arrivals reach its queues (no fleet, P/D, tier, client, fault).
+        alone = self.fleet is None and self.disagg is None and client is None \
+            and self.remote_tier is None and not faults.enabled
+        if alone and not sessions and math.isinf(config.max_sim_time):
             # Nothing outside a replica reads its state or reaches it between arrivals: quiet
             # decode steps may share one clock event (simsched.engine.scheduler.quiet).
             for replica in self.replicas:
                 replica.allow_quiet_steps(MAX_QUIET_STEPS)
-        if self.fleet is None and self.disagg is None and client is None \
-                and self.remote_tier is None and not faults.enabled \
-                and getattr(getattr(self, "router", None), "watches_queues", False) and self.view is self.load:
-            # Only a replica's own loop and its arrivals change its queues here: a router reading
-            # the waiting gauges live recounts only those that report (epp.gauges).
+        if alone and getattr(self.router, "watches_queues", False) and self.view is self.load:
+            # A router reading the waiting gauges live recounts only the replicas that report
+            # a change (epp.gauges).
             changed = self.load.queue_changed = set(range(len(self.replicas)))
             for replica in self.replicas:
                 replica.on_queue = changed.add

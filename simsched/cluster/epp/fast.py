@@ -60,7 +60,6 @@ class FastCycle:
             router.cycle = NO_BLOCKS
             tied = gauges.best(view.kv_use, wq, wk)     # (recounts the reported replicas)
             return tied[0] if len(tied) == 1 else picker.one_of(tied)
-        gauges.waiting(copy=False)
         cycle = router.produce(view, req, None)
         router.cycle = cycle
         sparse = [(scorer, w) for scorer, w in self.sparse if not scorer.zero(cycle)]
@@ -72,9 +71,7 @@ class FastCycle:
             for scorer, w in sparse:
                 for j, v in scorer.sparse(cycle).items():
                     totals[j] = totals[j] + v * w
-            best = max(totals)
-            i = totals.index(best) if totals.count(best) == 1 \
-                else picker.one_of([j for j, t in enumerate(totals) if t == best])
+            i = picker.pick(router.candidates, totals)[0]
         if self.prefix is not None:
             self.prefix.dispatched(cycle["hashes"], view.replicas[i])
         return i

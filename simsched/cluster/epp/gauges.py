@@ -71,15 +71,21 @@ class QueueGauges:
                 return [r.num_waiting for r in self.replicas]
             return [len(w) + len(q) + len(u) + len(p) for w, q, u, p in parts]
         waiting = self._waiting
-        for i in changed:
-            w, q, u, p = parts[i]
-            waiting[i] = len(w) + len(q) + len(u) + len(p)
-        # A replica's KV use changes only in its loop's steps too, which report.
-        self._stale.update(changed)
-        changed.clear()
+        if changed:
+            self._recount()
         if self.verify:
             self._verify_waiting()
         return waiting.copy() if copy else waiting
+
+    def _recount(self) -> None:
+        """Recount the replicas reported since the last read, and mark them for the KV terms
+        and groups (a replica's KV use changes only in its loop's steps too, which report)."""
+        changed, parts, waiting = self.changed, self.parts, self._waiting
+        for i in changed:
+            w, q, u, p = parts[i]
+            waiting[i] = len(w) + len(q) + len(u) + len(p)
+        self._stale.update(changed)
+        changed.clear()
 
     def _verify_waiting(self) -> None:
         for i, r in enumerate(self.replicas):
@@ -97,14 +103,9 @@ class QueueGauges:
         queues and ``kv`` (the replicas reported or recounted since, or all of them for a new KV
         weight)."""
         terms, groups, filed, waiting = self._kv_terms, self._groups, self._filed, self._waiting
-        stale, changed = self._stale, self.changed
-        if changed:     # reported since the last read: recounted as waiting() does
-            parts = self.parts
-            for i in changed:
-                w, q, u, p = parts[i]
-                waiting[i] = len(w) + len(q) + len(u) + len(p)
-            stale.update(changed)
-            changed.clear()
+        stale = self._stale
+        if self.changed:
+            self._recount()
         if wk != self._kv_weight:
             stale.update(range(len(terms)))
             self._kv_weight = wk
@@ -132,11 +133,11 @@ class QueueGauges:
         operations as the two scorers' passes. ``waiting`` is the last :meth:`waiting` read,
         ``kv`` the view's KV use."""
         if self.changed is None:
-            return _terms(waiting, kv, min(waiting), max(waiting), wq, wk)
+            return _terms(waiting, kv, wq, wk)
         self._refresh(kv, wk)
         fused = list(map(add, map(self._queue_terms(wq).__getitem__, waiting), self._kv_terms))
         if self.verify:
-            self._check(fused, _terms(waiting, kv, min(waiting), max(waiting), wq, wk))
+            self._check(fused, _terms(waiting, kv, wq, wk))
         return fused
 
     def best(self, kv: list, wq: float, wk: float) -> list[int]:
@@ -166,11 +167,12 @@ class QueueGauges:
             tied.sort()
         if self.verify:
             self._verify_waiting()
-            whole = _terms(self._waiting, kv, min(self._waiting), max(self._waiting), wq, wk)
+            whole = _terms(self._waiting, kv, wq, wk)
             top = max(whole)
-            if tied != [i for i, t in enumerate(whole) if t == top]:
+            full = [i for i, t in enumerate(whole) if t == top]
+            if tied != full:
                 raise AssertionError(f"llm-d's best endpoints from the groups are {tied}, a full "
-                                     f"pass gives {[i for i, t in enumerate(whole) if t == top]}")
+                                     f"pass gives {full}")
         return tied
 
     def _queue_terms(self, wq: float) -> dict[int, float]:
@@ -191,8 +193,9 @@ class QueueGauges:
                     f"{self.replicas[i].index} are {have!r}, a full pass gives {full!r}")
 
 
-def _terms(waiting: list, kv: list, low, high, wq: float, wk: float) -> list[float]:
+def _terms(waiting: list, kv: list, wq: float, wk: float) -> list[float]:
     """Every endpoint's fused terms, in one pass (see :meth:`QueueGauges.fused_terms`)."""
+    low, high = min(waiting), max(waiting)
     if high == low:
         return [1.0 * wq + (1.0 - k) * wk for k in kv]
     span = high - low
