@@ -152,10 +152,8 @@ def main(argv=None) -> pd.DataFrame:
     bad = [e for e in engines if e not in ENGINES]
     if bad:
         parser.error(f"--engines: {bad} not among {list(ENGINES)}")
-    rows = vs.load(Path(args.data))
+    rows = vs.load_or_skip(args.data, "engine_silicon")
     if rows is None:
-        print(f"engine_silicon skipped: {args.data} not found (the silicon rows live in the "
-              f"shared data beside the checkout; the package never needs them)")
         return pd.DataFrame()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -219,9 +219,8 @@ def main(argv=None) -> pd.DataFrame:
         return t
     if args.update and args.quick:
         parser.error("--update fits on every row: drop --quick")
-    raw = vs.load(Path(args.data))
+    raw = vs.load_or_skip(args.data, "fit_silicon_terms")
     if raw is None:
-        print(f"fit_silicon_terms skipped: {args.data} not found")
         return pd.DataFrame()
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     if args.quick:

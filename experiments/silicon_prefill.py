@@ -90,9 +90,8 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--kernels", choices=vs.KERNELS, default="default",
                         help="kernel profile (validate_silicon's --kernels)")
     args = parser.parse_args(argv)
-    raw = vs.load(Path(args.data))
+    raw = vs.load_or_skip(args.data, "silicon_prefill")
     if raw is None:
-        print(f"silicon_prefill skipped: {args.data} not found")
         return pd.DataFrame()
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     rows = rows[rows.concurrency <= args.max_concurrency]

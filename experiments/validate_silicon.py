@@ -174,6 +174,15 @@ def load(path: Path = DATA) -> pd.DataFrame | None:
     return raw
 
 
+def load_or_skip(path, experiment: str) -> pd.DataFrame | None:
+    """:func:`load`, or None after saying that ``experiment`` is skipped."""
+    rows = load(Path(path))
+    if rows is None:
+        print(f"{experiment} skipped: {path} not found (the silicon rows live in the shared "
+              f"data beside the checkout; the package never needs them)")
+    return rows
+
+
 def layout(row) -> tuple[str, int, ParallelConfig | None]:
     """(label, tensor-parallel size, parallel layout) of a row (module docstring's rule)."""
     tp, adp = int(row.tp_size), int(row.attention_dp_size if row.attention_dp_size > 0 else 1)
@@ -351,10 +360,8 @@ def main(argv=None) -> pd.DataFrame:
     if terms is not None:
         base = ENGINES[args.engine]
         ENGINES[args.engine] = dataclasses.replace(base, engine_terms=terms)
-    rows = load(Path(args.data))
+    rows = load_or_skip(args.data, "validate_silicon")
     if rows is None:
-        print(f"validate_silicon skipped: {args.data} not found (the silicon rows live in the "
-              f"shared data beside the checkout; the package never needs them)")
         return pd.DataFrame()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
