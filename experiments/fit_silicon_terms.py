@@ -222,6 +222,8 @@ def main(argv=None) -> pd.DataFrame:
     raw = vs.load_or_skip(args.data, "fit_silicon_terms")
     if raw is None:
         return pd.DataFrame()
+    # One serving pool only: the terms and the prefill split are of aggregated steps.
+    raw = raw[raw["mode"] == "agg"]
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     if args.quick:
         rows = rows[rows.concurrency <= QUICK_MAX_CONCURRENCY]

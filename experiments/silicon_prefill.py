@@ -93,6 +93,8 @@ def main(argv=None) -> pd.DataFrame:
     raw = vs.load_or_skip(args.data, "silicon_prefill")
     if raw is None:
         return pd.DataFrame()
+    # One serving pool only: the terms and the prefill split are of aggregated steps.
+    raw = raw[raw["mode"] == "agg"]
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     rows = rows[rows.concurrency <= args.max_concurrency]
     t = table(rows, None if args.terms == "shipped" else vllm_silicon.terms(), args.kernels)

@@ -18,7 +18,8 @@ SGLang and TensorRT-LLM rows are added by registering theirs) is rebuilt as it w
 * the layout: ``tp_size`` GPUs of tensor parallelism; expert parallelism where ``moe_ep_size``
   > 1; attention data parallelism (DEP) where ``attention_dp_size`` > 1 (``tp_size`` GPUs, each
   its own attention rank, experts spread over all); MoE ranks beyond the attention TP
-  (``moe_tp_size x moe_ep_size > tp_size``) as data-parallel attention ranks;
+  (``moe_tp_size x moe_ep_size > tp_size``) as data-parallel attention ranks; a disaggregated
+  row as its prefill and decode workers, each laid out so (:mod:`experiments._silicon_layout`);
 * the server: the engine recipe's settings (:func:`vllm_recipe`: InferenceX's launch scripts
   for max sequences, batched tokens, KV dtype, memory utilisation, max model length, prefix
   caching); vLLM's defaults where the row's recipe is not published, named in ``recipe``.
@@ -51,6 +52,9 @@ from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
+from experiments import _silicon_layout as deployments
+# One worker's layout (re-exported where callers have always found it).
+from experiments._silicon_layout import layout
 # The report made from validate()'s table, re-exported where callers have always found it.
 from experiments._silicon_report import (coverage, groups, implied_prefill_peak, plot,
                                          scatter_panel, summary)
@@ -166,7 +170,7 @@ def load(path: Path = DATA) -> pd.DataFrame | None:
     raw = pd.read_csv(path)
     conc = raw.silicon_data_source.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
     adp = raw.attention_dp_size.fillna(1.0)
-    raw["concurrency"] = conc.fillna(raw.batch_size * adp)
+    raw["concurrency"] = conc.fillna(raw.batch_size * adp).fillna(deployments.concurrency(raw))
     raw["precision"] = raw.precision.fillna("bf16")
     raw["gpu"] = raw.system.map(GPUS)
     raw["model"] = [MODEL_PRESETS.get((m, p)) for m, p in zip(raw.model_path, raw.precision)]
@@ -183,42 +187,24 @@ def load_or_skip(path, experiment: str) -> pd.DataFrame | None:
     return rows
 
 
-def layout(row) -> tuple[str, int, ParallelConfig | None]:
-    """(label, tensor-parallel size, parallel layout) of a row (module docstring's rule)."""
-    tp, adp = int(row.tp_size), int(row.attention_dp_size if row.attention_dp_size > 0 else 1)
-    mtp = int(row.moe_tp_size) if row.moe_tp_size > 0 else 1
-    mep = int(row.moe_ep_size) if row.moe_ep_size > 0 else 1
-    pp = int(row.pp_size) if row.pp_size > 0 else 1
-    moe = isinstance(row.model, str) and MODELS[row.model].num_experts > 0
-    if adp > 1:                                  # DEP: tp GPUs, each an attention rank
-        return f"dep{tp}", max(1, tp // adp), ParallelConfig(
-            data_parallel_size=adp, enable_expert_parallel=True, pipeline_parallel_size=pp)
-    if moe and mtp * mep > tp:                   # MoE ranks beyond the attention TP
-        dp = mtp * mep // tp
-        return f"tp{tp}-dp{dp}", tp, ParallelConfig(data_parallel_size=dp,
-                                                    enable_expert_parallel=mep > 1,
-                                                    pipeline_parallel_size=pp)
-    if moe and mep > 1:
-        return f"tp{tp}-ep{mep}", tp, ParallelConfig(enable_expert_parallel=True,
-                                                     pipeline_parallel_size=pp)
-    if pp > 1:
-        return f"tp{tp}-pp{pp}", tp, ParallelConfig(pipeline_parallel_size=pp)
-    return f"tp{tp}", tp, None
+def label_of(row) -> str:
+    """The row's layout label: one worker's, or the disaggregated workers'."""
+    return deployments.label(row) if deployments.is_disagg(row) else layout(row)[0]
 
 
 def why_not(row, engine: str) -> str:
     """Why ``row`` cannot be simulated ('' when it can)."""
     if row.backend != engine:
         return f"engine {row.backend}: not registered here (ENGINES: {sorted(ENGINES)})"
-    if row.mode != "agg":
-        return "disaggregated deployment: per-role workers not in the silicon row's layout"
     if pd.isna(row.gpu):
         return f"GPU {row.system} not in the catalog"
     if not isinstance(row.model, str):
         return f"no preset for {row.model_path} at precision {row.precision}"
+    refuse = ENGINES[engine].refuse if engine in ENGINES else None
+    if deployments.is_disagg(row):
+        return deployments.why_not(row, refuse)
     if pd.isna(row.tp_size) or pd.isna(row.concurrency):
         return "layout or concurrency not recorded"
-    refuse = ENGINES[engine].refuse if engine in ENGINES else None
     return (refuse(row) or "") if refuse is not None else ""
 
 
@@ -226,7 +212,11 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
               kernels: str = "default") -> tuple[SimConfig, str]:
     """The row as a simsched config (and the client it was given); ``kernels``: ``default``
     (the catalog's kernel profile of the GPU) or ``aiconfigurator`` (its AIConfigurator
-    tables, ``hardware.kernel_profile``)."""
+    tables, ``hardware.kernel_profile``). A disaggregated row is a cluster of such workers
+    (:func:`experiments._silicon_layout.disagg_config`)."""
+    if deployments.is_disagg(row):
+        return deployments.disagg_config(
+            row, lambda worker: config_of(worker, engine, num_prompts, kernels))
     recipe = engine.recipe(row)
     label, tp, par = layout(row)
     c = int(row.concurrency)
@@ -262,8 +252,7 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
 def simulate_row(row, engine: Engine, num_prompts: int | None = None,
                  kernels: str = "default") -> dict:
     """One row simulated: the simulated p50 TTFT and TPOT (ms), or the reason it failed."""
-    label = layout(row)[0]
-    out = {"layout": label, "recipe": engine.recipe(row).source}
+    out = {"layout": label_of(row), "recipe": engine.recipe(row).source}
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
         terms = engine.terms_of(row)
@@ -291,7 +280,7 @@ def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
     todo = rows[rows.reason == ""]
     if quick:
         todo = todo[todo.concurrency <= QUICK_MAX_CONCURRENCY]
-        todo = todo.assign(_l=[layout(r)[0] for r in todo.itertuples()]).sort_values(
+        todo = todo.assign(_l=[label_of(r) for r in todo.itertuples()]).sort_values(
             ["concurrency", "id"]).drop_duplicates(["gpu", "model", "_l"]).drop(columns="_l")
         rows = rows[rows.reason != ""].pipe(lambda r: pd.concat([r, todo]))
     if limit is not None:
@@ -299,9 +288,9 @@ def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
         rows = pd.concat([rows[rows.reason != ""], todo])
     # Rows of one (GPU, model, layout) share their cost model: run them together and drop the
     # cached models between groups (a 128k-context model's tables take ~100 MB each).
-    todo = todo.assign(_l=[layout(r)[0] for r in todo.itertuples()]).sort_values(
+    todo = todo.assign(_l=[label_of(r) for r in todo.itertuples()]).sort_values(
         ["gpu", "model", "_l", "concurrency"], kind="stable").drop(columns="_l")
-    labels = [layout(r)[0] for r in todo.itertuples()]
+    labels = [label_of(r) for r in todo.itertuples()]
     groups_of = {k: part.drop(columns="_l") for k, part in
                  todo.assign(_l=labels).groupby(["gpu", "model", "_l"], sort=False)}
     sims = {}

@@ -131,7 +131,6 @@ def test_layouts_follow_the_rows_parallel_columns():
     label, tp, par = vs.layout(_row(attention_dp_size=4.0, moe_ep_size=16.0))
     assert (label, tp, par.data_parallel_size) == ("dep4", 1, 4)
     assert vs.why_not(_row(backend="sglang"), "vllm").startswith("engine sglang")
-    assert vs.why_not(_row(mode="disagg"), "vllm").startswith("disaggregated")
     assert vs.why_not(_row(model=None), "vllm").startswith("no preset")
 
 
