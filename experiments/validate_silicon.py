@@ -48,6 +48,7 @@ import pandas as pd
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
 from simsched.config.parallel import ParallelConfig
+from simsched.cost import aiconfigurator as aic
 from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
@@ -55,12 +56,16 @@ from experiments._common import parser as make_parser
 from experiments import _silicon_layout as deployments
 # One worker's layout (re-exported where callers have always found it).
 from experiments._silicon_layout import layout
+# The vLLM recipes per row (re-exported, as above).
+from experiments._silicon_recipes import VLLM_DEFAULT, Recipe, vllm_recipe  # noqa: F401
 # The report made from validate()'s table, re-exported where callers have always found it.
 from experiments._silicon_report import (coverage, groups, implied_prefill_peak, plot,
                                          scatter_panel, summary)
 
 DATA = ROOT.parent / "shared" / "data" / "real-serving" / "silicon" / "hopper.csv"
-GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200"}
+# AIConfigurator's system name -> simsched's GPU: every GPU with shipped AIConfigurator tables
+# (the manifest records each one's system), Hopper and Blackwell alike.
+GPUS = {aic.entry(gpu)["system"]: gpu for gpu in aic.gpus()}
 # (Hugging Face id, precision column) -> simsched preset. A precision not listed is a reason.
 MODEL_PRESETS = {
     ("meta-llama/Llama-3.1-70B", "fp8"): "llama-3.1-70b-fp8",
@@ -75,63 +80,15 @@ MODEL_PRESETS = {
     ("moonshotai/Kimi-K2.5", "int4"): "kimi-k2.5",
     ("deepseek-ai/DeepSeek-V3", "fp8"): "deepseek-v3",
     ("deepseek-ai/DeepSeek-R1", "fp8"): "deepseek-r1",
+    # NVIDIA's NVFP4 checkpoints (Blackwell): routed experts NVFP4 (simsched.cost.deployed).
+    **{(path, p): preset for path, preset in (
+        ("deepseek-ai/DeepSeek-R1", "deepseek-r1-nvfp4"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3-nvfp4"),
+        ("moonshotai/Kimi-K2.5", "kimi-k2.5-nvfp4"),
+        ("MiniMaxAI/MiniMax-M2.5", "minimax-m2.5-nvfp4")) for p in ("fp4", "nvfp4")},
 }
 QUICK_MAX_CONCURRENCY = 64
 KERNELS = ("default", "aiconfigurator")
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """An engine's server settings for one row (None: the engine's default)."""
-
-    source: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None
-
-
-# vLLM's defaults on a >= 70 GiB GPU behind its OpenAI server (vLLM's EngineArgs for the
-# H100/H200 class): 1,024 sequences, 8,192 batched tokens, 0.9 of the memory, prefix caching.
-VLLM_DEFAULT = dict(max_num_seqs=1024, max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
-_IX = "InferenceX benchmarks/single_node/fixed_seq_len/deprecated/"
-
-
-def vllm_recipe(row) -> Recipe:
-    """The vLLM launch settings of ``row``'s recipe (InferenceX's per-recipe scripts at commit
-    843c625; vLLM's defaults where no script is published for the row)."""
-    model, gpu, c = row.model, row.gpu, int(row.concurrency)
-    isl, osl = int(row.isl), int(row.osl)
-    if model == "gpt-oss-120b":
-        # gptoss_fp4_h100.sh / _h200.sh: max-num-seqs = C, 8,192 batched tokens, 0.9, no
-        # prefix caching; max-model-len 10,240 (H200: ISL + OSL + 20 at 1k/1k, + 256 at 8k).
-        mml = 10240
-        if gpu == "h200" and (isl, osl) == (1024, 1024):
-            mml = isl + osl + 20
-        elif gpu == "h200" and 8192 in (isl, osl):
-            mml = isl + osl + 256
-        return Recipe(_IX + f"gptoss_fp4_{gpu[:4]}.sh", c, 8192, 0.9, "auto", False,
-                      max(mml, isl + osl))
-    if model == "kimi-k2.5":
-        # kimik2.5_int4_h200.sh: 0.95, max-num-seqs = C, no prefix caching, the workflow's
-        # max-model-len (not in the script: ISL + OSL + 256 assumed), batched tokens default.
-        return Recipe(_IX + "kimik2.5_int4_h200.sh", c, 8192, 0.95, "auto", False,
-                      isl + osl + 256)
-    if model == "minimax-m2.5" and gpu == "h200":
-        # minimaxm2.5_fp8_h200.sh: 0.95, 512 sequences, 32,768 batched tokens, FP8 KV, no
-        # prefix caching, the workflow's max-model-len (ISL + OSL + 256 assumed).
-        return Recipe(_IX + "minimaxm2.5_fp8_h200.sh", 512, 32768, 0.95, "fp8", False,
-                      isl + osl + 256)
-    if model == "minimax-m2.5":
-        # minimaxm2.5_fp8_h100.sh: 0.9, everything else vLLM's default.
-        return Recipe(_IX + "minimaxm2.5_fp8_h100.sh", **VLLM_DEFAULT,
-                      max_model_len=isl + osl + 256)
-    # Llama-3.1 (InferenceX database dumps without their script) and AIConfigurator's own
-    # Qwen3 / Llama-3.1-8B runs: no recipe published; vLLM's defaults.
-    return Recipe("vLLM defaults (no recipe published)", **VLLM_DEFAULT,
-                  max_model_len=isl + osl + 256)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,11 +15,18 @@ the routed experts.
 | ``qwen3-32b`` (``-fp8``) | Qwen/Qwen3-32B (-FP8) | 64 layers, 5,120 wide, 64 heads, 8 KV heads of 128, MLP 25,600, vocab 151,936, 40,960 context |
 | ``minimax-m2.5`` | MiniMaxAI/MiniMax-M2.5 | 62 layers, 3,072 wide, 48 heads, 8 KV heads of 128, 256 experts of 1,536 (top 8), no shared expert, vocab 200,064, 196,608 context; FP8 block-scaled |
 | ``llama-3.1-8b-fp8`` / ``llama-3.1-70b-fp8`` | nvidia/Llama-3.1-8B-Instruct-FP8, the FP8 70B | Llama-3.1's shapes, FP8 weights (per-tensor scales) |
+| ``deepseek-r1-nvfp4`` (``deepseek-v3-nvfp4``) | nvidia/DeepSeek-R1-0528-FP4(-v2) | DeepSeek-V3's shape; routed experts NVFP4 (block 16), the rest bf16 |
+| ``kimi-k2.5-nvfp4`` | nvidia/Kimi-K2.5-NVFP4 | Kimi-K2.5's shape; routed experts NVFP4, attention, shared expert and dense layer bf16 |
+| ``minimax-m2.5-nvfp4`` | nvidia/MiniMax-M2.5-NVFP4 | MiniMax-M2.5's shape; experts NVFP4, attention and router bf16 |
 
 Sources: the Kimi-K2.5 values from AIConfigurator's copy of its config
 (``src/aiconfigurator/model_configs/moonshotai--Kimi-K2.5_config.json``); gpt-oss's and
 MiniMax-M2's from the public configs (transformers' ``GptOssConfig`` defaults are gpt-oss-120b's;
-MiniMax-M2.5 shares MiniMax-M2's shape). Hybrid linear-attention models (Qwen3.5, Qwen3-Next:
+MiniMax-M2.5 shares MiniMax-M2's shape). The NVFP4 checkpoints are NVIDIA Model Optimizer
+exports, which keep the layers they leave unquantised in bf16 (the FP8 sources are dequantised
+first); DeepSeek's export also quantises the shared experts and the three dense MLPs (and, in
+v2, attention's output projection), which simsched's two parts (``weight_dtype``,
+``expert_dtype``) price as bf16: a few GB of a 370 GB model. Hybrid linear-attention models (Qwen3.5, Qwen3-Next:
 Gated DeltaNet layers between full-attention ones) are refused: :data:`REFUSED`.
 """
 
@@ -63,9 +70,17 @@ MODELS: dict[str, ModelSpec] = {
     "minimax-m2.5": ModelSpec(62, 3072, 48, 8, 1536, 200064, max_context=196608, head_dim=128,
                               num_experts=256, experts_per_token=8,
                               expert_intermediate_size=1536, weight_dtype="fp8"),
+    "deepseek-r1-nvfp4": dataclasses.replace(_DEEPSEEK_V3, weight_dtype="auto",
+                                             expert_dtype="nvfp4"),
+    "deepseek-v3-nvfp4": dataclasses.replace(_DEEPSEEK_V3, weight_dtype="auto",
+                                             expert_dtype="nvfp4"),
     "llama-3.1-8b-fp8": dataclasses.replace(_LLAMA_8B, weight_dtype="fp8"),
     "llama-3.1-70b-fp8": dataclasses.replace(_LLAMA_70B, weight_dtype="fp8"),
 }
+
+MODELS["kimi-k2.5-nvfp4"] = dataclasses.replace(MODELS["kimi-k2.5"], expert_dtype="nvfp4")
+MODELS["minimax-m2.5-nvfp4"] = dataclasses.replace(MODELS["minimax-m2.5"], weight_dtype="auto",
+                                                   expert_dtype="nvfp4")
 
 # Models simsched cannot time, by name, and why (hardware.model naming one is refused with it).
 REFUSED: dict[str, str] = {
