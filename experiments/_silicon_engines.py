@@ -33,8 +33,9 @@ from the GPU's memory); TensorRT-LLM's ``free_gpu_memory_fraction`` (default 0.9
 what is free *after* the weights are loaded, converted here to simsched's whole-GPU share
 ``w + f (1 - w)`` with ``w`` the weights' share of the GPU.
 
-Refused, by name: rows on more GPUs than one 8-GPU NVLink node (``tp_size x attention_dp_size``
-or ``moe_tp_size x moe_ep_size`` above 8: multi-node serving is not modelled); models without a
+Refused, by name: rows on more GPUs than one NVLink domain (``tp_size x attention_dp_size``
+or ``moe_tp_size x moe_ep_size`` above 8, or 72 on a GB200 / GB300 NVL72 rack: serving across
+domains is not modelled); models without a
 preset (Qwen3.5's hybrid linear attention, GLM-5) fall under ``validate_silicon``'s own reason.
 """
 
@@ -77,9 +78,11 @@ def num_gpus(row) -> int:
 def refuse(row) -> str:
     """Why an SGLang / TensorRT-LLM row cannot be simulated beyond validate_silicon's own
     reasons ('' when it can)."""
-    if num_gpus(row) > NODE_GPUS:
+    # One NVLink domain: an 8-GPU HGX node, or a GB200 / GB300 NVL72 rack's 72 GPUs.
+    domain = GPU_SPECS[row.gpu].nvlink_domain if row.gpu in GPU_SPECS else NODE_GPUS
+    if num_gpus(row) > max(domain, NODE_GPUS):
         return (f"multi-node deployment ({num_gpus(row)} GPUs): serving across nodes is not "
-                f"modelled (one {NODE_GPUS}-GPU NVLink node)")
+                f"modelled (one {max(domain, NODE_GPUS)}-GPU NVLink domain)")
     return ""
 
 

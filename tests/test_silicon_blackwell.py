@@ -70,3 +70,14 @@ def test_an_nvfp4_row_simulates_on_blackwell_with_its_fp8_kv():
     assert cfg.hardware.model_spec.kv_cache_dtype == "fp8"
     out = vs.simulate_row(row, vs.ENGINES["vllm"], num_prompts=16)
     assert out["reason"] == "" and out["sim_tpot_ms"] > 0
+
+
+def test_an_nvl72_rack_is_one_nvlink_domain_for_the_other_engines():
+    from experiments import _silicon_engines as se
+
+    wide = dict(backend="trtllm", model="deepseek-r1", tp_size=16.0, moe_tp_size=1.0,
+                moe_ep_size=16.0)
+    assert se.refuse(_row(gpu="gb200", system="gb200", **wide)) == ""
+    assert se.refuse(_row(gpu="b200", **wide)).startswith(
+        "multi-node deployment (16 GPUs): serving across nodes is not modelled (one 8-GPU")
+    assert se.refuse(_row(gpu="gb300", system="gb300", **dict(wide, tp_size=128.0))) != ""
