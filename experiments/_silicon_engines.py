@@ -21,7 +21,11 @@ fixed_seq_len/`` at commit 843c625):
   ``free_gpu_memory_fraction`` 0.75, block reuse off, ``max_num_tokens`` = max(8,192,
   ISL + C + 64 rounded up to 64), attention DP and EP as the row's layout;
 * ``deprecated/gptoss_fp4_h200_trt.sh`` (TensorRT-LLM, gpt-oss-120b on the H200):
-  ``max_batch_size`` C, ``max_num_tokens`` 20,000, ``free_gpu_memory_fraction`` 0.85.
+  ``max_batch_size`` C, ``max_num_tokens`` 20,000, ``free_gpu_memory_fraction`` 0.85;
+* on Blackwell (B200, B300; GB200 / GB300 take the B200's / B300's, said so): SGLang's
+  ``dsr1_{fp4,fp8}_{b200,b300}.sh`` and TensorRT-LLM's ``dsr1_{fp4,fp8}_b200_trt.sh``,
+  ``deprecated/gptoss_fp4_b200_trt.sh`` and ``deprecated/minimaxm2.5_fp4_{b200,b300}_trt.sh``
+  (:func:`_blackwell` has each one's settings).
 
 The other rows (AIConfigurator's own runs, and InferenceX database rows without a published
 script) take the engine's defaults (``SimConfig.preset('sglang' | 'trtllm')``: SGLang 0.5.9's
@@ -94,6 +98,10 @@ def settings(row, engine: str) -> dict:
     model, gpu, c = row.model, row.gpu, int(row.concurrency)
     isl, osl = int(row.isl), int(row.osl)
     deepseek = model in ("deepseek-r1", "deepseek-v3")
+    if gpu in BLACKWELL and engine in ENGINES:
+        found = _blackwell(row, engine)
+        if found is not None:
+            return found
     if engine == "sglang":
         if deepseek and gpu == "h200":
             # dsr1_fp8_h200.sh: --disable-radix-cache, --max-running-requests 512 (1k/1k) or
@@ -124,6 +132,62 @@ def settings(row, engine: str) -> dict:
                     prefix=True, options={}, chunked=False)
     return dict(source="TensorRT-LLM 1.x defaults (no recipe published)", chunked=False,
                 **TRTLLM_DEFAULT)
+
+
+# A Blackwell GPU -> the GPU whose scripts it runs (GB200 / GB300: the B200's / B300's, assumed).
+BLACKWELL = {"b200": "b200", "b300": "b300", "gb200": "b200", "gb300": "b300"}
+
+
+def _source(name: str, row, script_gpu: str) -> str:
+    deprecated = "deprecated/" if name.startswith(("gptoss", "minimaxm2.5")) else ""
+    return _IX + deprecated + name + ("" if row.gpu == script_gpu
+                                      else f" (assumed for {row.gpu})")
+
+
+def _blackwell(row, engine: str) -> dict | None:
+    """InferenceX's B200 / B300 scripts (None: no script for the row's model and engine)."""
+    model, c, isl = row.model, int(row.concurrency), int(row.isl)
+    gpu = BLACKWELL[row.gpu]
+    fp4 = model.endswith("-nvfp4")
+    adp = row.attention_dp_size == row.attention_dp_size and row.attention_dp_size > 1
+    tp = int(row.tp_size) if row.tp_size == row.tp_size else 8
+    deepseek = model.startswith(("deepseek-r1", "deepseek-v3"))
+    if engine == "sglang" and deepseek and fp4:
+        # dsr1_fp4_{b200,b300}.sh: 256 running, 0.85, FP8 KV, chunks of 16,384 (32,768 with
+        # attention DP on the B200), the radix cache forced to miss (B300: disabled).
+        chunk = 32768 if adp and gpu == "b200" else 16384
+        return dict(source=_source(f"dsr1_fp4_{gpu}.sh", row, gpu), max_num_seqs=256,
+                    max_num_batched_tokens=chunk, mem=0.85, kv_cache_dtype="fp8",
+                    prefix=False, options={"max_prefill_tokens": 16384})
+    if engine == "sglang" and deepseek:
+        # dsr1_fp8_{b200,b300}.sh: TP 8: 128 running, 0.82, 32,768-token chunks and prefills;
+        # TP 4: 32, 0.95, 8,192. FP8 KV, radix cache off.
+        seqs, mem, chunk = (32, 0.95, 8192) if tp == 4 else (128, 0.82, 32768)
+        return dict(source=_source(f"dsr1_fp8_{gpu}.sh", row, gpu), max_num_seqs=seqs,
+                    max_num_batched_tokens=chunk, mem=mem, kv_cache_dtype="fp8",
+                    prefix=False, options={"max_prefill_tokens": chunk})
+    if engine != "trtllm":
+        return None
+    if deepseek:
+        # dsr1_{fp4,fp8}_b200_trt.sh: FP8 KV, free fraction 0.8 (FP8 at 8k/1k on TP 4: 0.75),
+        # block reuse off, max_num_tokens max(8,192, ISL + C + 64 rounded up to 64).
+        mem = 0.75 if not fp4 and tp == 4 and (isl, int(row.osl)) == (8192, 1024) else 0.8
+        tokens = max(8192, (c + isl + 64 + 63) // 64 * 64)
+        name = f"dsr1_{'fp4' if fp4 else 'fp8'}_b200_trt.sh"
+        return dict(source=_source(name, row, "b200"), chunked=False,
+                    max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"], max_num_batched_tokens=tokens,
+                    mem=mem, kv_cache_dtype="fp8", prefix=False, options={})
+    if model == "gpt-oss-120b":
+        # gptoss_fp4_b200_trt.sh: max_batch_size 512, max_num_tokens 20,000, 0.85, FP8 KV.
+        return dict(source=_source("gptoss_fp4_b200_trt.sh", row, "b200"), chunked=False,
+                    max_num_seqs=512, max_num_batched_tokens=20000, mem=0.85,
+                    kv_cache_dtype="fp8", prefix=False, options={})
+    if model == "minimax-m2.5-nvfp4":
+        # minimaxm2.5_fp4_{b200,b300}_trt.sh: max_num_tokens 16,384, 0.9, FP8 KV, no reuse.
+        return dict(source=_source(f"minimaxm2.5_fp4_{gpu}_trt.sh", row, gpu), chunked=False,
+                    max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"], max_num_batched_tokens=16384,
+                    mem=0.9, kv_cache_dtype="fp8", prefix=False, options={})
+    return None
 
 
 def memory_share(row, engine: str, mem: float, tp: int) -> float:

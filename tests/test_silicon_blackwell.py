@@ -81,3 +81,29 @@ def test_an_nvl72_rack_is_one_nvlink_domain_for_the_other_engines():
     assert se.refuse(_row(gpu="b200", **wide)).startswith(
         "multi-node deployment (16 GPUs): serving across nodes is not modelled (one 8-GPU")
     assert se.refuse(_row(gpu="gb300", system="gb300", **dict(wide, tp_size=128.0))) != ""
+
+
+def test_sglang_and_trtllm_rows_on_blackwell_take_their_scripts():
+    from experiments import _silicon_engines as se
+
+    ds = dict(model="deepseek-r1-nvfp4", tp_size=8.0, moe_tp_size=8.0)
+    s = se.settings(_row(backend="sglang", **ds), "sglang")
+    assert s["source"].endswith("dsr1_fp4_b200.sh")
+    assert (s["max_num_seqs"], s["max_num_batched_tokens"], s["mem"], s["kv_cache_dtype"],
+            s["prefix"]) == (256, 16384, 0.85, "fp8", False)
+    dep = se.settings(_row(backend="sglang", attention_dp_size=8.0, **ds), "sglang")
+    assert dep["max_num_batched_tokens"] == 32768
+    s = se.settings(_row(backend="sglang", gpu="gb300", model="deepseek-r1", tp_size=4.0),
+                    "sglang")
+    assert s["source"].endswith("dsr1_fp8_b300.sh (assumed for gb300)")
+    assert (s["max_num_seqs"], s["mem"], s["options"]) == (32, 0.95, {"max_prefill_tokens": 8192})
+    t = se.settings(_row(backend="trtllm", isl=8192, osl=1024, concurrency=64.0, **ds), "trtllm")
+    assert t["source"].endswith("dsr1_fp4_b200_trt.sh") and t["mem"] == 0.8
+    assert t["max_num_batched_tokens"] == (64 + 8192 + 64 + 63) // 64 * 64
+    fp8 = dict(backend="trtllm", model="deepseek-r1", isl=8192, osl=1024)
+    assert se.settings(_row(**fp8), "trtllm")["mem"] == 0.75             # TP 4 at 8k / 1k
+    assert se.settings(_row(tp_size=8.0, **fp8), "trtllm")["mem"] == 0.8
+    assert se.settings(_row(backend="trtllm", model="gpt-oss-120b"), "trtllm")[
+        "max_num_seqs"] == 512
+    # No Blackwell script for the model: the engine's defaults, as on Hopper.
+    assert "defaults" in se.settings(_row(backend="sglang", model="qwen3-32b"), "sglang")["source"]
