@@ -105,7 +105,8 @@ def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float, float]:
 
 def gemm(gpu: str, dtype: str, m, n: int, k: int) -> np.ndarray:
     """Seconds of an ``m x k`` by ``k x n`` GEMM with ``dtype`` weights on ``gpu`` (``m`` may be
-    an array of token counts; 0 tokens take 0 s)."""
+    an array of token counts; 0 tokens take 0 s). Each measured token count reads the least
+    time measured at that many tokens or more (a GEMM can be padded to more rows)."""
     t = tables(gpu)
     key = f"gemm_{dtype}"
     if key not in t:
@@ -118,7 +119,12 @@ def gemm(gpu: str, dtype: str, m, n: int, k: int) -> np.ndarray:
     log = np.log(grid)
     col = np.exp((1 - nw) * (1 - kw) * log[:, nl, kl] + nw * (1 - kw) * log[:, nh, kl]
                  + (1 - nw) * kw * log[:, nl, kh] + nw * kw * log[:, nh, kh])
-    col = col * ns * ks
+    # A GEMM of m rows never takes longer than the same GEMM of more rows (it can be padded to
+    # them): the envelope drops the tables' single slow points (the Blackwell FP8 tables'
+    # 1-token GEMMs and isolated spikes, up to 2x their neighbours), which the running
+    # maximum of the step tables (KernelTables.finish_linear) would otherwise carry to every
+    # larger batch. Points no larger one undercuts are read as measured.
+    col = np.minimum.accumulate((col * ns * ks)[::-1])[::-1]
     m = np.asarray(m, dtype=float)
     out = np.interp(m, m_axis, col)
     past = m > m_axis[-1]
@@ -285,8 +291,9 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
     """Seconds of one fused MoE layer (routing, permutation, the experts' GEMMs, activation,
     weighted sum) for ``tokens`` (array) entering it, as measured for exactly this shape and
     dtype (``dtype``: a ``ModelSpec`` expert dtype) at ``moe_tp`` x ``moe_ep`` ranks, piecewise
-    linear between measured token counts, in proportion past the largest; None when that shape
-    was not measured on ``gpu`` (the caller derives it instead)."""
+    linear between measured token counts (each the least time measured at that many tokens or
+    more, as :func:`gemm`), in proportion past the largest; None when that shape was not
+    measured on ``gpu`` (the caller derives it instead)."""
     t = tables(gpu)
     if "moe_keys" not in t:
         return None
@@ -300,7 +307,9 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
         ok = ~np.isnan(row)
         if ok.sum() < 2:
             continue
-        m, y = t["moe_tokens"].astype(float)[ok], row[ok]
+        # Never longer than with more tokens (the padding envelope of gemm()): some rows
+        # hold single slow points, up to 20x their neighbours, at few tokens.
+        m, y = t["moe_tokens"].astype(float)[ok], np.minimum.accumulate(row[ok][::-1])[::-1]
         x = np.asarray(tokens, dtype=float)
         out = np.interp(x, m, y)
         out = np.where(x > m[-1], y[-1] * x / m[-1], out)

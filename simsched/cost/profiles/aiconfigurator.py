@@ -67,7 +67,7 @@ class AIConfiguratorProfile(CalibrationProfile):
         gemm = None
         if not spec.num_experts and not spec.kv_lora_rank:
             gemm = {"auto": "bfloat16", "bf16": "bfloat16", "fp16": "bfloat16",
-                    "fp8": "fp8"}.get(spec.weight_dtype)
+                    "fp8": "fp8", "nvfp4": "nvfp4"}.get(spec.weight_dtype)
             if gemm is not None and f"gemm_{gemm}" not in t:
                 gemm = None          # e.g. FP8 weights on the A100: the derived path
         if spec.kv_cache_dtype == "fp8":
@@ -93,9 +93,11 @@ class AIConfiguratorProfile(CalibrationProfile):
         per_layer = sum(aic.gemm(g, gemm_dtype or "bfloat16", n, width, depth)
                         for depth, width in shapes)
         elt = cal.elementwise_bytes(spec, tp, n)
-        if gemm_dtype == "fp8":
-            # vLLM quantises each GEMM's input to FP8: read it, write one byte per element.
-            elt = elt + n * sum(depth for depth, _ in shapes) * (spec.bytes_per_param + 1)
+        if gemm_dtype in ("fp8", "nvfp4"):
+            # vLLM quantises each GEMM's input to FP8 (NVFP4: E2M1 with an FP8 scale per 16):
+            # read it, write one byte (9/16 of one) per element.
+            out = 1.0 if gemm_dtype == "fp8" else 0.5 + 1 / 16
+            elt = elt + n * sum(depth for depth, _ in shapes) * (spec.bytes_per_param + out)
         per_layer = per_layer + lin["elt_const"] + lin["elt_per_byte"] * bw_ratio * elt
         emb_t = lin["elt_const"] + lin["elt_per_byte"] * bw_ratio \
             * 2.0 * n * spec.hidden_size * spec.bytes_per_param
