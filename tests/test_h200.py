@@ -147,8 +147,10 @@ def test_catalog_says_what_is_measured():
         assert gpu.calibration in line
     measured = {n for n, g in hwmod.GPUS.items() if g.calibration == "measured"}
     assert {"a100-80gb", "h100-sxm", "h100-sxm-pcap", "h200"} <= measured
-    assert hwmod.GPUS["l40s"].calibration == "extrapolated"
-    assert "extrapolated" in factory.make_cost_model(HardwareConfig(gpu="l40s")).describe()
+    # The A100-40GB scales the A100-80GB's fits; the L40S reads its own measured tables.
+    assert hwmod.GPUS["a100-40gb"].calibration == "extrapolated"
+    assert "extrapolated" in factory.make_cost_model(HardwareConfig(gpu="a100-40gb")).describe()
+    assert hwmod.GPUS["l40s"].kernels == "aic-l40s" and "l40s" in measured
     assert "H200" in factory.make_cost_model(HardwareConfig(gpu="h100-sxm")).describe()
     custom = dataclasses.replace(hwmod.GPUS["a100-80gb"], name="my-gpu")
     assert "user-defined" in CalibratedCostModel(hwmod.MODELS["llama-2-7b"], custom).describe()

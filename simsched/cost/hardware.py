@@ -113,8 +113,12 @@ GPUS: dict[str, GPUSpec] = {
     "h200": GPUSpec("h200", 989e12, 4800e9, 143771 * 2**20, 900e9, kernels="h200",
                     serving="dgx-h100", calibration="measured", fp8_flops=1979e12,
                     nvlink="NVLink 4", nvlink_domain=8),
-    "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9, fp8_flops=733e12,
-                    nvlink="PCIe Gen4", nvlink_domain=1),
+    # The L40S reads its own measured AIConfigurator tables: the A100's fits scaled by the
+    # datasheet (its default before) are the catalog's worst spec-sheet extrapolation (GDDR6 and
+    # a large L2: docs/gpus.md, "Leave one GPU out").
+    "l40s": GPUSpec("l40s", 362e12, 864e9, 46068 * 2**20, 64e9, kernels=AIC + "l40s",
+                    calibration="measured", fp8_flops=733e12, nvlink="PCIe Gen4",
+                    nvlink_domain=1),
     "b200": GPUSpec("b200", 2250e12, 7700e9, 180 * GIB, 1800e9, kernels=AIC + "b200",
                     serving="dgx-h100", calibration="measured", fp8_flops=4500e12,
                     fp4_flops=9000e12, nvlink="NVLink 5", nvlink_domain=8),
@@ -147,8 +151,7 @@ GPU_SOURCES: dict[str, tuple[str, str]] = {
                       "measured: power-capped DGX-H100 serving runs (Llama-2-70B TP 2/4/8)"),
     "h200": ("measured: H200 operator profiles (this project, CUDA graphs)",
              "assumed: DGX-H100 terms (same host generation); no H200 serving runs"),
-    "l40s": ("extrapolated: A100 kernel fits scaled by datasheet FLOP/s and bandwidth",
-             "assumed: DGX-A100 terms"),
+    "l40s": (_AIC_KERNELS, "assumed: DGX-A100 terms"),
     **{g: (_AIC_KERNELS, "assumed: DGX-H100 terms") for g in
        ("b200", "b300", "gb200", "gb300", "rtx-pro-6000")},
 }
