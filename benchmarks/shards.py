@@ -13,7 +13,7 @@ synchronised and the cost per window beyond the slowest shard's work, each shard
 RSS, and the machine's load (a shared machine's other work slows both runs, the sharded one more:
 each window waits for every shard to be scheduled). Then projects a 1,000-replica day on 16 Ray
 nodes (one shard each) from the largest fleet's figures
-(:func:`benchmarks.results.day_projection`). ``--record`` writes variant
+(:func:`benchmarks.results_shards.day_projection`). ``--record`` writes variant
 ``r{replicas}_s{shards}_{workers}`` of ``benchmarks/results/shards.json``.
 """
 
@@ -28,7 +28,7 @@ import time
 
 from benchmarks.fleet_day import compare, fleet_config
 from benchmarks.fleet_day import parser as fleet_parser
-from benchmarks.results import day_projection, projection_text
+from benchmarks.results_shards import day_projection, projection_text
 
 
 def _echo(conn) -> None:
