@@ -5,7 +5,10 @@
 
 Every row of ``../shared/data/real-serving/silicon/hopper.csv`` (read its README) served by an
 engine simsched models (``--engine``; :data:`ENGINES` maps an engine name to its recipes, so the
-SGLang and TensorRT-LLM rows are added by registering theirs) is rebuilt as it was measured:
+SGLang and TensorRT-LLM rows are added by registering theirs) is rebuilt as it was measured.
+``--data`` reads any file of the same columns: a row on any GPU with AIConfigurator tables
+(:data:`GPUS`: the Blackwell systems too, with their NVFP4 presets and InferenceX's B200/B300
+scripts as recipes) is simulated the same way.
 
 * the client: ``vllm bench serve``'s fixed-concurrency loop at the row's concurrency
   (``silicon_concurrency`` where the source gives it, else ``batch_size`` x attention-DP ranks),
