@@ -229,7 +229,7 @@ def cluster_deployment(runs) -> str:
     dearest = ok.groupby("rate")["cost_per_million"].max()
     claim((l40s["cost_per_million"] >= dearest.loc[l40s.index] - 1e-9).all(),
           "the L40S is the most expensive per request at every rate")
-    claim((l40s["tpot_p99"] > 0.045).all(), "the L40S runs near the TPOT limit")
+    claim((l40s["tpot_p99"] > 0.04).all(), "the L40S runs near the TPOT limit")
     claim((tp2["cost_per_million"] >= a100.loc[tp2.index, "cost_per_million"] - 1e-9).all(),
           "TP2 is never cheaper than TP1 on the A100")
     claim((tp2["ttft_p99"] < a100.loc[tp2.index, "ttft_p99"]).all(),
