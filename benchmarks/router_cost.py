@@ -9,7 +9,8 @@ call per request (the best of ``--repeat`` runs, the routers alternating; CPU ti
 machine is shared), and, from as many runs of their own, the time inside the router's ``choose``
 (a CPU-clock probe around each call). With ``--instructions``, each router's run of 5,000
 requests under cachegrind (:func:`benchmarks.common.cachegrind_per_call`: one call and three,
-the difference over two, so start-up is left out): instructions per request, which do not depend on the machine's load.
+the difference over two, so start-up is left out): instructions per request, which do not
+depend on the machine's load.
 Prints each figure and its ratio to the first router's; ``--record`` writes them to
 ``benchmarks/results/router_cost.json`` (variants ``cpu`` and ``instructions``), which
 docs/llm_d.md's cost table is rendered from.

@@ -50,6 +50,7 @@ import functools
 from simsched.cost import shapes
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
+from experiments._silicon_recipes import BLACKWELL, FIXED, script
 
 # (Hugging Face id, precision) -> preset, beyond validate_silicon's: the bf16 Llama-3.1-8B
 # (TensorRT-LLM on the H100), the same checkpoint quantised to FP8 on load (SGLang's
@@ -63,7 +64,6 @@ MODEL_PRESETS = {
 }
 ENGINES = ("sglang", "trtllm")
 NODE_GPUS = 8
-_IX = "InferenceX benchmarks/single_node/fixed_seq_len/"
 # Engine defaults where no recipe is published (simsched.config.presets: the same values).
 SGLANG_DEFAULT = dict(max_num_seqs=4096, max_num_batched_tokens=8192, mem=0.85,
                       kv_cache_dtype="auto", prefix=True, options={})
@@ -107,7 +107,7 @@ def settings(row, engine: str) -> dict:
             # dsr1_fp8_h200.sh: --disable-radix-cache, --max-running-requests 512 (1k/1k) or
             # 256, --chunked-prefill-size / --max-prefill-tokens 32768, --mem-fraction-static
             # 0.82 (DeepSeek-V3: no script; R1's, the same architecture, assumed).
-            source = _IX + "dsr1_fp8_h200.sh" + (" (assumed for V3)" if model != "deepseek-r1"
+            source = FIXED + "dsr1_fp8_h200.sh" + (" (assumed for V3)" if model != "deepseek-r1"
                                                   else "")
             return dict(source=source, max_num_seqs=512 if (isl, osl) == (1024, 1024) else 256,
                         max_num_batched_tokens=32768, mem=0.82, kv_cache_dtype="auto",
@@ -118,7 +118,7 @@ def settings(row, engine: str) -> dict:
     if deepseek and gpu == "h200":
         # dsr1_fp8_h200_trt.sh: FP8 KV, free_gpu_memory_fraction 0.75, enable_block_reuse
         # false, max_num_tokens max(8192, ceil((C + ISL + 64) / 64) x 64), no chunking.
-        source = _IX + "dsr1_fp8_h200_trt.sh" + (" (assumed for V3)" if model != "deepseek-r1"
+        source = FIXED + "dsr1_fp8_h200_trt.sh" + (" (assumed for V3)" if model != "deepseek-r1"
                                                   else "")
         tokens = max(8192, (c + isl + 64 + 63) // 64 * 64)
         return dict(source=source, max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"],
@@ -127,21 +127,11 @@ def settings(row, engine: str) -> dict:
     if model == "gpt-oss-120b" and gpu == "h200":
         # deprecated/gptoss_fp4_h200_trt.sh: max_batch_size C, max_num_tokens 20000,
         # free_gpu_memory_fraction 0.85, KV auto, block reuse default (on).
-        return dict(source=_IX + "deprecated/gptoss_fp4_h200_trt.sh", max_num_seqs=c,
+        return dict(source=FIXED + "deprecated/gptoss_fp4_h200_trt.sh", max_num_seqs=c,
                     max_num_batched_tokens=20000, mem=0.85, kv_cache_dtype="auto",
                     prefix=True, options={}, chunked=False)
     return dict(source="TensorRT-LLM 1.x defaults (no recipe published)", chunked=False,
                 **TRTLLM_DEFAULT)
-
-
-# A Blackwell GPU -> the GPU whose scripts it runs (GB200 / GB300: the B200's / B300's, assumed).
-BLACKWELL = {"b200": "b200", "b300": "b300", "gb200": "b200", "gb300": "b300"}
-
-
-def _source(name: str, row, script_gpu: str) -> str:
-    deprecated = "deprecated/" if name.startswith(("gptoss", "minimaxm2.5")) else ""
-    return _IX + deprecated + name + ("" if row.gpu == script_gpu
-                                      else f" (assumed for {row.gpu})")
 
 
 def _blackwell(row, engine: str) -> dict | None:
@@ -156,14 +146,14 @@ def _blackwell(row, engine: str) -> dict | None:
         # dsr1_fp4_{b200,b300}.sh: 256 running, 0.85, FP8 KV, chunks of 16,384 (32,768 with
         # attention DP on the B200), the radix cache forced to miss (B300: disabled).
         chunk = 32768 if adp and gpu == "b200" else 16384
-        return dict(source=_source(f"dsr1_fp4_{gpu}.sh", row, gpu), max_num_seqs=256,
+        return dict(source=script(f"dsr1_fp4_{gpu}.sh", row.gpu, gpu), max_num_seqs=256,
                     max_num_batched_tokens=chunk, mem=0.85, kv_cache_dtype="fp8",
                     prefix=False, options={"max_prefill_tokens": 16384})
     if engine == "sglang" and deepseek:
         # dsr1_fp8_{b200,b300}.sh: TP 8: 128 running, 0.82, 32,768-token chunks and prefills;
         # TP 4: 32, 0.95, 8,192. FP8 KV, radix cache off.
         seqs, mem, chunk = (32, 0.95, 8192) if tp == 4 else (128, 0.82, 32768)
-        return dict(source=_source(f"dsr1_fp8_{gpu}.sh", row, gpu), max_num_seqs=seqs,
+        return dict(source=script(f"dsr1_fp8_{gpu}.sh", row.gpu, gpu), max_num_seqs=seqs,
                     max_num_batched_tokens=chunk, mem=mem, kv_cache_dtype="fp8",
                     prefix=False, options={"max_prefill_tokens": chunk})
     if engine != "trtllm":
@@ -174,19 +164,19 @@ def _blackwell(row, engine: str) -> dict | None:
         mem = 0.75 if not fp4 and tp == 4 and (isl, int(row.osl)) == (8192, 1024) else 0.8
         tokens = max(8192, (c + isl + 64 + 63) // 64 * 64)
         name = f"dsr1_{'fp4' if fp4 else 'fp8'}_b200_trt.sh"
-        return dict(source=_source(name, row, "b200"), chunked=False,
+        return dict(source=script(name, row.gpu, "b200"), chunked=False,
                     max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"], max_num_batched_tokens=tokens,
                     mem=mem, kv_cache_dtype="fp8", prefix=False, options={})
     if model == "gpt-oss-120b":
         # gptoss_fp4_b200_trt.sh: max_batch_size 512, max_num_tokens 20,000, 0.85, FP8 KV.
-        return dict(source=_source("gptoss_fp4_b200_trt.sh", row, "b200"), chunked=False,
-                    max_num_seqs=512, max_num_batched_tokens=20000, mem=0.85,
+        return dict(source=script("deprecated/gptoss_fp4_b200_trt.sh", row.gpu, "b200"),
+                    chunked=False, max_num_seqs=512, max_num_batched_tokens=20000, mem=0.85,
                     kv_cache_dtype="fp8", prefix=False, options={})
     if model == "minimax-m2.5-nvfp4":
         # minimaxm2.5_fp4_{b200,b300}_trt.sh: max_num_tokens 16,384, 0.9, FP8 KV, no reuse.
-        return dict(source=_source(f"minimaxm2.5_fp4_{gpu}_trt.sh", row, gpu), chunked=False,
-                    max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"], max_num_batched_tokens=16384,
-                    mem=0.9, kv_cache_dtype="fp8", prefix=False, options={})
+        return dict(source=script(f"deprecated/minimaxm2.5_fp4_{gpu}_trt.sh", row.gpu, gpu),
+                    chunked=False, max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"],
+                    max_num_batched_tokens=16384, mem=0.9, kv_cache_dtype="fp8", prefix=False, options={})
     return None
 
 

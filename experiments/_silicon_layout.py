@@ -122,9 +122,9 @@ def why_not(row, refuse=None) -> str:
         return "disaggregated deployment: concurrency not recorded"
     for role in ROLES:
         worker = role_row(row, role)
-        node = GPUS[row.gpu].nvlink_domain
-        if worker_gpus(worker) > node:
-            return (f"disaggregated deployment: a {role} worker spans {worker_gpus(worker)} "
+        node, gpus = GPUS[row.gpu].nvlink_domain, worker_gpus(worker)
+        if gpus > node:
+            return (f"disaggregated deployment: a {role} worker spans {gpus} "
                     f"GPUs, more than one {node}-GPU NVLink node (multi-node serving is not "
                     "modelled)")
         reason = refuse(worker) if refuse is not None else ""

@@ -40,14 +40,18 @@ class Recipe:
 
 
 VLLM_DEFAULT = dict(max_num_seqs=1024, max_num_batched_tokens=8192, gpu_memory_utilization=0.9)
-_IX = "InferenceX benchmarks/single_node/fixed_seq_len/deprecated/"
+FIXED = "InferenceX benchmarks/single_node/fixed_seq_len/"
+_IX = FIXED + "deprecated/"
 HOPPER = ("h100-sxm", "h200")
-# A Blackwell GPU -> the GPU whose script it runs (GB200 / GB300: the B200's / B300's, assumed).
+# A Blackwell GPU -> the GPU whose scripts it runs (GB200 / GB300: the B200's / B300's,
+# assumed); experiments._silicon_engines reads it too.
 BLACKWELL = {"b200": "b200", "b300": "b300", "gb200": "b200", "gb300": "b300"}
 
 
-def _script(name: str, gpu: str, script_gpu: str) -> str:
-    return _IX + name + ("" if gpu == script_gpu else f" (assumed for {gpu})")
+def script(path: str, gpu: str, script_gpu: str) -> str:
+    """A recipe's ``source``: InferenceX's script ``path`` (under ``fixed_seq_len/``), written
+    for ``script_gpu`` and run for ``gpu`` (said "assumed" where the two differ)."""
+    return FIXED + path + ("" if gpu == script_gpu else f" (assumed for {gpu})")
 
 
 def _gpt_oss_max_model_len(isl: int, osl: int) -> int:
@@ -62,23 +66,27 @@ def _blackwell(row, script_gpu: str) -> Recipe | None:
     model, gpu, c = row.model, row.gpu, int(row.concurrency)
     isl, osl = int(row.isl), int(row.osl)
     workflow = isl + osl + 256
+
+    def source(name: str, written_for: str = script_gpu) -> str:     # the vLLM scripts' folder
+        return script("deprecated/" + name, gpu, written_for)
+
     if model == "gpt-oss-120b":
         # gptoss_fp4_b200.sh: 512 sequences, 8,192 batched tokens, 0.9, FP8 KV, no prefix.
-        return Recipe(_script("gptoss_fp4_b200.sh", gpu, "b200"), 512, 8192, 0.9, "fp8", False,
+        return Recipe(source("gptoss_fp4_b200.sh", "b200"), 512, 8192, 0.9, "fp8", False,
                       max(_gpt_oss_max_model_len(isl, osl), isl + osl))
     if model == "kimi-k2.5":
-        return Recipe(_script(f"kimik2.5_int4_{script_gpu}.sh", gpu, script_gpu), c, 8192, 0.95,
-                      "auto", False, workflow)
+        return Recipe(source(f"kimik2.5_int4_{script_gpu}.sh"), c, 8192, 0.95, "auto", False,
+                      workflow)
     if model == "kimi-k2.5-nvfp4":
         # kimik2.5_fp4_b200.sh: 0.9, or 0.8 with data-parallel attention; FP8 KV.
         adp = row.attention_dp_size
         mem = 0.8 if adp == adp and adp > 1 else 0.9
-        return Recipe(_script(f"kimik2.5_fp4_{script_gpu}.sh", gpu, script_gpu), c, 8192, mem,
-                      "fp8", False, workflow)
+        return Recipe(source(f"kimik2.5_fp4_{script_gpu}.sh"), c, 8192, mem, "fp8", False,
+                      workflow)
     if model in ("minimax-m2.5", "minimax-m2.5-nvfp4"):
         # minimaxm2.5_{fp8,fp4}_b200.sh: 0.9, FP8 KV, 2 x ISL batched tokens, no prefix.
         kind = "fp8" if model == "minimax-m2.5" else "fp4"
-        return Recipe(_script(f"minimaxm2.5_{kind}_{script_gpu}.sh", gpu, script_gpu),
+        return Recipe(source(f"minimaxm2.5_{kind}_{script_gpu}.sh"),
                       VLLM_DEFAULT["max_num_seqs"], 2 * isl, 0.9, "fp8", False, workflow)
     return None
 

@@ -50,7 +50,6 @@ import pandas as pd
 
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
-from simsched.config.parallel import ParallelConfig
 from simsched.cost import aiconfigurator as aic
 from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS

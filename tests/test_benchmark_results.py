@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
                  if p.stem not in {"__init__", "common", "results", "results_shards",
                                    "fuzz_faults"})
-# (fuzz_faults is the fuzz script's part, results_shards the results' part: not scripts.) Scripts without a row: spec_parity's figures are docs/speculative.md's (checked by its tests).
+# (fuzz_faults is the fuzz script's part, results_shards the results' part: not scripts.)
+# Scripts without a row: spec_parity's figures are docs/speculative.md's (checked by its tests).
 NO_ROW = {"spec_parity"}
 
 

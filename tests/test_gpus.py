@@ -233,8 +233,8 @@ def test_fp8_and_fp4_weights_and_kv_read_their_own_tables_where_measured():
 
 
 def test_gemm_never_takes_longer_than_with_more_tokens():
-    # The Blackwell FP8 tables measure a 1-token GEMM at about twice the 2-token one (and
-    # isolated spikes further up); read as measured, the step tables' running maximum carried
+    # The Blackwell FP8 tables measure a 1-token GEMM at up to twice the larger token counts
+    # after it (and isolated spikes further up); read as measured, the step tables' running maximum carried
     # that to every larger batch. A GEMM can be padded to more rows, so it never takes longer
     # than with them: every point is the least measured time at that many tokens or more.
     for gpu in aic.gpus():

@@ -103,6 +103,16 @@ def _bracket(axis: np.ndarray, x: float) -> tuple[int, int, float, float]:
     return lo, hi, float(w), 1.0
 
 
+def _padded(times: np.ndarray) -> np.ndarray:
+    """Times along increasing token counts, each the least at that count or more: a kernel of
+    m tokens never takes longer than the same kernel of more (it can be padded to them). It
+    drops the tables' single slow points (the Blackwell FP8 GEMM tables' 1-token points and
+    isolated spikes, fused-MoE rows' points up to 20x their neighbours), which the running
+    maximum of the step tables (KernelTables.finish_linear) would otherwise carry to every
+    larger batch; points no larger count undercuts are read as measured."""
+    return np.minimum.accumulate(times[::-1])[::-1]
+
+
 def gemm(gpu: str, dtype: str, m, n: int, k: int) -> np.ndarray:
     """Seconds of an ``m x k`` by ``k x n`` GEMM with ``dtype`` weights on ``gpu`` (``m`` may be
     an array of token counts; 0 tokens take 0 s). Each measured token count reads the least
@@ -119,12 +129,7 @@ def gemm(gpu: str, dtype: str, m, n: int, k: int) -> np.ndarray:
     log = np.log(grid)
     col = np.exp((1 - nw) * (1 - kw) * log[:, nl, kl] + nw * (1 - kw) * log[:, nh, kl]
                  + (1 - nw) * kw * log[:, nl, kh] + nw * kw * log[:, nh, kh])
-    # A GEMM of m rows never takes longer than the same GEMM of more rows (it can be padded to
-    # them): the envelope drops the tables' single slow points (the Blackwell FP8 tables'
-    # 1-token GEMMs and isolated spikes, up to 2x their neighbours), which the running
-    # maximum of the step tables (KernelTables.finish_linear) would otherwise carry to every
-    # larger batch. Points no larger one undercuts are read as measured.
-    col = np.minimum.accumulate((col * ns * ks)[::-1])[::-1]
+    col = _padded(col * ns * ks)
     m = np.asarray(m, dtype=float)
     out = np.interp(m, m_axis, col)
     past = m > m_axis[-1]
@@ -307,9 +312,7 @@ def moe(gpu: str, dtype: str, hidden: int, width: int, top_k: int, experts: int,
         ok = ~np.isnan(row)
         if ok.sum() < 2:
             continue
-        # Never longer than with more tokens (the padding envelope of gemm()): some rows
-        # hold single slow points, up to 20x their neighbours, at few tokens.
-        m, y = t["moe_tokens"].astype(float)[ok], np.minimum.accumulate(row[ok][::-1])[::-1]
+        m, y = t["moe_tokens"].astype(float)[ok], _padded(row[ok])
         x = np.asarray(tokens, dtype=float)
         out = np.interp(x, m, y)
         out = np.where(x > m[-1], y[-1] * x / m[-1], out)

@@ -26,8 +26,9 @@ MiniMax-M2.5 shares MiniMax-M2's shape). The NVFP4 checkpoints are NVIDIA Model 
 exports, which keep the layers they leave unquantised in bf16 (the FP8 sources are dequantised
 first); DeepSeek's export also quantises the shared experts and the three dense MLPs (and, in
 v2, attention's output projection), which simsched's two parts (``weight_dtype``,
-``expert_dtype``) price as bf16: a few GB of a 370 GB model. Hybrid linear-attention models (Qwen3.5, Qwen3-Next:
-Gated DeltaNet layers between full-attention ones) are refused: :data:`REFUSED`.
+``expert_dtype``) price as bf16: a few GB of a 400 GB model. Hybrid linear-attention models
+(Qwen3.5, Qwen3-Next: Gated DeltaNet layers between full-attention ones) are refused:
+:data:`REFUSED`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ _DEEPSEEK_V3 = ModelSpec(61, 7168, 128, 128, 18432, 129280, max_context=163840,
                          num_shared_experts=1, expert_intermediate_size=2048,
                          first_dense_layers=3, kv_lora_rank=512, q_lora_rank=1536,
                          qk_rope_head_dim=64, weight_dtype="fp8")
+_KIMI_K25 = ModelSpec(61, 7168, 64, 64, 18432, 163840, max_context=262144, head_dim=128,
+                      num_experts=384, experts_per_token=8, num_shared_experts=1,
+                      expert_intermediate_size=2048, first_dense_layers=1, kv_lora_rank=512,
+                      q_lora_rank=1536, qk_rope_head_dim=64, expert_dtype="int4")
+_MINIMAX_M25 = ModelSpec(62, 3072, 48, 8, 1536, 200064, max_context=196608, head_dim=128,
+                         num_experts=256, experts_per_token=8, expert_intermediate_size=1536,
+                         weight_dtype="fp8")
 
 
 def _gpt_oss(layers: int, experts: int) -> ModelSpec:
@@ -55,11 +63,7 @@ def _gpt_oss(layers: int, experts: int) -> ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "deepseek-r1": _DEEPSEEK_V3,
-    "kimi-k2.5": ModelSpec(61, 7168, 64, 64, 18432, 163840, max_context=262144, head_dim=128,
-                           num_experts=384, experts_per_token=8, num_shared_experts=1,
-                           expert_intermediate_size=2048, first_dense_layers=1,
-                           kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
-                           expert_dtype="int4"),
+    "kimi-k2.5": _KIMI_K25,
     "gpt-oss-120b": _gpt_oss(36, 128),
     "gpt-oss-20b": _gpt_oss(24, 32),
     "qwen3-235b-a22b-fp8": ModelSpec(94, 4096, 64, 4, 12288, 151936, max_context=40960,
@@ -67,20 +71,14 @@ MODELS: dict[str, ModelSpec] = {
                                      expert_intermediate_size=1536, weight_dtype="fp8"),
     "qwen3-32b": _QWEN3_32B,
     "qwen3-32b-fp8": dataclasses.replace(_QWEN3_32B, weight_dtype="fp8"),
-    "minimax-m2.5": ModelSpec(62, 3072, 48, 8, 1536, 200064, max_context=196608, head_dim=128,
-                              num_experts=256, experts_per_token=8,
-                              expert_intermediate_size=1536, weight_dtype="fp8"),
-    "deepseek-r1-nvfp4": dataclasses.replace(_DEEPSEEK_V3, weight_dtype="auto",
-                                             expert_dtype="nvfp4"),
-    "deepseek-v3-nvfp4": dataclasses.replace(_DEEPSEEK_V3, weight_dtype="auto",
-                                             expert_dtype="nvfp4"),
+    "minimax-m2.5": _MINIMAX_M25,
+    # NVIDIA's NVFP4 exports: routed experts NVFP4, the rest bf16 (module docstring).
+    **{f"{name}-nvfp4": dataclasses.replace(spec, weight_dtype="auto", expert_dtype="nvfp4")
+       for name, spec in (("deepseek-r1", _DEEPSEEK_V3), ("deepseek-v3", _DEEPSEEK_V3),
+                          ("kimi-k2.5", _KIMI_K25), ("minimax-m2.5", _MINIMAX_M25))},
     "llama-3.1-8b-fp8": dataclasses.replace(_LLAMA_8B, weight_dtype="fp8"),
     "llama-3.1-70b-fp8": dataclasses.replace(_LLAMA_70B, weight_dtype="fp8"),
 }
-
-MODELS["kimi-k2.5-nvfp4"] = dataclasses.replace(MODELS["kimi-k2.5"], expert_dtype="nvfp4")
-MODELS["minimax-m2.5-nvfp4"] = dataclasses.replace(MODELS["minimax-m2.5"], weight_dtype="auto",
-                                                   expert_dtype="nvfp4")
 
 # Models simsched cannot time, by name, and why (hardware.model naming one is refused with it).
 REFUSED: dict[str, str] = {

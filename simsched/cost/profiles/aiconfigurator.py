@@ -36,6 +36,7 @@ from simsched.cost import calibration_h200 as h200
 from simsched.cost import fits
 from simsched.cost.hardware import GPUS
 from simsched.cost.profiles import CalibrationProfile
+from simsched.cost.shapes import DTYPE_BYTES
 
 PREFIX = "aic-"
 
@@ -94,9 +95,9 @@ class AIConfiguratorProfile(CalibrationProfile):
                         for depth, width in shapes)
         elt = cal.elementwise_bytes(spec, tp, n)
         if gemm_dtype in ("fp8", "nvfp4"):
-            # vLLM quantises each GEMM's input to FP8 (NVFP4: E2M1 with an FP8 scale per 16):
-            # read it, write one byte (9/16 of one) per element.
-            out = 1.0 if gemm_dtype == "fp8" else 0.5 + 1 / 16
+            # vLLM quantises each GEMM's input to the weights' format (NVFP4: E2M1 with an FP8
+            # scale per 16): read it, write the format's bytes per element.
+            out = DTYPE_BYTES[gemm_dtype]
             elt = elt + n * sum(depth for depth, _ in shapes) * (spec.bytes_per_param + out)
         per_layer = per_layer + lin["elt_const"] + lin["elt_per_byte"] * bw_ratio * elt
         emb_t = lin["elt_const"] + lin["elt_per_byte"] * bw_ratio \
