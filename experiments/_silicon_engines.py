@@ -37,9 +37,9 @@ from the GPU's memory); TensorRT-LLM's ``free_gpu_memory_fraction`` (default 0.9
 what is free *after* the weights are loaded, converted here to simsched's whole-GPU share
 ``w + f (1 - w)`` with ``w`` the weights' share of the GPU.
 
-Refused, by name: rows on more GPUs than one NVLink domain (``tp_size x attention_dp_size``
-or ``moe_tp_size x moe_ep_size`` above 8, or 72 on a GB200 / GB300 NVL72 rack: serving across
-domains is not modelled); models without a
+Refused, by name: rows on more GPUs than one NVLink domain (the worker as validate_silicon lays
+it out, or ``moe_tp_size x moe_ep_size`` if more, above 8, or 72 on a GB200 / GB300 NVL72 rack:
+serving across domains is not modelled); models without a
 preset (Qwen3.5's hybrid linear attention, GLM-5) fall under ``validate_silicon``'s own reason.
 """
 
@@ -50,6 +50,7 @@ import functools
 from simsched.cost import shapes
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
+from experiments._silicon_layout import deployment_gpus, domain_gpus
 from experiments._silicon_recipes import BLACKWELL, FIXED, script
 
 # (Hugging Face id, precision) -> preset, beyond validate_silicon's: the bf16 Llama-3.1-8B
@@ -63,7 +64,6 @@ MODEL_PRESETS = {
     ("openai/gpt-oss-120b", "fp8"): "gpt-oss-120b",
 }
 ENGINES = ("sglang", "trtllm")
-NODE_GPUS = 8
 # Engine defaults where no recipe is published (simsched.config.presets: the same values).
 SGLANG_DEFAULT = dict(max_num_seqs=4096, max_num_batched_tokens=8192, mem=0.85,
                       kv_cache_dtype="auto", prefix=True, options={})
@@ -71,22 +71,13 @@ TRTLLM_DEFAULT = dict(max_num_seqs=2048, max_num_batched_tokens=8192, mem=0.9,
                       kv_cache_dtype="auto", prefix=True, options={})
 
 
-def num_gpus(row) -> int:
-    """GPUs a row's deployment spans (attention ranks x TP, or the MoE ranks if more)."""
-    def size(x) -> int:
-        return int(x) if x == x and x > 0 else 1     # NaN / 0: 1
-    return max(size(row.tp_size) * size(row.attention_dp_size),
-               size(row.moe_tp_size) * size(row.moe_ep_size))
-
-
 def refuse(row) -> str:
     """Why an SGLang / TensorRT-LLM row cannot be simulated beyond validate_silicon's own
     reasons ('' when it can)."""
-    # One NVLink domain: an 8-GPU HGX node, or a GB200 / GB300 NVL72 rack's 72 GPUs.
-    domain = GPU_SPECS[row.gpu].nvlink_domain if row.gpu in GPU_SPECS else NODE_GPUS
-    if num_gpus(row) > max(domain, NODE_GPUS):
-        return (f"multi-node deployment ({num_gpus(row)} GPUs): serving across nodes is not "
-                f"modelled (one {max(domain, NODE_GPUS)}-GPU NVLink domain)")
+    gpus, domain = deployment_gpus(row), domain_gpus(row.gpu)
+    if gpus > domain:
+        return (f"multi-node deployment ({gpus} GPUs): serving across nodes is not "
+                f"modelled (one {domain}-GPU NVLink domain)")
     return ""
 
 
@@ -186,7 +177,7 @@ def memory_share(row, engine: str, mem: float, tp: int) -> float:
     if engine == "sglang":
         return mem
     spec, gpu = MODELS[row.model], GPU_SPECS[row.gpu]
-    ranks = num_gpus(row)
+    ranks = deployment_gpus(row)
     w = shapes.weight_bytes(spec, tp=tp, moe_ranks=ranks) / gpu.memory_bytes
     return min(0.99, w + mem * max(0.0, 1.0 - w))
 

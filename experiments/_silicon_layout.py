@@ -44,17 +44,18 @@ _PARALLEL = ("tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_s
 NVLINK_GBPS = {"NVLink 3": 300.0, "NVLink 4": 450.0, "NVLink 5": 900.0}
 CROSS_NODE_LINK = "ib400"
 ROUTER = "round_robin"
+NODE_GPUS = 8
 
 
-def _size(x) -> int:
+def size(x) -> int:
     """A layout column as a count (NaN and 0, 'not used', count as 1)."""
     return int(x) if x == x and x > 0 else 1
 
 
 def layout(row) -> tuple[str, int, ParallelConfig | None]:
     """(label, tensor-parallel size, parallel layout) of one worker (the module docstring)."""
-    tp, adp = int(row.tp_size), _size(row.attention_dp_size)
-    mtp, mep, pp = _size(row.moe_tp_size), _size(row.moe_ep_size), _size(row.pp_size)
+    tp, adp = int(row.tp_size), size(row.attention_dp_size)
+    mtp, mep, pp = size(row.moe_tp_size), size(row.moe_ep_size), size(row.pp_size)
     moe = isinstance(row.model, str) and MODELS[row.model].num_experts > 0
     if adp > 1:
         # DEP: each GPU an attention rank. InferenceX writes DEP 8 as tp 8 with 8 attention
@@ -111,6 +112,19 @@ def worker_gpus(row) -> int:
     return tp * par.data_parallel_size * par.pipeline_parallel_size
 
 
+def domain_gpus(gpu: str) -> int:
+    """The most GPUs one deployment may span on ``gpu``: its NVLink domain (72 in a GB200 /
+    GB300 NVL72 rack), at least one 8-GPU node (PCIe GPUs too); serving across it is not
+    modelled."""
+    return max(GPUS[gpu].nvlink_domain, NODE_GPUS)
+
+
+def deployment_gpus(row) -> int:
+    """GPUs an aggregated row's deployment spans: its worker as :func:`layout` lays it out, or
+    the MoE ranks if the row names more."""
+    return max(worker_gpus(row), size(row.moe_tp_size) * size(row.moe_ep_size))
+
+
 def why_not(row, refuse=None) -> str:
     """Why the disaggregated ``row`` cannot be simulated ('' when it can); ``refuse``: the
     engine's own reasons, asked of each role's worker."""
@@ -122,7 +136,7 @@ def why_not(row, refuse=None) -> str:
         return "disaggregated deployment: concurrency not recorded"
     for role in ROLES:
         worker = role_row(row, role)
-        node, gpus = GPUS[row.gpu].nvlink_domain, worker_gpus(worker)
+        node, gpus = domain_gpus(row.gpu), worker_gpus(worker)
         if gpus > node:
             return (f"disaggregated deployment: a {role} worker spans {gpus} "
                     f"GPUs, more than one {node}-GPU NVLink node (multi-node serving is not "

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from experiments import _silicon_engines as se
+from experiments import _silicon_layout as sl
 from experiments import validate_silicon as vs
 
 
@@ -50,8 +51,11 @@ def test_recipes_come_from_the_launch_scripts():
 
 def test_rows_beyond_one_node_are_refused_by_name():
     assert se.refuse(_row()) == ""
-    assert se.num_gpus(_row(tp_size=1.0, attention_dp_size=8.0, moe_tp_size=1.0,
-                            moe_ep_size=8.0)) == 8
+    assert sl.deployment_gpus(_row(tp_size=1.0, attention_dp_size=8.0, moe_tp_size=1.0,
+                                   moe_ep_size=8.0)) == 8
+    # InferenceX writes DEP 8 as tp 8 with 8 attention ranks: 8 GPUs (the layout's), not 64.
+    dep8 = _row(tp_size=8.0, attention_dp_size=8.0, moe_tp_size=1.0, moe_ep_size=8.0)
+    assert sl.deployment_gpus(dep8) == 8 and se.refuse(dep8) == ""
     reason = vs.why_not(_row(tp_size=64.0, moe_ep_size=8.0), "trtllm")
     assert reason.startswith("multi-node deployment (64 GPUs)")
     assert vs.why_not(_row(tp_size=np.nan), "trtllm").startswith("layout")
