@@ -28,7 +28,8 @@ refreshed every ``--refresh-interval`` seconds (default 0.05 when sharded: a sha
 one; 0, exact state, otherwise), and first the same config in one process (``--no-baseline``
 skips it; ``--loop`` is then not run): wall and CPU times of both, the speed-up, each shard's
 busy wall and CPU seconds, windows synchronised and the synchronisation's cost per window (the
-coordinator's wait on a window beyond the slowest shard's work in it), the coordinator's and the
+coordinator's wait on a window beyond the slowest shard's work in it after it was sent; the work
+shards ran ahead of each window while the coordinator routed it), the coordinator's and the
 largest worker's peak RSS, and the machine's load (``os.getloadavg``; a shared machine's other
 work slows both runs).
 """
@@ -174,11 +175,11 @@ def print_sharding(figures: dict, wall: float) -> None:
     busy, cpu = figures["shard_busy_time"], figures["shard_cpu_time"]
     print(f"{figures['shards']} shards ({', '.join(f'{b:.1f}' for b in busy)} s busy, "
           f"{', '.join(f'{c:.1f}' for c in cpu)} s CPU in their windows); {n} windows "
-          f"synchronised: "
-          f"{figures['window_time']:.1f} s waiting on them, of which the slowest shard's work "
-          f"{figures['slowest_shard_time']:.1f} s; synchronisation "
+          f"synchronised: the slowest shard's work on them {figures['slowest_shard_time']:.1f} s "
+          f"(of which {figures['ahead_time']:.1f} s run ahead while the coordinator routed); "
+          f"{figures['window_time']:.1f} s waiting on them, synchronisation "
           f"{figures['sync_time_per_window'] * 1e6:.0f} us per window "
-          f"({(figures['window_time'] - figures['slowest_shard_time']) / wall:.0%} of the wall "
+          f"({n * figures['sync_time_per_window'] / wall:.0%} of the wall "
           f"time); routing and arrivals {figures['route_time']:.1f} s; shards' peak RSS "
           f"{', '.join(f'{m:.0f}' for m in figures['shard_peak_rss_mib'])} MiB")
 

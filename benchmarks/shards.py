@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.shards [--replicas 64 256 1024] [--shards 2 4] [--hours 0.02]
 [--start-hour 14] [--workers process|ray] [--ray-address A] [--repeat K] [--record]``;
-``--round-trip`` only times a small message's round trip to a forked process (a window's floor).
+``--round-trip`` only times a small message's round trip to a forked process (a window's floor),
+over a blocking pipe and over the polled channel sharded runs use where each process has a CPU.
 
 For each fleet size and shard count: :mod:`benchmarks.fleet_day`'s fleet (Llama-2-7B / A100-80GB
 replicas, ServeGen ``m-large`` at 50 % mean utilisation, ``least_tokens`` on a snapshot
@@ -29,6 +30,7 @@ import time
 from benchmarks.fleet_day import compare, fleet_config
 from benchmarks.fleet_day import parser as fleet_parser
 from benchmarks.results_shards import day_projection, projection_text
+from simsched.analysis.spin_pipe import SpinChannel, channel_pair, use_spin
 
 
 def _echo(conn) -> None:
@@ -36,13 +38,28 @@ def _echo(conn) -> None:
         conn.send(message)
 
 
-def pipe_round_trip(n: int = 5000) -> tuple[float, float]:
+def _echo_polled(mine: tuple, theirs: tuple, parent: int) -> None:
+    for fd in theirs:
+        os.close(fd)
+    _echo(SpinChannel(*mine, lambda: os.getppid() == parent))
+
+
+def pipe_round_trip(n: int = 5000, polled: bool = False) -> tuple[float, float]:
     """Median and mean seconds of a small message's round trip to a forked process over a pipe
-    (a window's floor: the coordinator's send, the worker's wake-up and reply)."""
+    (a window's floor: the coordinator's send, the worker's wake-up and reply); ``polled``:
+    over the sharded runs' polled channel (:mod:`simsched.analysis.spin_pipe`), no wake-up."""
     ctx = multiprocessing.get_context("fork")
-    conn, child = ctx.Pipe()
-    worker = ctx.Process(target=_echo, args=(child,), daemon=True)
-    worker.start()
+    if polled:
+        mine, theirs = channel_pair()
+        worker = ctx.Process(target=_echo_polled, args=(theirs, mine, os.getpid()), daemon=True)
+        worker.start()
+        for fd in theirs:
+            os.close(fd)
+        conn = SpinChannel(*mine, worker.is_alive)
+    else:
+        conn, child = ctx.Pipe()
+        worker = ctx.Process(target=_echo, args=(child,), daemon=True)
+        worker.start()
     message = (0.05, ([1, 2], [0.1, 0.2], [10, 20], [5, 6], [0, 0], [None, None], [0, 1]), False)
     times = []
     for _ in range(n):
@@ -52,6 +69,7 @@ def pipe_round_trip(n: int = 5000) -> tuple[float, float]:
         times.append(time.perf_counter() - started)
     conn.send(None)
     worker.join()
+    conn.close()
     return statistics.median(times), statistics.fmean(times)
 
 
@@ -70,9 +88,10 @@ def main(argv=None) -> None:
                    help="only measure a pipe round trip to a forked process (median, mean)")
     args = p.parse_args(argv)
     if args.round_trip:
-        median, mean = pipe_round_trip()
-        print(f"pipe round trip to a forked process: median {median * 1e6:.0f} us, mean "
-              f"{mean * 1e6:.0f} us (5,000 trips; load average {os.getloadavg()[0]:.1f})")
+        for polled, what in ((False, "blocking pipe"), (True, "polled channel")):
+            median, mean = pipe_round_trip(polled=polled)
+            print(f"{what} round trip to a forked process: median {median * 1e6:.0f} us, mean "
+                  f"{mean * 1e6:.0f} us (5,000 trips; load average {os.getloadavg()[0]:.1f})")
         return
     last = None
     for replicas in args.replicas:
@@ -92,11 +111,13 @@ def main(argv=None) -> None:
                 "replicas": replicas, "hours": args.hours, "start_hour": args.start_hour,
                 "refresh_interval": cfg.cluster.refresh_interval, "shards": shards,
                 "workers": args.workers, "repeat": args.repeat, "requests": n,
+                "polled": args.workers == "process" and use_spin(shards),
                 "iterations": iterations, "one_wall_s": round(one_wall, 2),
                 "one_cpu_s": round(one_cpu, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                 "speedup": round(one_wall / wall, 3), "num_windows": figures["num_windows"],
                 "sync_us_per_window": round(figures["sync_time_per_window"] * 1e6, 1),
                 "slowest_shard_s": round(figures["slowest_shard_time"], 2),
+                "ahead_s": round(figures["ahead_time"], 2),
                 "route_s": round(figures["route_time"], 3),
                 "shard_cpu_s": [round(c, 2) for c in figures["shard_cpu_time"]],
                 "shard_peak_rss_mib": [round(m) for m in figures["shard_peak_rss_mib"]],

@@ -3,14 +3,16 @@ coordinator's own process), Ray actors, or (tests) all in this process.
 
 :func:`shard_opener` gives :class:`~simsched.cluster.shards.ShardedCluster` the function that
 starts one :class:`~simsched.cluster.shard.Shard` per group of replicas and returns handles with
-one interface: ``send(until, batch, last)`` starts a window (it returns at once where the shard runs
-elsewhere, so every shard runs its window at the same time), ``receive()`` waits for the
-window's load figures, ``finish()`` collects the shard's records, ``close()`` stops it.
+one interface: ``advance(at)`` runs the coming window up to its first arrival, ``send(until,
+batch, last)`` starts a window (both return at once where the shard runs elsewhere, so every
+shard runs at the same time), ``receive()`` waits for the window's load figures, ``finish()``
+collects the shard's records, ``close()`` stops it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 import traceback
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from simsched.analysis.ray_connect import connect
+from simsched.analysis.spin_pipe import SpinChannel, channel_pair, use_spin
 from simsched.analysis.stream import StreamingRequests
 from simsched.cluster.cluster import _long_lived_requests
 from simsched.cluster.shard import Shard
@@ -39,6 +42,9 @@ class InlineShard:
     def __init__(self, args: tuple) -> None:
         self.shard = make_shard(*args)
         self._reply = None
+
+    def advance(self, at: float) -> None:
+        self.shard.advance(at)
 
     def send(self, until, batch, last: bool = False) -> None:
         self._reply = self.shard.window(until, batch, last)
@@ -115,6 +121,9 @@ def _serve(conn, args: tuple) -> None:
                 if message is None:
                     conn.send(("ok", shard.finish()))
                     return
+                if type(message) is float:      # a head start on the coming window: no reply
+                    shard.advance(message)
+                    continue
                 conn.send(("ok", shard.window(*message)))
     except BaseException:       # every failure goes back to the coordinator, which raises it
         conn.send(("error", traceback.format_exc()))
@@ -122,17 +131,41 @@ def _serve(conn, args: tuple) -> None:
         conn.close()
 
 
+def _serve_spin(mine: tuple, theirs: tuple, parent: int, args: tuple) -> None:
+    """A forked worker over a :class:`~simsched.analysis.spin_pipe.SpinChannel` (``mine``: its
+    descriptors, ``theirs``: the coordinator's, closed here; ``parent``: the coordinator's pid,
+    which ends the worker if it ends)."""
+    for fd in theirs:
+        os.close(fd)
+    _serve(SpinChannel(*mine, lambda: os.getppid() == parent), args)
+
+
 class ProcessShard:
     """A shard in a worker process of its own, talking over a pipe (forked where the platform
-    allows, so the replicas' specs are not pickled)."""
+    allows, so the replicas' specs are not pickled); with ``spin``, a polled one
+    (:mod:`simsched.analysis.spin_pipe`: no process sleeps between windows)."""
 
-    def __init__(self, args: tuple) -> None:
+    def __init__(self, args: tuple, spin: bool = False) -> None:
         method = "fork" if sys.platform.startswith("linux") else "spawn"
         ctx = multiprocessing.get_context(method)
+        if spin:
+            if method != "fork":
+                raise ValueError("a polled shard channel needs forked workers (Linux)")
+            mine, theirs = channel_pair()
+            self.process = ctx.Process(target=_serve_spin,
+                                       args=(theirs, mine, os.getpid(), args), daemon=True)
+            self.process.start()
+            for fd in theirs:
+                os.close(fd)
+            self.conn = SpinChannel(*mine, self.process.is_alive)
+            return
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, args), daemon=True)
         self.process.start()
         child.close()
+
+    def advance(self, at: float) -> None:
+        self.conn.send(float(at))
 
     def send(self, until, batch, last: bool = False) -> None:
         self.conn.send((until, batch, last))
@@ -173,6 +206,9 @@ class RayShard:
         self.actor = actor_class.options(num_cpus=num_cpus).remote(args)
         self._ref = None
 
+    def advance(self, at: float) -> None:
+        self.actor.advance.remote(at)           # (an actor runs its calls in order)
+
     def send(self, until, batch, last: bool = False) -> None:
         self._ref = self.actor.window.remote(until, batch, last)
 
@@ -191,6 +227,9 @@ class _ShardActor:
 
     def __init__(self, args: tuple) -> None:
         self.shard = make_shard(*args)
+
+    def advance(self, at: float) -> None:
+        self.shard.advance(at)
 
     def window(self, until, batch, last: bool = False):
         return self.shard.window(until, batch, last)
@@ -213,6 +252,8 @@ def shard_opener(config, specs: list, num_requests: int, workers: str = "process
 
     def open_shards(groups, reads_kv: bool, output_tokens) -> list:
         handles = []
+        # Polled channels where every process (the coordinator runs the last shard) has a CPU.
+        spin = workers == "process" and use_spin(len(groups))
         try:
             delays = [float(getattr(s.cost_model, "output_delay", 0.0)) for s in specs]
             for k, group in enumerate(groups):
@@ -225,7 +266,7 @@ def shard_opener(config, specs: list, num_requests: int, workers: str = "process
                 if workers == "inline" or (workers == "process" and k == len(groups) - 1):
                     handles.append(InlineShard(args))
                 elif workers == "process":
-                    handles.append(ProcessShard(args))
+                    handles.append(ProcessShard(args, spin))
                 else:
                     # At most one CPU each, so that a small cluster still places every shard.
                     cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1)) / len(groups))

@@ -116,14 +116,35 @@ class Shard:
         self.num_events = 0
         self.busy_time = 0.0        # wall seconds spent running windows
         self.cpu_time = 0.0         # and this process's CPU seconds meanwhile
+        self._arrivals_eid = None   # drawn by :meth:`advance` for the window's arrivals
+        self._ahead_time = 0.0      # wall seconds :meth:`advance` ran of the coming window
+
+    def advance(self, at: float) -> None:
+        """Run the coming window up to ``at`` (every event before it, none at it) before its
+        requests come: ``at`` is the window's first arrival, so nothing before it needs them,
+        and a worker does this while the coordinator routes. The event id the window's arrival
+        event would have drawn at the window's start is drawn here, where the window starts, so
+        that event is ordered among the instant's events as without the head start."""
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        env = self.env
+        self._arrivals_eid = next(env._eid)
+        run_until(env, event_at(env, at, STOP))
+        elapsed = time.perf_counter() - started
+        self._ahead_time += elapsed
+        self.busy_time += elapsed
+        self.cpu_time += time.process_time() - cpu_started
 
     def window(self, until: float | None, batch, last: bool = False) -> tuple:
         """Start ``batch``'s requests at their times and run to the barrier at ``until`` (None:
-        to the end of the work; ``last``: ``until`` is the run's time limit); the load of each replica there, as lists in ``indices``
-        order: requests outstanding, tokens outstanding, KV use; and the wall seconds this took.
+        to the end of the work; ``last``: ``until`` is the run's time limit); the load of each
+        replica there, as lists in ``indices`` order: requests outstanding, tokens outstanding,
+        KV use;
 
         ``batch`` is ``(ids, arrival times, prompt, output, priority, tenant, replica)`` lists,
-        in arrival order (ids ascending within an instant), all at or after the clock."""
+        in arrival order (ids ascending within an instant), all at or after the clock (after
+        :meth:`advance`, at or after its ``at``); then the wall seconds of the window and of its
+        head start (:meth:`advance`)."""
         started, cpu_started = time.perf_counter(), time.process_time()
         env = self.env
         ids = batch[0]
@@ -140,18 +161,20 @@ class Shard:
                 owners = self.replica_of
                 for rid, i in zip(ids, batch[6]):
                     owners[rid] = i
-            Arrivals(env, reqs, self._start)
+            Arrivals(env, reqs, self._start, self._arrivals_eid)
         if until is None:
             run_events(env)
         else:
             # Absolute time, as the coordinator's refresh times are (now + delay can miss it).
             run_until(env, event_at(env, until, STOP if last else BARRIER))
+        self._arrivals_eid = None
         load = self.load
         mine = self._mine
         elapsed = time.perf_counter() - started
         self.busy_time += elapsed
         self.cpu_time += time.process_time() - cpu_started
-        return load.outstanding[mine], load.tokens[mine], load.kv_use[mine], elapsed
+        ahead, self._ahead_time = self._ahead_time, 0.0
+        return load.outstanding[mine], load.tokens[mine], load.kv_use[mine], elapsed, ahead
 
     def _request(self, req: Request, record, process, done, now):
         """A request's life on its replica (``Cluster._request`` after routing)."""

@@ -125,7 +125,7 @@ class ShardedCluster:
 
     ``requests`` is a :class:`~simsched.cluster.lazy.LazyRequests` (plain requests); ``open_shards
     (groups, reads_kv, output_tokens)`` starts one shard per group of replica indices and returns
-    their handles (``send(until, batch)``, ``receive()``, ``finish()``, ``close()``;
+    their handles (``advance(at)``, ``send(until, batch)``, ``receive()``, ``finish()``, ``close()``;
     :mod:`simsched.analysis.shard_workers`).
     """
 
@@ -160,7 +160,9 @@ class ShardedCluster:
         # Figures of the synchronisation (benchmarks.fleet_day prints them).
         self.num_windows = 0
         self.window_time = 0.0          # coordinator wall time from sending a window to its loads
-        self.shard_time = 0.0           # of which the slowest shard ran (sum over windows)
+        self.shard_time = 0.0           # the slowest shard's work on each window, summed
+        self.shard_window_time = 0.0    # of which after the window was sent (its slowest)
+        self.ahead_time = 0.0           # and before, while this routed it (Shard.advance)
         self.route_time = 0.0
         self.shard_busy_time: list[float] = []     # per shard: wall seconds in its windows
         self.shard_cpu_time: list[float] = []      # per shard: CPU seconds in its windows
@@ -168,11 +170,14 @@ class ShardedCluster:
 
     def figures(self) -> dict:
         """The synchronisation's figures (``Results.info["sharding"]``): windows synchronised,
-        the coordinator's wall seconds waiting on them and routing, each shard's busy wall and
-        CPU seconds, and the cost per window beyond the slowest shard's work in it."""
+        the coordinator's wall seconds waiting on them and routing, the slowest shard's work per
+        window summed (a bound on the wall time) and of it the head starts the shards ran while
+        the coordinator routed, each shard's busy wall and CPU seconds, and the cost per window
+        beyond the slowest shard's work in it after it was sent."""
         return {"shards": len(self.groups), "num_windows": self.num_windows,
                 "window_time": self.window_time, "slowest_shard_time": self.shard_time,
-                "sync_time_per_window": (self.window_time - self.shard_time)
+                "ahead_time": self.ahead_time,
+                "sync_time_per_window": (self.window_time - self.shard_window_time)
                 / max(self.num_windows, 1),
                 "route_time": self.route_time, "shard_busy_time": self.shard_busy_time,
                 "shard_cpu_time": self.shard_cpu_time,
@@ -225,6 +230,11 @@ class ShardedCluster:
             if reads_view and arrival is not None and arrival[0] <= t + interval:
                 self.route_time += time.perf_counter() - started
                 self._synchronise(t, outbox)
+                if arrival[0] > t:
+                    # Nothing before the next arrival needs routing: the shards run to it
+                    # while this routes the window (Shard.advance).
+                    for handle in self.handles:
+                        handle.advance(arrival[0])
                 started = time.perf_counter()
             if self.num_arrived < total:
                 order += 1
@@ -298,10 +308,12 @@ class ShardedCluster:
         for s, handle in enumerate(self.handles):
             handle.send(t, outbox[s])
             outbox[s] = self._empty()
-        load, slowest = self.load, 0.0
+        load, slowest, in_window, ahead = self.load, 0.0, 0.0, 0.0
         for group, handle in zip(self.groups, self.handles):
-            outstanding, tokens, kv_use, elapsed = handle.receive()
-            slowest = max(slowest, elapsed)
+            outstanding, tokens, kv_use, elapsed, head_start = handle.receive()
+            slowest = max(slowest, elapsed + head_start)
+            in_window = max(in_window, elapsed)
+            ahead = max(ahead, head_start)
             where = slice(group.start, group.stop, group.step)
             load.outstanding[where] = outstanding
             load.tokens[where] = tokens
@@ -311,3 +323,5 @@ class ShardedCluster:
         self.num_windows += 1
         self.window_time += time.perf_counter() - started
         self.shard_time += slowest
+        self.shard_window_time += in_window
+        self.ahead_time += ahead

@@ -74,7 +74,7 @@ class Arrivals(simpy.Event):
     SimPy work of a request's life).
     """
 
-    def __init__(self, env: simpy.Environment, requests, start) -> None:
+    def __init__(self, env: simpy.Environment, requests, start, eid: int | None = None) -> None:
         self.env = env
         self._value = None
         self._ok = True
@@ -84,9 +84,15 @@ class Arrivals(simpy.Event):
         # Processing an event takes its callbacks list and leaves it as it was: each
         # rescheduling hands back the same one.
         self._callbacks = [self._arrive]
-        # First processed where an arrival process's start would be: URGENT, now.
         self.callbacks = self._callbacks
-        env.schedule(self, URGENT)
+        if eid is None:
+            # First processed where an arrival process's start would be: URGENT, now.
+            env.schedule(self, URGENT)
+        elif self._next is not None:
+            # Made as if at the earlier instant that drew event id ``eid``, every request
+            # arriving later: its processing there would only have pushed this entry (a
+            # sharded run's shard ran ahead of its window's requests, :mod:`simsched.cluster.shard`).
+            heapq.heappush(env._queue, (self._next.arrival_at, NORMAL, eid, self))
 
     def _arrive(self, _event) -> None:
         env, start, requests = self.env, self._start, self._requests
