@@ -37,14 +37,17 @@ class ShardError(RuntimeError):
 
 
 class InlineShard:
-    """A shard in this process (windows run one shard after another: for tests)."""
+    """A shard in this process (windows run one shard after another: for tests; ``ahead``:
+    runs each head start when told, as a worker does, else leaves it to the window)."""
 
-    def __init__(self, args: tuple) -> None:
+    def __init__(self, args: tuple, ahead: bool = True) -> None:
         self.shard = make_shard(*args)
         self._reply = None
+        self.ahead = ahead
 
     def advance(self, at: float) -> None:
-        self.shard.advance(at)
+        if self.ahead:
+            self.shard.advance(at)
 
     def send(self, until, batch, last: bool = False) -> None:
         self._reply = self.shard.window(until, batch, last)
@@ -262,9 +265,12 @@ def shard_opener(config, specs: list, num_requests: int, workers: str = "process
                          output_tokens), stream)
                 # The coordinator runs the last shard itself, after sending every other its
                 # window: one process fewer to wake per window, and its core does shard work
-                # instead of waiting.
-                if workers == "inline" or (workers == "process" and k == len(groups) - 1):
+                # instead of waiting. It routes before running that shard's head start, so the
+                # workers get their windows sooner: the head start is part of its window.
+                if workers == "inline":
                     handles.append(InlineShard(args))
+                elif workers == "process" and k == len(groups) - 1:
+                    handles.append(InlineShard(args, ahead=False))
                 elif workers == "process":
                     handles.append(ProcessShard(args, spin))
                 else:
