@@ -7,6 +7,12 @@ from __future__ import annotations
 DAY = 86400.0
 
 
+def shard_bound(row: dict) -> float:
+    """A sharded row's speed-up with free synchronisation and routing: the one process's CPU
+    time over the slowest shard's work per window, summed."""
+    return row["one_cpu_s"] / row["slowest_shard_s"]
+
+
 def day_projection(v: dict, replicas: int = 1000, nodes: int = 16) -> dict:
     """A paper projection of a ``replicas``-replica day sharded over ``nodes`` Ray nodes (one
     shard each), from one recorded sharded slice ``v`` (a variant of ``shards.json``): the
@@ -69,7 +75,7 @@ def render_shards(recorded: dict) -> str:
             f"| {v['replicas']:,} | {v['shards']} | {v['workers']} | {v['hours']:g} h | "
             f"{v['requests']:,} | {v['one_wall_s']:.1f} | {v['wall_s']:.1f} | "
             f"{v['speedup']:.2f}× | {v['one_cpu_s'] / v['wall_s']:.2f}× | "
-            f"{v['one_cpu_s'] / v['slowest_shard_s']:.2f}× | "
+            f"{shard_bound(v):.2f}× | "
             f"{v['num_windows']:,} | {v['sync_us_per_window'] / 1e3:.2f} "
             f"ms | {v['one_cpu_s']:.1f}; {', '.join(f'{c:.1f}' for c in v['shard_cpu_s'])} | "
             f"{max(v['shard_peak_rss_mib']):.0f} | {v['load_before']:.1f} |")

@@ -1,17 +1,17 @@
 """A two-way channel to a forked worker process whose reader polls instead of sleeping.
 
 A sharded run (:mod:`simsched.cluster.shards`) hands a window to each worker and waits for its
-load figures at every synchronised snapshot refresh: 1.7 million times in a 50 ms day. Over a
-blocking pipe (``multiprocessing.Pipe``) each hand-off costs the woken process's scheduling
-latency: a small message's round trip to a forked process is about 40 us on an idle 2-core
-machine, and the whole day spent 71 us per window beyond the slowest shard's work. Where every
-process of the run has a CPU of its own, neither side needs to sleep: the reader polls a
-non-blocking pipe (a ``read`` that finds nothing returns at once), and the round trip falls to
-about 6 us (``python -m benchmarks.shards --round-trip`` times both).
+load figures at every synchronised snapshot refresh: 1.7 million times in a day of 50 ms
+snapshots. Over a blocking pipe (``multiprocessing.Pipe``) each hand-off costs the woken
+process's scheduling latency: a small message's round trip to a forked process is about 40 us on
+an idle 2-core machine. Where every process of the run has a CPU of its own, neither side needs
+to sleep: the reader polls a non-blocking pipe (a ``read`` that finds nothing returns at once),
+and the round trip falls to about 8 us (``python -m benchmarks.shards --round-trip`` times
+both).
 
 :class:`SpinChannel` has the ``send``/``recv``/``close`` of a ``multiprocessing`` connection, so
 the worker's loop is the same over either. It polls for at most :data:`SPIN_TIME` seconds, then
-sleeps in ``select`` as a blocking pipe would, checking every :data:`CHECK_TIME` seconds that
+sleeps in ``poll`` as a blocking pipe would, checking every :data:`CHECK_TIME` seconds that
 its peer is alive (a worker whose coordinator was killed ends instead of waiting forever; a
 coordinator whose worker died raises ``EOFError``, as a closed pipe does). Messages are pickled,
 each framed by its length, so they may be of any size. Linux only (a forked worker, where a
@@ -67,6 +67,7 @@ class SpinChannel:
         self.read_fd, self.write_fd = read_fd, write_fd
         self.peer_alive = peer_alive
         self._buffer = bytearray()
+        self._poller = None
 
     def send(self, obj) -> None:
         """Pickle ``obj`` and write it whole (blocking while the pipe is full)."""
@@ -104,9 +105,11 @@ class SpinChannel:
             if not data:
                 raise EOFError("the channel's peer closed its end")
             return data
+        if self._poller is None:
+            self._poller = select.poll()        # (no descriptor limit, unlike select())
+            self._poller.register(fd, select.POLLIN)
         while True:                 # polled long enough: sleep until data or the peer ends
-            ready, _, _ = select.select([fd], [], [], CHECK_TIME)
-            if ready:
+            if self._poller.poll(CHECK_TIME * 1000):
                 try:
                     data = os.read(fd, size)
                 except BlockingIOError:
