@@ -41,7 +41,7 @@ from simsched.cluster.specs import replica_rng
 from simsched.cluster.state import ReplicaLoad
 from simsched.engine.replica import Replica
 from simsched.engine.scheduler.quiet import MAX_QUIET_STEPS
-from simsched.engine.simpy_fast import Arrivals, event_at, request_starter
+from simsched.engine.simpy_fast import Arrivals, draw_event_id, event_at, request_starter
 from simsched.engine.simpy_fast import run as run_events
 from simsched.engine.simpy_fast import run_until
 from simsched.request import Request
@@ -128,7 +128,7 @@ class Shard:
         started = time.perf_counter()
         cpu_started = time.process_time()
         env = self.env
-        self._arrivals_eid = next(env._eid)
+        self._arrivals_eid = draw_event_id(env)
         run_until(env, event_at(env, at, STOP))
         elapsed = time.perf_counter() - started
         self._ahead_time += elapsed

@@ -41,6 +41,9 @@ What each replaces, and why the result is the same:
   reusable event of :func:`iteration_clock`'s kind pushed at the run's end; an arrival that
   ends the run sooner moves the event's heap entry earlier in place (a decrease-key: the entry is
   replaced and sifted towards the root), so no entry is left behind to move the clock later.
+* :func:`draw_event_id` draws the id an event scheduled now would get, for an entry pushed later
+  that must sort as if it had been (:class:`Arrivals` takes it as ``eid``: a sharded run's shard
+  runs ahead of its window's requests, :mod:`simsched.cluster.shard`).
 * :func:`run` replaces ``env.run()`` (no ``until``): the same loop over the heap as
   ``Environment.step``, inlined (a fleet processes a few events per request, and a method call
   and its ``try`` per event were a few per cent of a run), with SimPy's handling of a failed
@@ -54,8 +57,9 @@ import heapq
 import simpy
 from simpy.core import NORMAL, URGENT, StopSimulation
 
-__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess", "done_event", "event_at",
-           "iteration_clock", "late", "move_earlier", "request_starter", "run"]
+__all__ = ["LATE", "NORMAL", "URGENT", "Arrivals", "RequestProcess", "done_event",
+           "draw_event_id", "event_at", "iteration_clock", "late", "move_earlier",
+           "request_starter", "run"]
 
 # SimPy processes an instant's events by priority (URGENT 0, NORMAL 1), then by scheduling order.
 LATE = 2
@@ -231,6 +235,12 @@ def event_at(env: simpy.Environment, at: float, priority: float) -> simpy.Event:
     event._value = None
     heapq.heappush(env._queue, (at, priority, next(env._eid), event))
     return event
+
+
+def draw_event_id(env: simpy.Environment) -> int:
+    """An event id drawn now, for an event pushed later that must sort among an instant's
+    events as if scheduled now (:class:`Arrivals`' ``eid``; a sharded run's head start)."""
+    return next(env._eid)
 
 
 def at_time(env: simpy.Environment, when: float) -> simpy.Event:
