@@ -30,18 +30,12 @@ import time
 from benchmarks.fleet_day import compare, fleet_config
 from benchmarks.fleet_day import parser as fleet_parser
 from benchmarks.results_shards import day_projection, projection_text
-from simsched.analysis.spin_pipe import SpinChannel, channel_pair, use_spin
+from simsched.analysis.spin_pipe import start_worker, use_spin
 
 
 def _echo(conn) -> None:
     while (message := conn.recv()) is not None:
         conn.send(message)
-
-
-def _echo_polled(mine: tuple, theirs: tuple, parent: int) -> None:
-    for fd in theirs:
-        os.close(fd)
-    _echo(SpinChannel(*mine, lambda: os.getppid() == parent))
 
 
 def pipe_round_trip(n: int = 5000, polled: bool = False) -> tuple[float, float]:
@@ -50,12 +44,7 @@ def pipe_round_trip(n: int = 5000, polled: bool = False) -> tuple[float, float]:
     over the sharded runs' polled channel (:mod:`simsched.analysis.spin_pipe`), no wake-up."""
     ctx = multiprocessing.get_context("fork")
     if polled:
-        mine, theirs = channel_pair()
-        worker = ctx.Process(target=_echo_polled, args=(theirs, mine, os.getpid()), daemon=True)
-        worker.start()
-        for fd in theirs:
-            os.close(fd)
-        conn = SpinChannel(*mine, worker.is_alive)
+        worker, conn = start_worker(_echo)
     else:
         conn, child = ctx.Pipe()
         worker = ctx.Process(target=_echo, args=(child,), daemon=True)

@@ -167,7 +167,8 @@ def _blackwell(row, engine: str) -> dict | None:
         # minimaxm2.5_fp4_{b200,b300}_trt.sh: max_num_tokens 16,384, 0.9, FP8 KV, no reuse.
         return dict(source=script(f"deprecated/minimaxm2.5_fp4_{gpu}_trt.sh", row.gpu, gpu),
                     chunked=False, max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"],
-                    max_num_batched_tokens=16384, mem=0.9, kv_cache_dtype="fp8", prefix=False, options={})
+                    max_num_batched_tokens=16384, mem=0.9, kv_cache_dtype="fp8", prefix=False,
+                    options={})
     return None
 
 

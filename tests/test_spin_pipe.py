@@ -13,7 +13,7 @@ import pytest
 import simsched
 from simsched.analysis import spin_pipe
 from simsched.analysis.shard_workers import ProcessShard, ShardError
-from simsched.analysis.spin_pipe import SpinChannel, channel_pair, use_spin
+from simsched.analysis.spin_pipe import start_worker, use_spin
 from simsched.config import SimConfig
 from tests.golden.make_golden import CASES
 from tests.test_shards import assert_same_run
@@ -21,33 +21,15 @@ from tests.test_shards import assert_same_run
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked workers: Linux")
 
 
-def _fork_echo():
-    """A forked child echoing every message until None; the parent's channel and the pid."""
-    mine, theirs = channel_pair()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:                        # the child: echo, then leave without cleanup
-        code = 0
-        try:
-            for fd in mine:
-                os.close(fd)
-            conn = SpinChannel(*theirs, lambda: os.getppid() == parent)
-            while (message := conn.recv()) is not None:
-                conn.send(message)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    for fd in theirs:
-        os.close(fd)
-
-    def alive() -> bool:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    return SpinChannel(*mine, alive), pid
+def _echo(conn) -> None:
+    """Send back every message until None."""
+    while (message := conn.recv()) is not None:
+        conn.send(message)
 
 
 @linux
 def test_messages_of_every_size_arrive_whole_and_in_order():
-    conn, pid = _fork_echo()
+    worker, conn = start_worker(_echo)
     try:
         big = np.arange(3_000_000, dtype=np.int64)          # 24 MB: many pipe-fulls
         messages = [0.05, (1, [2.5, None], "x" * 70_000), {"big": big}, b"", ("last",)]
@@ -59,7 +41,8 @@ def test_messages_of_every_size_arrive_whole_and_in_order():
             else:
                 assert got == message
         conn.send(None)
-        assert os.waitpid(pid, 0)[1] == 0
+        worker.join()
+        assert worker.exitcode == 0
     finally:
         conn.close()
 
@@ -68,11 +51,11 @@ def test_messages_of_every_size_arrive_whole_and_in_order():
 def test_a_peer_that_ends_is_an_eof_not_a_hang(monkeypatch):
     monkeypatch.setattr(spin_pipe, "SPIN_TIME", 0.001)
     monkeypatch.setattr(spin_pipe, "CHECK_TIME", 0.01)
-    conn, pid = _fork_echo()
+    worker, conn = start_worker(_echo)
     try:
         conn.send("ping")
         assert conn.recv() == "ping"
-        os.kill(pid, signal.SIGKILL)
+        os.kill(worker.pid, signal.SIGKILL)
         started = time.perf_counter()
         with pytest.raises(EOFError):
             conn.recv()

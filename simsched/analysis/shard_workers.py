@@ -12,7 +12,6 @@ collects the shard's records, ``close()`` stops it.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 from pathlib import Path
 import traceback
@@ -21,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from simsched.analysis.ray_connect import connect
-from simsched.analysis.spin_pipe import SpinChannel, channel_pair, use_spin
+from simsched.analysis.spin_pipe import start_worker, use_spin
 from simsched.analysis.stream import StreamingRequests
 from simsched.cluster.cluster import _long_lived_requests
 from simsched.cluster.shard import Shard
@@ -134,34 +133,17 @@ def _serve(conn, args: tuple) -> None:
         conn.close()
 
 
-def _serve_spin(mine: tuple, theirs: tuple, parent: int, args: tuple) -> None:
-    """A forked worker over a :class:`~simsched.analysis.spin_pipe.SpinChannel` (``mine``: its
-    descriptors, ``theirs``: the coordinator's, closed here; ``parent``: the coordinator's pid,
-    which ends the worker if it ends)."""
-    for fd in theirs:
-        os.close(fd)
-    _serve(SpinChannel(*mine, lambda: os.getppid() == parent), args)
-
-
 class ProcessShard:
     """A shard in a worker process of its own, talking over a pipe (forked where the platform
     allows, so the replicas' specs are not pickled); with ``spin``, a polled one
     (:mod:`simsched.analysis.spin_pipe`: no process sleeps between windows)."""
 
     def __init__(self, args: tuple, spin: bool = False) -> None:
+        if spin:            # (use_spin: Linux only, where workers are forked anyway)
+            self.process, self.conn = start_worker(_serve, (args,))
+            return
         method = "fork" if sys.platform.startswith("linux") else "spawn"
         ctx = multiprocessing.get_context(method)
-        if spin:
-            if method != "fork":
-                raise ValueError("a polled shard channel needs forked workers (Linux)")
-            mine, theirs = channel_pair()
-            self.process = ctx.Process(target=_serve_spin,
-                                       args=(theirs, mine, os.getpid(), args), daemon=True)
-            self.process.start()
-            for fd in theirs:
-                os.close(fd)
-            self.conn = SpinChannel(*mine, self.process.is_alive)
-            return
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, args), daemon=True)
         self.process.start()

@@ -21,6 +21,7 @@ where it is used.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import select
@@ -28,7 +29,7 @@ import struct
 import sys
 import time
 
-__all__ = ["CHECK_TIME", "SPIN_TIME", "SpinChannel", "channel_pair", "use_spin"]
+__all__ = ["CHECK_TIME", "SPIN_TIME", "SpinChannel", "start_worker", "use_spin"]
 
 # How long a reader polls before it sleeps: longer than almost every window of a busy fleet
 # (a few hundred microseconds of shard work), short enough that an idle peer costs little CPU.
@@ -93,32 +94,29 @@ class SpinChannel:
             buffer += self._read(max(min(want, _CHUNK), 65536))
 
     def _read(self, size: int) -> bytes:
+        """Up to ``size`` bytes, polling for :data:`SPIN_TIME` seconds, then sleeping in
+        ``poll`` and checking that the peer is alive every :data:`CHECK_TIME` seconds."""
         fd = self.read_fd
         started = time.perf_counter()
         while True:
             try:
                 data = os.read(fd, size)
             except BlockingIOError:
-                if time.perf_counter() - started < SPIN_TIME:
-                    continue
-                break
+                if time.perf_counter() - started >= SPIN_TIME:
+                    self._sleep()
+                continue
             if not data:
                 raise EOFError("the channel's peer closed its end")
             return data
+
+    def _sleep(self) -> None:
+        """Wait until there is something to read or :data:`CHECK_TIME` passed; ``EOFError``
+        if then the peer has ended."""
         if self._poller is None:
             self._poller = select.poll()        # (no descriptor limit, unlike select())
-            self._poller.register(fd, select.POLLIN)
-        while True:                 # polled long enough: sleep until data or the peer ends
-            if self._poller.poll(CHECK_TIME * 1000):
-                try:
-                    data = os.read(fd, size)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    raise EOFError("the channel's peer closed its end")
-                return data
-            if not self.peer_alive():
-                raise EOFError("the channel's peer ended")
+            self._poller.register(self.read_fd, select.POLLIN)
+        if not self._poller.poll(CHECK_TIME * 1000) and not self.peer_alive():
+            raise EOFError("the channel's peer ended")
 
     def close(self) -> None:
         """Close both descriptors (once)."""
@@ -131,9 +129,23 @@ class SpinChannel:
         self.read_fd = self.write_fd = -1
 
 
-def channel_pair() -> tuple[tuple[int, int], tuple[int, int]]:
-    """Two pipes' descriptors: the parent's ``(read, write)`` and the child's, to wrap in a
-    :class:`SpinChannel` on each side of a ``fork`` (each side closes the other's pair)."""
-    down_read, down_write = os.pipe()       # parent -> child
-    up_read, up_write = os.pipe()           # child -> parent
-    return (up_read, down_write), (down_read, up_write)
+def _child(mine: tuple, theirs: tuple, parent: int, target, args: tuple) -> None:
+    for fd in theirs:
+        os.close(fd)
+    target(SpinChannel(*mine, lambda: os.getppid() == parent), *args)
+
+
+def start_worker(target, args: tuple = (), daemon: bool = True):
+    """Fork a process running ``target(channel, *args)``; the forked process and this side's
+    :class:`SpinChannel` to it. The worker's channel reports its peer ended when this process
+    has (the worker is re-parented); this side's when the worker has."""
+    down_read, down_write = os.pipe()       # this process -> the worker
+    up_read, up_write = os.pipe()           # the worker -> this process
+    mine, theirs = (up_read, down_write), (down_read, up_write)
+    ctx = multiprocessing.get_context("fork")
+    process = ctx.Process(target=_child, args=(theirs, mine, os.getpid(), target, args),
+                          daemon=daemon)
+    process.start()
+    for fd in theirs:
+        os.close(fd)
+    return process, SpinChannel(*mine, process.is_alive)

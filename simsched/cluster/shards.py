@@ -125,8 +125,8 @@ class ShardedCluster:
 
     ``requests`` is a :class:`~simsched.cluster.lazy.LazyRequests` (plain requests); ``open_shards
     (groups, reads_kv, output_tokens)`` starts one shard per group of replica indices and returns
-    their handles (``advance(at)``, ``send(until, batch)``, ``receive()``, ``finish()``, ``close()``;
-    :mod:`simsched.analysis.shard_workers`).
+    their handles (``advance(at)``, ``send(until, batch)``, ``receive()``, ``finish()``,
+    ``close()``; :mod:`simsched.analysis.shard_workers`).
     """
 
     fleet = disagg = clients = failures = autoscaler = link_faults = None

@@ -95,7 +95,7 @@ class Arrivals(simpy.Event):
         elif self._next is not None:
             # Made as if at the earlier instant that drew event id ``eid``, every request
             # arriving later: its processing there would only have pushed this entry (a
-            # sharded run's shard ran ahead of its window's requests, :mod:`simsched.cluster.shard`).
+            # sharded run's shard ran ahead of its window's requests: simsched.cluster.shard).
             heapq.heappush(env._queue, (self._next.arrival_at, NORMAL, eid, self))
 
     def _arrive(self, _event) -> None:
