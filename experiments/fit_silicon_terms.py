@@ -1,4 +1,4 @@
-"""Fit the prefill and fused-MoE terms of :mod:`simsched.cost.vllm_silicon` on the Hopper vLLM
+"""Fit the prefill, all-reduce and fused-MoE terms of :mod:`simsched.cost.vllm_silicon` on the Hopper vLLM
 rows of the silicon set, and report them leaving one (GPU, model) group out.
 
     python -m experiments.fit_silicon_terms [--quick] [--update] [--out DIR]
@@ -48,7 +48,8 @@ from experiments import validate_silicon as vs
 from experiments._common import print_table
 from experiments._common import parser as make_parser
 
-PROBES = {"prefill_gemm_scale": 2.0, "prefill_expert_scale": 3.0, "large_allreduce_scale": 0.5}
+PROBES = {"prefill_gemm_scale": 2.0, "prefill_expert_scale": 3.0, "large_allreduce_scale": 0.5,
+          "decode_expert_scale": 2.0}
 # Terms not fitted here, held at their neutral value: prefill_layer_time (the device script
 # measures a few ms per 80-layer step at most, under the rows' noise).
 FITTED = tuple(PROBES)
@@ -57,7 +58,8 @@ GRID = {"prefill_gemm_scale": np.round(np.arange(1.0, 3.001, 0.025), 4),
         "prefill_layer_time": np.round(np.arange(0.0, 500.1e-6, 10e-6), 9),
         # At most 1: vLLM's paths for large all-reduces (symmetric memory, else NCCL itself)
         # are never slower than NCCL; a fit above 1 would stand for other missing prefill time.
-        "large_allreduce_scale": np.round(np.arange(0.2, 1.001, 0.025), 4)}
+        "large_allreduce_scale": np.round(np.arange(0.2, 1.001, 0.025), 4),
+        "decode_expert_scale": np.round(np.arange(0.5, 4.001, 0.05), 4)}
 QUICK_MAX_CONCURRENCY = 16
 GROUP = ["gpu", "model"]
 METRICS = ("ttft", "tpot")
@@ -173,17 +175,23 @@ def group_errors(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def vllm015_check() -> pd.DataFrame:
-    """The real vLLM 0.15 runs (``experiments.validate_vllm``'s, shipped ``vllm_v1`` terms)
+    """The real vLLM 0.15 runs (``experiments.validate_vllm``'s 13 dense runs and
+    ``experiments.validate_moe``'s four Llama-4-Scout FP8 runs, shipped ``vllm_v1`` terms)
     simulated again with the fitted silicon terms added: median absolute error % of mean TTFT,
-    mean E2E and the engine's time per token, and each run's E2E error."""
+    mean E2E and the engine's time per token, and each run's E2E error (``moe``: whether the
+    run is one of the MoE ones)."""
+    from experiments import validate_moe as vm
     from experiments import validate_vllm as vv
 
     rows = []
-    for run in vllm_v1.load_runs().itertuples():
+    # Apart, not concatenated: only the MoE runs carry a model_spec.
+    runs = [*vllm_v1.load_runs().assign(moe=False).itertuples(),
+            *vm.load_runs().assign(moe=True).itertuples()]
+    for run in runs:
         meas = vv.measured(run)
         for name, terms in (("shipped", None), ("silicon", vllm_silicon.terms())):
             sim = vv.metrics(vv.simulate_run(run, "vllm_v1", None, 0, terms), run.output_tokens)
-            rows.append({"run": run.experiment, "terms": name,
+            rows.append({"run": run.experiment, "moe": run.moe, "terms": name,
                          **{f"{m}_error": 100 * (sim[m] / meas[m] - 1)
                             for m in ("ttft_mean", "e2e_mean", "itl")}})
     return pd.DataFrame(rows)
@@ -211,10 +219,10 @@ def main(argv=None) -> pd.DataFrame:
         t = vllm015_check()
         cols = ["ttft_mean_error", "e2e_mean_error", "itl_error"]
         print("vLLM 0.15 runs, median absolute error % (shipped vllm_v1 / with the silicon "
-              "terms)")
-        print_table(t.groupby("terms")[cols].agg(lambda e: e.abs().median()).reset_index(),
-                    digits=3)
-        print_table(t.pivot(index="run", columns="terms", values="e2e_mean_error")
+              "terms), dense and MoE runs apart")
+        print_table(t.groupby(["moe", "terms"])[cols].agg(lambda e: e.abs().median())
+                    .reset_index(), digits=3)
+        print_table(t.pivot(index=["run", "moe"], columns="terms", values="e2e_mean_error")
                     .reset_index(), digits=3)
         return t
     if args.update and args.quick:

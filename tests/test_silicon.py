@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simsched import SimConfig
+from simsched import SimConfig, simulate
 from simsched.cost import aiconfigurator as aic
 from simsched.cost import shapes
 from simsched.cost.base import Batch
@@ -163,6 +163,15 @@ def test_experiment_on_a_small_file_and_without_the_data(tmp_path, capsys):
     a, b = table.iloc[0], table.iloc[1]
     assert a.expressible and a.layout == "tp1" and a.concurrency == 4
     assert a.sim_ttft_ms > 0 and a.tpot_error == pytest.approx(a.sim_tpot_ms / 5.0 - 1)
+    # The measured values are each run's means (validate_silicon's docstring): the simulated
+    # mean is compared, the median kept beside it.
+    assert vs.STATISTIC == "mean"
+    row = next(vs.load(path).itertuples())
+    s = simulate(vs.config_of(row, vs.ENGINES["vllm"])[0]).summary()
+    assert a.sim_ttft_ms == pytest.approx(s["ttft_mean"] * 1e3, rel=1e-12)
+    assert a.sim_tpot_ms == pytest.approx(s["tpot_mean"] * 1e3, rel=1e-12)
+    assert a.sim_ttft_p50_ms == pytest.approx(s["ttft_p50"] * 1e3, rel=1e-12)
+    assert a.sim_ttft_ms != a.sim_ttft_p50_ms
     assert not b.expressible and "sglang" in b.reason
     assert table.attrs["summary"]["expressible"] == 1
     assert (tmp_path / "out" / "rows.csv").exists()

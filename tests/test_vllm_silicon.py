@@ -53,6 +53,28 @@ def test_expert_scale_moves_only_the_routed_experts_of_prefill_steps():
     assert dense_scaled.iteration_time(mixed) == dense.iteration_time(mixed)
 
 
+def test_decode_expert_scale_moves_only_the_routed_experts_of_decode_steps():
+    base = _model("qwen3-30b-a3b")
+    k = base.kernels
+    scaled = _model("qwen3-30b-a3b", _terms(decode_expert_scale=1.5))
+    decode, mixed = Batch([], [], 16, 16000), Batch([900], [0], 3, 4000)
+    assert scaled.breakdown(decode)["linear"] == pytest.approx(
+        base.breakdown(decode)["linear"] + 0.5 * k.moe_experts[16], rel=1e-12)
+    assert scaled.iteration_time(decode) > base.iteration_time(decode)
+    # The fast path of decode-only runs reads the same tables.
+    assert scaled.decode_iteration_times(16, 16000, 5) == pytest.approx(
+        [scaled.iteration_time(Batch([], [], 16, 16000 + 16 * i)) for i in range(5)],
+        rel=1e-12)
+    # A step that prefills keeps prefill_gemm_scale x prefill_expert_scale, whatever this is.
+    both = _model("qwen3-30b-a3b", _terms(decode_expert_scale=1.5, prefill_expert_scale=2.0))
+    prefill_only = _model("qwen3-30b-a3b", _terms(prefill_expert_scale=2.0))
+    assert both.iteration_time(mixed) == pytest.approx(prefill_only.iteration_time(mixed),
+                                                       rel=1e-12)
+    dense = _model("llama-3-8b")
+    assert _model("llama-3-8b", _terms(decode_expert_scale=3.0)).iteration_time(decode) \
+        == dense.iteration_time(decode)
+
+
 def test_prefill_terms_add_to_steps_that_prefill_only():
     base = _model("llama-3-8b")
     t = _terms(prefill_gemm_scale=1.2, prefill_layer_time=50e-6)

@@ -95,6 +95,7 @@ class CalibratedCostModel:
         self.output_delay = 0.0
         floor = serial = np.zeros_like(n)
         prefill_extra = None
+        linear = k.linear
         if engine_overhead == "measured_2023" and self._general:
             per_seq, serial = lm_head, cpu.copy()  # CPU kept out of the power-capped GPU time
         elif engine_overhead == "measured_2023":
@@ -121,6 +122,7 @@ class CalibratedCostModel:
             self.output_delay = terms["output_delay"]
             # Prefill and fused-MoE terms (simsched.cost.vllm_silicon; absent: neutral, None).
             prefill_extra = vllm_silicon.prefill_extra(k, terms)
+            linear = vllm_silicon.scale_experts(k, terms)
         else:
             terms = engine_terms if engine_terms is not None else \
                 serving.engine_terms()[gpu.serving]
@@ -138,7 +140,7 @@ class CalibratedCostModel:
         floor[0] = serial[0] = 0.0
         self._floor, self._serial = floor.tolist(), serial.tolist()
 
-        self._linear, self._emb = k.linear.tolist(), k.emb.tolist()
+        self._linear, self._emb = linear.tolist(), k.emb.tolist()
         # Seconds a step that prefills adds, by token count (None: nothing).
         self._prefill_extra = None if prefill_extra is None else prefill_extra.tolist()
         if engine_overhead == "eager_2023":
@@ -149,7 +151,7 @@ class CalibratedCostModel:
             comm = comm * adjust["comm_scale"]
         self._comm = comm.tolist()
         self._lm_head, self._cpu = lm_head.tolist(), cpu.tolist()
-        self._per_token = (k.linear + comm + k.emb).tolist()
+        self._per_token = (linear + comm + k.emb).tolist()
         self._per_seq = per_seq.tolist()
         self._pre_t0, self._pre_slope = k.pre_t0.tolist(), k.pre_slope.tolist()
         self._dec_a, self._dec_s = k.dec_a.tolist(), k.dec_s.tolist()

@@ -3,7 +3,7 @@
 The shipped ``vllm_v1`` profile (:mod:`simsched.cost.vllm_v1`) was fitted on dense vLLM 0.15
 runs with short prompts. On the silicon rows (vLLM 0.12-0.18 on H100/H200, prompts of 1k-8k
 tokens, MoE and FP8 models: ``experiments.validate_silicon``) one prefill takes longer than the
-kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Four named
+kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Five named
 terms say by how much, each per kernel class, layer or step, never per model:
 
 * ``prefill_gemm_scale`` (x): the GEMM time (the linear table: projections, MLPs, experts,
@@ -26,6 +26,11 @@ terms say by how much, each per kernel class, layer or step, never per model:
   all-reduce limit (8 MiB: a prefill's), against the kernel tables' NCCL (the A100 NCCL profile
   scaled by link bandwidth; AIConfigurator's measured NCCL on its own profiles). vLLM on Hopper
   may take other paths for them (symmetric-memory all-reduce over NVLink SHARP).
+* ``decode_expert_scale`` (x): the routed experts' time in a step that only decodes, against
+  the dense GEMM model (a step that prefills takes ``prefill_gemm_scale x
+  prefill_expert_scale`` instead): the fused-MoE kernels' fixed work per expert and layer
+  (routing, the token alignment, two grouped GEMMs and their launch tails) that a GEMM of the
+  same rows does not have.
 
 With the scales 1 and ``prefill_layer_time = 0`` (:data:`NEUTRAL`)
 the model is the shipped one, bit for bit; the shipped ``vllm_v1`` profile keeps them so. The
@@ -47,12 +52,12 @@ from simsched.cost import calibration as cal
 from simsched.cost import vllm_v1
 
 TERMS = ("prefill_gemm_scale", "prefill_expert_scale", "prefill_layer_time",
-         "large_allreduce_scale")
+         "large_allreduce_scale", "decode_expert_scale")
 NEUTRAL = {"prefill_gemm_scale": 1.0, "prefill_expert_scale": 1.0, "prefill_layer_time": 0.0,
-           "large_allreduce_scale": 1.0}
+           "large_allreduce_scale": 1.0, "decode_expert_scale": 1.0}
 UNITS = {"prefill_gemm_scale": ("x", 1.0), "prefill_expert_scale": ("x", 1.0),
          "prefill_layer_time": ("us per layer and prefill step", 1e6),
-         "large_allreduce_scale": ("x", 1.0)}
+         "large_allreduce_scale": ("x", 1.0), "decode_expert_scale": ("x", 1.0)}
 DATA = cal.DATA_DIR / "vllm_silicon_terms.json"
 
 
@@ -96,16 +101,31 @@ def prefill_extra(k, terms: dict) -> np.ndarray | None:
     ``terms``; None for neutral terms, so the model stays the shipped one bit for bit."""
     t = check(terms)
     linear = k.linear
+    experts = getattr(k, "moe_experts", None)
+    decode_scale = t["decode_expert_scale"] if experts is not None else 1.0
     if t["prefill_gemm_scale"] == 1.0 and t["prefill_layer_time"] == 0.0 \
-            and t["prefill_expert_scale"] == 1.0:
+            and t["prefill_expert_scale"] == 1.0 and decode_scale == 1.0:
         return None
     extra = (t["prefill_gemm_scale"] - 1.0) * linear \
         + k.spec.num_layers * t["prefill_layer_time"]
-    experts = getattr(k, "moe_experts", None)
     if experts is not None:
-        extra = extra + t["prefill_gemm_scale"] * (t["prefill_expert_scale"] - 1.0) * experts
+        # On top of the linear table as scale_experts gives it: a prefill step's experts take
+        # prefill_gemm_scale x prefill_expert_scale x the tables, whatever decode_expert_scale.
+        extra = extra + (t["prefill_gemm_scale"] * (t["prefill_expert_scale"] - 1.0)
+                         - (decode_scale - 1.0)) * experts
     extra[0] = 0.0
     return extra
+
+
+def scale_experts(k, terms: dict) -> np.ndarray:
+    """The linear table of kernel tables ``k`` with the routed experts' part scaled by
+    ``decode_expert_scale`` (what a step that only decodes takes; a prefill step's experts are
+    :func:`prefill_extra`'s). Neutral, or a model without routed experts: ``k.linear`` itself."""
+    scale = check(terms)["decode_expert_scale"]
+    experts = getattr(k, "moe_experts", None)
+    if scale == 1.0 or experts is None:
+        return k.linear
+    return k.linear + (scale - 1.0) * experts
 
 
 def scale_comm(k, comm: np.ndarray, terms: dict) -> np.ndarray:
