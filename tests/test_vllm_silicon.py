@@ -173,3 +173,22 @@ def test_a_term_pass_simulates_the_registered_vllm_engine_with_its_terms():
     assert engine.terms_of(None) == terms
     with pytest.raises(TypeError):
         vs.Engine("vllm", vs.vllm_recipe, "vllm_v1", terms)
+
+
+def test_the_vllm_silicon_profile_is_vllm_v1_with_the_fitted_terms():
+    # engine_overhead="vllm_silicon" is the opt-in by name (config, CLI --set, sweeps): the same
+    # model as passing the fitted terms, scheduled asynchronously as vllm_v1 is.
+    cfg = SimConfig().replace(model="qwen3-30b-a3b", gpu="h200", tensor_parallel_size=2,
+                              num_requests=40)
+    named = factory.make_cost_model(cfg.replace(engine_overhead="vllm_silicon").hardware)
+    passed = factory.engine_terms_cost_model(cfg.hardware, vllm_silicon.terms())
+    plain = factory.make_cost_model(cfg.hardware)
+    for b in (Batch([], [], 16, 16000), Batch([900], [0], 3, 4000), Batch([8000], [0])):
+        assert named.iteration_time(b) == passed.iteration_time(b)
+        assert named.iteration_time(b) != plain.iteration_time(b)
+    a = simulate(cfg.replace(engine_overhead="vllm_silicon")).requests
+    b = simulate(cfg, cost_model=passed).requests
+    assert a.ttft.tolist() == b.ttft.tolist()
+    assert "fitted on AIConfigurator" in named.describe()
+    with pytest.raises(ValueError, match="engine_overhead"):
+        SimConfig().replace(engine_overhead="vllm_silicone")

@@ -88,8 +88,8 @@ class CalibratedCostModel:
         # is floor[seqs], or floor_prefill when the batch prefills and that is larger, and the
         # slowdown (a power cap) applies to iterations that prefill.
         self._slowdown = gpu.prefill_slowdown
-        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1", "sglang",
-                                            "trtllm") \
+        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1", "vllm_silicon",
+                                            "sglang", "trtllm") \
             or self._slowdown != 1.0
         self._sync = self._floor_prefill = 0.0
         self.output_delay = 0.0
@@ -106,10 +106,12 @@ class CalibratedCostModel:
         elif engine_overhead == "overlapped":
             per_seq, floor = lm_head, cpu.copy()
             serial = np.full_like(n, overhead.overlapped_gap())
-        elif engine_overhead in ("vllm_v1", "sglang", "trtllm"):
-            # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles).
+        elif engine_overhead in ("vllm_v1", "vllm_silicon", "sglang", "trtllm"):
+            # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles);
+            # vllm_silicon is vllm_v1 with the silicon terms fitted (simsched.cost.vllm_silicon).
             terms = engine_terms if engine_terms is not None else vllm_v1.terms() \
-                if engine_overhead == "vllm_v1" else engine_profiles.terms(engine_overhead)
+                if engine_overhead == "vllm_v1" else vllm_silicon.terms() \
+                if engine_overhead == "vllm_silicon" else engine_profiles.terms(engine_overhead)
             comm = vllm_silicon.scale_comm(k, vllm_v1.comm_table(k, terms["allreduce_latency"]),
                                            terms)
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
@@ -171,6 +173,10 @@ class CalibratedCostModel:
             text += f" (whole-iteration terms {whole})"
         elif self.engine_overhead == "vllm_v1":
             text += (" (terms fitted on real vLLM 0.15 H100 runs; output delay "
+                     f"{self.output_delay * 1e3:.1f} ms)")
+        elif self.engine_overhead == "vllm_silicon":
+            text += (" (vllm_v1's terms and the prefill, all-reduce and fused-MoE terms fitted on "
+                     "AIConfigurator's H100/H200 vLLM rows; output delay "
                      f"{self.output_delay * 1e3:.1f} ms)")
         elif self.engine_overhead in engine_profiles.DESCRIPTIONS:
             text += f" ({engine_profiles.DESCRIPTIONS[self.engine_overhead]})"

@@ -46,12 +46,14 @@ ENGINE_OVERHEADS: dict[str, str] = {
     "none": "GPU time only",
     "vllm_v1": "vLLM V1 with CUDA graphs, custom all-reduce, async scheduling and a client-side "
                "output delay, fitted on real vLLM 0.15 H100 serving runs; default",
+    "vllm_silicon": "vllm_v1 with the prefill, all-reduce and fused-MoE terms fitted on "
+                    "AIConfigurator's H100/H200 vLLM rows (simsched.cost.vllm_silicon); opt-in",
     # The other engines' profiles (simsched.cost.engine_profiles).
     "sglang": "SGLang 0.5.9: vllm_v1's form without vLLM's async pipeline (terms assumed)",
     "trtllm": "TensorRT-LLM 1.x: vllm_v1's form without vLLM's async pipeline (terms assumed)",
 }
 # Engine profiles whose engine schedules asynchronously unless scheduler.async_scheduling says.
-ASYNC_SCHEDULING = frozenset({"vllm_v1"})
+ASYNC_SCHEDULING = frozenset({"vllm_v1", "vllm_silicon"})
 DEFAULT_ENGINE_OVERHEAD = "vllm_v1"
 
 
