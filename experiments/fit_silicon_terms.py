@@ -1,5 +1,5 @@
-"""Fit the prefill, all-reduce and fused-MoE terms of :mod:`simsched.cost.vllm_silicon` on the Hopper vLLM
-rows of the silicon set, and report them leaving one (GPU, model) group out.
+"""Fit the prefill, all-reduce and fused-MoE terms of :mod:`simsched.cost.vllm_silicon` on the
+Hopper vLLM rows of the silicon set, and report them leaving one (GPU, model) group out.
 
     python -m experiments.fit_silicon_terms [--quick] [--update] [--out DIR]
     python -m experiments.fit_silicon_terms --check-vllm015

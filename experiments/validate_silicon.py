@@ -34,12 +34,12 @@ InferenceX's ``mean_ttft`` / ``mean_tpot`` (ai-dynamo/aisimulate, ``scripts/e2e_
 and only means grow with concurrency as the rows do: every run opens with all C requests
 at once, and their queued prefills lift the mean TTFT far above the median (Llama-3.1-70B FP8,
 H100 TP4, 8k/1k at C = 64: measured 1,745 ms; simulated mean 1,964 ms, median 529 ms). The
-simulated medians are kept in ``sim_ttft_p50_ms`` / ``sim_tpot_p50_ms``. Printed and written (``rows.csv``: one row per silicon row, expressible or
-not with the reason; ``groups.csv``: median absolute error per (GPU, model, precision,
-layout); ``coverage.csv``; ``silicon.png``). Signed errors are ``simulated / measured - 1``.
-The silicon data is needed only here, never by the package: without it the experiment says so
-and returns an empty table. ``--quick``: one row per (GPU, model, layout) group at its lowest
-concurrency, C <= 64 (about a minute).
+simulated medians are kept in ``sim_ttft_p50_ms`` / ``sim_tpot_p50_ms``. Printed and written
+(``rows.csv``: one row per silicon row, expressible or not with the reason; ``groups.csv``:
+median absolute error per (GPU, model, precision, layout); ``coverage.csv``; ``silicon.png``).
+Signed errors are ``simulated / measured - 1``. The silicon data is needed only here, never by
+the package: without it the experiment says so and returns an empty table. ``--quick``: one
+row per (GPU, model, layout) group at its lowest concurrency, C <= 64 (about a minute).
 """
 
 from __future__ import annotations

@@ -85,12 +85,20 @@ _FINITE_BATCHES = [decode(1, 1), decode(256, 3000), Batch([1], [0]), Batch([8192
                    decode(20000, 10)]
 
 
+def _hardware(model: str, gpu: str, tp: int) -> HardwareConfig | None:
+    """The deployment, or None where it cannot be built (the weights do not fit, the heads do
+    not split)."""
+    try:
+        return HardwareConfig(model=model, gpu=gpu, tensor_parallel_size=tp)
+    except ValueError:
+        return None
+
+
 def _assert_positive_finite(model: str, gpu: str, tp: int) -> bool:
     """Every batch priced positive and finite on this deployment; False where it cannot be
-    built (the weights do not fit, the heads do not split)."""
-    try:
-        hw = HardwareConfig(model=model, gpu=gpu, tensor_parallel_size=tp)
-    except ValueError:
+    built."""
+    hw = _hardware(model, gpu, tp)
+    if hw is None:
         return False
     m = factory.make_cost_model(hw)
     for b in _FINITE_BATCHES:
@@ -126,16 +134,8 @@ def test_positive_finite_on_a_pairwise_cover():
                 built.add((model, gpu))
                 break
     pairs = {(m, g) for m in hwmod.MODELS for g in hwmod.GPUS
-             if any(_buildable(m, g, t) for t in hwmod.TP_SIZES)}
+             if any(_hardware(m, g, t) is not None for t in hwmod.TP_SIZES)}
     assert built == pairs
-
-
-def _buildable(model: str, gpu: str, tp: int) -> bool:
-    try:
-        HardwareConfig(model=model, gpu=gpu, tensor_parallel_size=tp)
-    except ValueError:
-        return False
-    return True
 
 
 @pytest.mark.slow

@@ -107,3 +107,9 @@ def test_a_killed_polled_worker_raises_in_the_coordinator(monkeypatch):
             shard.receive()
     finally:
         shard.close()
+
+
+def test_a_polled_worker_is_refused_off_linux(monkeypatch):
+    monkeypatch.setattr(spin_pipe.sys, "platform", "darwin")
+    with pytest.raises(ValueError, match="forked workers \\(Linux\\)"):
+        start_worker(lambda channel: None)

@@ -138,7 +138,11 @@ def _child(mine: tuple, theirs: tuple, parent: int, target, args: tuple) -> None
 def start_worker(target, args: tuple = (), daemon: bool = True):
     """Fork a process running ``target(channel, *args)``; the forked process and this side's
     :class:`SpinChannel` to it. The worker's channel reports its peer ended when this process
-    has (the worker is re-parented); this side's when the worker has."""
+    has (the worker is re-parented); this side's when the worker has. Linux only, as
+    :func:`use_spin` says (elsewhere a ValueError: forking there is not safe)."""
+    if not sys.platform.startswith("linux"):
+        raise ValueError("a polled channel needs forked workers (Linux), not "
+                         f"{sys.platform!r}")
     down_read, down_write = os.pipe()       # this process -> the worker
     up_read, up_write = os.pipe()           # the worker -> this process
     mine, theirs = (up_read, down_write), (down_read, up_write)

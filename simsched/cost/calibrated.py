@@ -22,6 +22,8 @@ lists, so :meth:`CalibratedCostModel.iteration_time` is a handful of list look-u
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from simsched.cost import calibration as cal
@@ -32,6 +34,13 @@ from simsched.cost.profiles import PROFILES
 from simsched.cost.hardware import (GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
                                     kernel_source)
 from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
+
+# The engine profiles of vllm_v1's form -> their terms: vllm_silicon is vllm_v1 with the terms
+# fitted on the silicon rows (simsched.cost.vllm_silicon); the other engines' profiles take
+# vllm_v1's form (simsched.cost.engine_profiles).
+VLLM_FORM = {"vllm_v1": vllm_v1.terms, "vllm_silicon": vllm_silicon.terms,
+             **{engine: functools.partial(engine_profiles.terms, engine)
+                for engine in engine_profiles.OVERRIDES}}
 
 
 def _extend(table: list, n: int) -> float:
@@ -88,8 +97,7 @@ class CalibratedCostModel:
         # is floor[seqs], or floor_prefill when the batch prefills and that is larger, and the
         # slowdown (a power cap) applies to iterations that prefill.
         self._slowdown = gpu.prefill_slowdown
-        self._general = engine_overhead in ("overlapped", "eager_2023", "vllm_v1", "vllm_silicon",
-                                            "sglang", "trtllm") \
+        self._general = engine_overhead in ("overlapped", "eager_2023", *VLLM_FORM) \
             or self._slowdown != 1.0
         self._sync = self._floor_prefill = 0.0
         self.output_delay = 0.0
@@ -106,12 +114,8 @@ class CalibratedCostModel:
         elif engine_overhead == "overlapped":
             per_seq, floor = lm_head, cpu.copy()
             serial = np.full_like(n, overhead.overlapped_gap())
-        elif engine_overhead in ("vllm_v1", "vllm_silicon", "sglang", "trtllm"):
-            # The other engines' profiles take vllm_v1's form (simsched.cost.engine_profiles);
-            # vllm_silicon is vllm_v1 with the silicon terms fitted (simsched.cost.vllm_silicon).
-            terms = engine_terms if engine_terms is not None else vllm_v1.terms() \
-                if engine_overhead == "vllm_v1" else vllm_silicon.terms() \
-                if engine_overhead == "vllm_silicon" else engine_profiles.terms(engine_overhead)
+        elif engine_overhead in VLLM_FORM:
+            terms = engine_terms if engine_terms is not None else VLLM_FORM[engine_overhead]()
             comm = vllm_silicon.scale_comm(k, vllm_v1.comm_table(k, terms["allreduce_latency"]),
                                            terms)
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
