@@ -12,10 +12,11 @@ from simsched.engine.kv.prefix_cache import PrefixCache
 from simsched.request import Content, Request, Status
 
 
-def sched_of(num_tokens, policy="fcfs", disable=False, **fields):
+def sched_of(num_tokens, policy="fcfs", disable=False, options=None, **fields):
     fields.setdefault("max_num_batched_tokens", 8192)
     fields.setdefault("max_num_seqs", 64)
-    cfg = SchedulerConfig(engine="sglang", engine_options={"schedule_policy": policy}, **fields)
+    cfg = SchedulerConfig(engine="sglang", engine_options={"schedule_policy": policy,
+                                                           **(options or {})}, **fields)
     return SGLangScheduler(cfg, RadixCache(num_tokens, disable=disable))
 
 
@@ -52,6 +53,68 @@ def test_prefill_and_decode_run_in_separate_batches():
     assert grants == {1: 50} and decoders == 0
     grants, decoders, _ = step(sched, 0.02)
     assert grants == {} and decoders == 2
+
+
+def test_mixed_chunk_decodes_the_running_requests_in_the_prefill_batch():
+    sched = sched_of(10_000, options={"enable_mixed_chunk": True})
+    sched.add(req(0, 100, 5), 0.0)
+    grants, decoders, _ = step(sched, 0.0)
+    assert grants == {0: 100} and decoders == 0     # nothing running yet: a plain prefill
+    sched.add(req(1, 50, 5), 0.0)
+    grants, decoders, _ = step(sched, 0.01)         # mixed: request 0 decodes alongside
+    assert grants == {1: 50} and decoders == 1
+    assert sched.num_generated(sched.running[0]) == 2      # its first token and this step's
+    grants, decoders, _ = step(sched, 0.02)
+    assert grants == {} and decoders == 2
+    assert sched.new_token_ratio < sched.init_new_token_ratio    # decays on decode steps only
+
+
+def test_mixed_chunk_takes_the_decode_tokens_from_the_prefill_budget():
+    # max_prefill_tokens 60 less 5 running decodes leaves 55: a 50-token prompt, then an
+    # 8-token one only without mixing; a 40-token chunk becomes 35 (chunk None: unchunked).
+    def admitted(mixed, chunk):
+        sched = sched_of(10_000, options={"enable_mixed_chunk": mixed, "max_prefill_tokens": 60},
+                         max_num_batched_tokens=chunk or 8192, max_num_seqs=16,
+                         enable_chunked_prefill=chunk is not None)
+        for i in range(5):
+            sched.add(req(i, 2, 50), 0.0)
+        step(sched, 0.0)
+        sched.add(req(5, 50, 5), 0.0)
+        sched.add(req(6, 8, 5), 0.0)
+        return step(sched, 0.01)[:2]
+
+    assert admitted(False, 8192) == ({5: 50, 6: 8}, 0)
+    assert admitted(True, 8192) == ({5: 50}, 5)
+    assert admitted(False, 40) == ({5: 40}, 0)
+    assert admitted(True, 40) == ({5: 35}, 5)
+    # SGLang mixes only with chunked prefill on (Scheduler.is_mixed_chunk).
+    assert admitted(True, None) == ({5: 50, 6: 8}, 0)
+
+
+def test_mixed_chunk_keeps_decodes_going_under_a_stream_of_prefills():
+    # Requests keep arriving: without mixing the running ones stall behind every prefill.
+    def max_gap(mixed):
+        sched = sched_of(100_000, options={"enable_mixed_chunk": mixed, "max_prefill_tokens": 100},
+                         max_num_batched_tokens=100)
+        sched.add(req(0, 10, 20), 0.0)
+        gaps, last, now = [], None, 0.0
+        for i in range(1, 15):
+            sched.add(req(i, 100, 200), now)
+            before = sched.num_generated(sched.running[0]) if 0 in sched.running else None
+            step(sched, now)
+            after = sched.num_generated(sched.running[0]) if 0 in sched.running else None
+            if before is not None and after is not None:
+                gaps.append(after - before)
+            now += 0.01
+        return gaps
+
+    assert max_gap(True) and all(g == 1 for g in max_gap(True))
+    assert all(g == 0 for g in max_gap(False)[1:])
+
+
+def test_mixed_chunk_option_is_checked():
+    with pytest.raises(ValueError, match="enable_mixed_chunk must be true or false"):
+        SchedulerConfig(engine="sglang", engine_options={"enable_mixed_chunk": 1})
 
 
 def test_lpm_orders_the_queue_by_longest_cached_prefix_fcfs_by_arrival():

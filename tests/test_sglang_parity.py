@@ -14,8 +14,12 @@ FIXTURES = sorted((Path(__file__).parent / "fixtures" / "sglang_parity").glob("*
 
 def test_fixtures_cover_every_family_and_retraction():
     entries = [json.loads(p.read_text()) for p in FIXTURES]
-    assert {e["family"] for e in entries} == {"light", "budget", "kv_retract", "prefix_evict"}
+    assert {e["family"] for e in entries} == {"light", "budget", "kv_retract", "prefix_evict",
+                                              "mixed"}
     assert any(step.get("retracted") for e in entries for step in e["trace"])
+    # --enable-mixed-chunk: prefill batches that decode the running requests too.
+    assert any(step["kind"] == "prefill" and step.get("decode") for e in entries
+               for step in e["trace"])
     assert any(c for e in entries for step in e["trace"] if step["kind"] == "prefill"
                for _, c in step["cached"])
 

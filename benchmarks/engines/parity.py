@@ -26,7 +26,8 @@ from simsched.request import Content, Request
 
 def scheduler_of(case: dict) -> SGLangScheduler:
     cfg = SchedulerConfig(engine="sglang", engine_options={
-        "schedule_policy": case["policy"], "max_prefill_tokens": case["max_prefill_tokens"]},
+        "schedule_policy": case["policy"], "max_prefill_tokens": case["max_prefill_tokens"],
+        "enable_mixed_chunk": case.get("mixed_chunk", False)},
         max_num_batched_tokens=case["chunked_prefill_size"],
         max_num_seqs=case["max_running_requests"])
     sched = SGLangScheduler(cfg, RadixCache(case["num_tokens"], disable=not case["radix"]))
@@ -60,6 +61,8 @@ def run_case(case: dict) -> list[dict]:
                       "run": [[rid, chunk] for rid, (_, chunk) in sched.planned.items()],
                       "cached": [[rid, req.num_computed_tokens]
                                  for rid, (req, _) in sched.planned.items()]}
+            if batch.num_decode_seqs:             # --enable-mixed-chunk: decodes mixed in
+                record["decode"] = sorted(sched.decoding)
         elif batch.num_decode_seqs:
             record = {"kind": "decode", "run": sorted(sched.decoding),
                       "retracted": [r.id for r, _ in sched.preempted]}

@@ -10,14 +10,17 @@ number of batches run before it arrives. Families:
 * ``kv_retract``: a small token pool and long outputs, so admissions by the decayed
   ``new_token_ratio`` overrun memory and decodes are retracted;
 * ``prefix_evict``: requests sharing system prompts and documents in a pool too small to keep
-  them all, so the radix tree evicts leaves; ``lpm`` / ``dfs-weight`` policies.
+  them all, so the radix tree evicts leaves; ``lpm`` / ``dfs-weight`` policies;
+* ``mixed``: ``--enable-mixed-chunk``: requests arriving while others decode, small prefill
+  budgets and chunks that the running decodes eat into, a pool tight enough to refuse and
+  retract.
 """
 
 from __future__ import annotations
 
 import random
 
-FAMILIES = ("light", "budget", "kv_retract", "prefix_evict")
+FAMILIES = ("light", "budget", "kv_retract", "prefix_evict", "mixed")
 
 
 def make_case(family: str, seed: int) -> dict:
@@ -47,6 +50,14 @@ def make_case(family: str, seed: int) -> dict:
         for i in range(rng.randint(10, 24)):
             requests.append(_req(i, [[f"u{i}", rng.randint(10, 150)]], rng.randint(50, 300),
                                  rng.randint(0, 400)))
+    elif family == "mixed":
+        case.update(mixed_chunk=True, num_tokens=rng.randint(800, 3000),
+                    chunked_prefill_size=rng.choice([64, 128, 512]),
+                    max_prefill_tokens=rng.choice([128, 256, 1024]),
+                    max_running_requests=rng.choice([8, 16, 32]))
+        for i in range(rng.randint(8, 24)):
+            requests.append(_req(i, [[f"u{i}", rng.randint(10, 400)]], rng.randint(20, 300),
+                                 rng.randint(0, 200)))
     else:
         case.update(num_tokens=rng.randint(800, 2500), chunked_prefill_size=rng.choice([128, 256, 512]),
                     max_running_requests=rng.choice([4, 8, 16]),

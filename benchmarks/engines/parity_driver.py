@@ -176,6 +176,7 @@ def run_case(case: dict, sgl) -> list[dict]:
                                full=False, last=None, last_kind=None)
     chunk_size = case["chunked_prefill_size"]
     max_running = case["max_running_requests"]
+    mixed = case.get("mixed_chunk", False)
     pending = [Req(r) for r in case["requests"]]
     arrival = {r["id"]: r["arrival_step"] for r in case["requests"]}
     trace: list[dict] = []
@@ -199,7 +200,8 @@ def run_case(case: dict, sgl) -> list[dict]:
             return None
         policy.calc_priority(st.waiting, types.SimpleNamespace(reqs=st.running))
         adder = PrefillAdder(1, tree, alloc, types.SimpleNamespace(reqs=st.running), st.ratio,
-                             case["max_prefill_tokens"], chunk_size)
+                             case["max_prefill_tokens"], chunk_size,
+                             running_bs if mixed else 0)
         if st.chunked is not None:
             st.chunked.init_next_round_input()
             st.chunked = adder.add_chunked_req(st.chunked)
@@ -243,7 +245,22 @@ def run_case(case: dict, sgl) -> list[dict]:
             r.kv_committed_len = pre + n
             record["run"].append([r.rid, n])
             record["cached"].append([r.rid, pre])
-        return can_run, record
+        batch = list(can_run)
+        if mixed and st.running:
+            # Mixed-style chunked prefill: filter_batch, prepare_for_decode (alloc_token_slots
+            # evicts first), mix_with_running; the running batch is left empty.
+            st.running = [r for r in st.running if not r.finished()]
+            if st.running:
+                evict(len(st.running))
+                locs = alloc.alloc(len(st.running))
+                assert locs is not None, "out of memory in a mixed decode"
+                for r, loc in zip(st.running, locs.tolist()):
+                    pool.req_to_token[r.req_pool_idx, r.kv_committed_len] = loc
+                    r.kv_committed_len += 1
+                record["decode"] = sorted(r.rid for r in st.running)
+                batch += st.running
+            st.running = []
+        return batch, record
 
     def retract_decode():
         reqs = st.running
@@ -291,6 +308,7 @@ def run_case(case: dict, sgl) -> list[dict]:
         result = get_new_batch_prefill()
         if result is not None:
             batch, record = result
+            decoding = set(record.get("decode", ()))
             for r in batch:                        # process_batch_result_prefill
                 if r.is_chunked > 0:
                     r.is_chunked -= 1
@@ -298,7 +316,7 @@ def run_case(case: dict, sgl) -> list[dict]:
                 r.output_ids.append(r.out_tokens[len(r.output_ids)])
                 if r.finished():
                     release(r)
-                else:
+                elif r.rid not in decoding:        # not batch.decoding_reqs
                     tree.cache_unfinished_req(r)
             st.last, st.last_kind = batch, "prefill"
         elif st.running:

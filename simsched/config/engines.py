@@ -46,6 +46,7 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "clip_max_new_tokens": 4096,            # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
         "in_batch_prefix_threshold": 32,        # IN_BATCH_PREFIX_CACHING_{CHECK,DEPRIORITIZE}_THRESHOLD
         "lpm_max_queue": 128,                   # SchedulePolicy._determine_active_policy
+        "enable_mixed_chunk": False,            # ServerArgs.enable_mixed_chunk
     },
     "trtllm": {
         "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",   # SchedulerConfig default
@@ -56,6 +57,7 @@ _INTS = {"max_prefill_tokens": 1, "new_token_ratio_decay_steps": 1, "retract_dec
          "clip_max_new_tokens": 1, "in_batch_prefix_threshold": -1, "lpm_max_queue": 0}
 _FLOATS = {"schedule_conservativeness": (0.0, 100.0), "init_new_token_ratio": (0.0, 1.0),
            "min_new_token_ratio_factor": (0.0, 1.0)}
+_BOOLS = ("enable_mixed_chunk",)
 _CHOICES = {"schedule_policy": SGLANG_POLICIES,
             "capacity_scheduler_policy": TRTLLM_CAPACITY_POLICIES}
 
@@ -86,6 +88,8 @@ def engine_options(engine: str, options: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{where}.{name} must be a number in [{low}, {high}], "
                                  f"got {value!r}")
             value = float(value)
+        elif name in _BOOLS and not isinstance(value, bool):
+            raise ValueError(f"{where}.{name} must be true or false, got {value!r}")
         elif name in _CHOICES and value not in _CHOICES[name]:
             raise ValueError(f"{where}.{name} must be one of {list(_CHOICES[name])}, "
                              f"got {value!r}")

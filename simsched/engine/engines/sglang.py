@@ -14,8 +14,10 @@ Written after SGLang 0.5.9's ``python/sglang/srt/managers/scheduler.py`` (``Sche
    (all but its last token), while ``PrefillAdder`` admits them and fewer than
    ``max_running_requests`` run. Running out of tokens (``NO_TOKEN``) or of request slots marks
    the batch full; only a request leaving it (a finish, a retraction, a filtered prefill) clears
-   the mark. If anything was admitted, the step is that prefill batch alone (no decodes: SGLang
-   mixes them only with ``--enable-mixed-chunk``, not modelled).
+   the mark. If anything was admitted, the step is that prefill batch alone; with
+   ``--enable-mixed-chunk`` (``engine_options.enable_mixed_chunk``) the running requests decode
+   one token each in it too (``mix_with_running``), their tokens taken from the batch's budgets
+   first, without a memory check or a ``new_token_ratio`` decay (SGLang does neither there).
 2. **Else decode.** ``check_decode_mem``: each running request needs one token (page size 1),
    evicting cached tokens if needed. If they are not there, ``retract_decode`` retracts the
    request with the fewest output tokens (ties: the longest prompt) until they are, keeping at
@@ -70,6 +72,8 @@ class SGLangScheduler(Scheduler):
         self.chunked_prefill_size = cfg.max_num_batched_tokens \
             if cfg.enable_chunked_prefill else None
         self.max_prefill_tokens = opts["max_prefill_tokens"]
+        # SGLang mixes only with chunked prefill on (Scheduler.is_mixed_chunk).
+        self.is_mixed_chunk = opts["enable_mixed_chunk"] and self.chunked_prefill_size is not None
         # A prefill batch's most tokens (a longer unchunked prompt runs alone).
         self.batch_token_limit = self.chunked_prefill_size or self.max_prefill_tokens
         self.clip_max_new_tokens = opts["clip_max_new_tokens"]
@@ -159,7 +163,8 @@ class SGLangScheduler(Scheduler):
         queue = self.waiting_queue
         self.policy.calc_priority(queue)
         adder = PrefillAdder(self, running, self.new_token_ratio, self.max_prefill_tokens,
-                             self.chunked_prefill_size)
+                             self.chunked_prefill_size,
+                             running_bs if self.is_mixed_chunk else 0)
         if self.chunked_req is not None:
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         tree = self.tree_cache
@@ -191,6 +196,13 @@ class SGLangScheduler(Scheduler):
             tree.alloc(req.id, chunk)
             self.planned[req.id] = (req, chunk)
             self.planned_tokens += chunk
+        if self.is_mixed_chunk and running_bs:
+            # Mixed-style chunked prefill: filter the running batch, then its requests decode
+            # in this batch (prepare_for_decode, mix_with_running).
+            self._unfiltered = 0
+            if self.decoding:
+                self.tree_cache.evict_from_tree_cache(len(self.decoding))  # alloc_token_slots
+                self._grant_decode()
         return True
 
     def _admit_one(self, req, prefix_len: int) -> None:
@@ -222,6 +234,10 @@ class SGLangScheduler(Scheduler):
                                        self.min_new_token_ratio)
         if len(self.decoding) < initial_bs:
             self.batch_is_full = False
+        self._grant_decode()
+
+    def _grant_decode(self) -> None:
+        """The step's decode token for each running request (``prepare_for_decode``)."""
         step1 = self.step + 1
         self._grown_step = step1
         members = self.growing[0]
@@ -291,9 +307,12 @@ class SGLangScheduler(Scheduler):
         planned = list(self.planned.values()) if self.planned else ()
         decoded = self.decode_step != 0
         firsts, finished = super().commit(now)
-        if decoded and finished:
-            self._unfiltered += len(finished)
         shrank = False
+        if decoded and finished:
+            if planned:
+                shrank = True           # a mixed batch: filtered when merged back (last_bs)
+            else:
+                self._unfiltered += len(finished)
         for req, _ in planned:
             if req.status is RUNNING:
                 self.tree_cache.cache_unfinished_req(req, req.num_computed_tokens)

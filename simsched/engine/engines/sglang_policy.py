@@ -120,13 +120,16 @@ class PrefillAdder:
     """
 
     def __init__(self, sched, running: list, new_token_ratio: float, rem_input_tokens: int,
-                 rem_chunk_tokens: int | None) -> None:
+                 rem_chunk_tokens: int | None, mixed_with_decode_tokens: int = 0) -> None:
         self.tree_cache = sched.kv
         self.clip = sched.clip_max_new_tokens
-        self.rem_input_tokens = rem_input_tokens
+        # --enable-mixed-chunk: the running requests' decode tokens share the batch's budgets.
+        self.rem_input_tokens = rem_input_tokens - mixed_with_decode_tokens
         self.rem_chunk_tokens = rem_chunk_tokens
-        self.rem_total_token_offset = 0
-        self.cur_rem_token_offset = 0
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= mixed_with_decode_tokens
+        self.rem_total_token_offset = mixed_with_decode_tokens
+        self.cur_rem_token_offset = mixed_with_decode_tokens
         self.can_run_list: list[tuple] = []
         self.new_chunked_req = None
         generated = sched.num_generated
