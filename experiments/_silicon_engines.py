@@ -27,9 +27,10 @@ fixed_seq_len/`` at commit 843c625):
   ``deprecated/gptoss_fp4_b200_trt.sh`` and ``deprecated/minimaxm2.5_fp4_{b200,b300}_trt.sh``
   (:func:`_blackwell` has each one's settings).
 
-The other rows (AIConfigurator's own runs, and InferenceX database rows without a published
-script) take the engine's defaults (``SimConfig.preset('sglang' | 'trtllm')``: SGLang 0.5.9's
-``ServerArgs`` on an 80-141 GiB GPU, TensorRT-LLM 1.x's ``LlmArgs``), and ``recipe`` says so.
+The other rows (InferenceX database rows without a published script) take the engine's
+defaults (``SimConfig.preset('sglang' | 'trtllm')``: SGLang 0.5.9's ``ServerArgs`` on an 80-141
+GiB GPU, TensorRT-LLM 1.x's ``LlmArgs``), and ``recipe`` says so; AIConfigurator's own runs take
+its generator's limits on top of those defaults (:mod:`experiments._silicon_aic`).
 
 Memory: SGLang's ``--mem-fraction-static`` is, like vLLM's ``gpu_memory_utilization``, a share of
 the whole GPU for weights and KV cache (default: 0.85 assumed on 80-141 GiB GPUs, SGLang sizes it

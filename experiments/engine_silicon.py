@@ -143,21 +143,11 @@ def main(argv=None) -> pd.DataFrame:
     (``attrs``: ``summary``, ``groups``, ``terms``, ``coverage``)."""
     parser = make_parser("engine_silicon", __doc__,
                          f"one row per (GPU, model, layout), C <= {vs.QUICK_MAX_CONCURRENCY}")
-    parser.add_argument("--engines", default=",".join(ENGINES),
-                        help="engines whose rows to simulate (comma-separated)")
-    parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
-    args = parser.parse_args(argv)
-    engines = tuple(e for e in args.engines.split(",") if e)
-    bad = [e for e in engines if e not in ENGINES]
-    if bad:
-        parser.error(f"--engines: {bad} not among {list(ENGINES)}")
-    rows = vs.load_or_skip(args.data, "engine_silicon")
+    args, engines, rows = vs.engine_cli(parser, argv, "engine_silicon", ENGINES)
     if rows is None:
         return pd.DataFrame()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    out, start = Path(args.out), time.perf_counter()
     table = run(rows, engines, args.quick)
     summ, grp, terms = summary(table), groups(table), term_check(table)
     cov = pd.concat([vs.coverage(table[table.kernels == "default"], e).assign(engine=e)

@@ -14,8 +14,10 @@ scripts as recipes) is simulated the same way.
   (``silicon_concurrency`` where the source gives it, else ``batch_size`` x attention-DP ranks),
   10 x C prompts, InferenceX's client (its random dataset at range ratio 0.8, 2 x C warm-ups:
   ``ClientConfig.preset('inferencex')``); AIConfigurator's own runs (``aic-auto-gap-analysis``
-  sources) publish no client settings, so the same client is assumed for them, and the
-  ``client`` column says so;
+  sources) publish no client settings: its generator's deployment and benchmark are assumed
+  for them (:mod:`experiments._silicon_aic`: aiperf with fixed lengths, 20 x C requests, and the
+  generator's limits on batch size and batched tokens; ``Engine.aic_recipe='inferencex'`` gives
+  InferenceX's client and the engine's defaults instead), and the ``client`` column says so;
 * the model and precision: the presets of :mod:`simsched.cost.deployed` (per-part dtypes as the
   checkpoint ships them);
 * the layout: ``tp_size`` GPUs of tensor parallelism; expert parallelism where ``moe_ep_size``
@@ -61,6 +63,7 @@ from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
+from experiments import _silicon_aic as aic_runs
 from experiments import _silicon_layout as deployments
 # One worker's layout (re-exported where callers have always found it).
 from experiments._silicon_layout import layout
@@ -120,6 +123,16 @@ class Engine:
     configure: Callable[[SimConfig, object], SimConfig] | None = None
     refuse: Callable[[object], str] | None = None
     engine_terms: dict | Callable[[object], dict] | None = None
+    # AIConfigurator's own runs: 'generator' (its generator's deployment and aiperf client,
+    # experiments._silicon_aic) or 'inferencex' (InferenceX's client and the engine's defaults);
+    # aic_mixed overrides SGLang's --enable-mixed-chunk for them (None: by version).
+    aic_recipe: str = "generator"
+    aic_mixed: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.aic_recipe not in aic_runs.RECIPES:
+            raise ValueError(f"Engine.aic_recipe must be one of {list(aic_runs.RECIPES)}, "
+                             f"got {self.aic_recipe!r}")
 
     def terms_of(self, row) -> dict | None:
         """The engine terms ``row`` is simulated with (None: the shipped profile's)."""
@@ -155,6 +168,25 @@ def load_or_skip(path, experiment: str) -> pd.DataFrame | None:
     return rows
 
 
+def engine_cli(parser, argv, name: str, engines: tuple):
+    """Parse ``argv`` with ``--engines`` (a comma-separated subset of ``engines``) and
+    ``--data`` added to ``parser``: ``(args, chosen engines, rows)``, rows None (said so) when
+    the silicon file is absent, else the ``--out`` folder made. Shared by the per-engine
+    experiments (engine_silicon, aic_runs)."""
+    parser.add_argument("--engines", default=",".join(engines),
+                        help="engines whose rows to simulate (comma-separated)")
+    parser.add_argument("--data", default=str(DATA), help="the silicon CSV (hopper.csv)")
+    args = parser.parse_args(argv)
+    chosen = tuple(e for e in args.engines.split(",") if e)
+    bad = [e for e in chosen if e not in engines]
+    if bad:
+        parser.error(f"--engines: {bad} not among {list(engines)}")
+    rows = load_or_skip(args.data, name)
+    if rows is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    return args, chosen, rows
+
+
 def label_of(row) -> str:
     """The row's layout label: one worker's, or the disaggregated workers'."""
     return deployments.label(row) if deployments.is_disagg(row) else layout(row)[0]
@@ -183,8 +215,11 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
     tables, ``hardware.kernel_profile``). A disaggregated row is a cluster of such workers
     (:func:`experiments._silicon_layout.disagg_config`)."""
     if deployments.is_disagg(row):
+        # AIConfigurator's generator recipe is its aggregated workers' (experiments.
+        # _silicon_aic): its disaggregated runs keep InferenceX's client and the defaults.
+        agg_only = dataclasses.replace(engine, aic_recipe="inferencex")
         return deployments.disagg_config(
-            row, lambda worker: config_of(worker, engine, num_prompts, kernels))
+            row, lambda worker: config_of(worker, agg_only, num_prompts, kernels))
     recipe = engine.recipe(row)
     label, tp, par = layout(row)
     c = int(row.concurrency)
@@ -192,9 +227,6 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
     if recipe.kv_cache_dtype != spec.kv_cache_dtype and recipe.kv_cache_dtype != "auto":
         spec = dataclasses.replace(spec, kv_cache_dtype=recipe.kv_cache_dtype)
     n = num_prompts or 10 * c
-    # AIConfigurator's own runs publish no client: InferenceX's is assumed for them too. (Fixed
-    # lengths without warm-up would keep all C requests in lock step, every prefill of a wave
-    # queued together: a TTFT of 2-4x what those runs measured.)
     client = ClientConfig.preset("inferencex", max_concurrency=c, random_input_len=int(row.isl),
                                  random_output_len=int(row.osl), num_prompts=n,
                                  num_warmups=min(2 * c, n))
@@ -214,13 +246,24 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
         kernel_profile=None if kernels == "default" else kernels)
     if engine.configure is not None:
         cfg = engine.configure(cfg, row)
+    if row.aic_run and engine.aic_recipe == "generator":
+        # AIConfigurator's own runs publish no client or flags: its generator's (module
+        # experiments._silicon_aic); num_prompts, where given, still caps the run.
+        changes = aic_runs.changes(cfg, row, engine.name, spec.max_context, engine.aic_mixed)
+        if num_prompts:
+            changes["client.num_prompts"] = num_prompts
+            changes["client.num_warmups"] = min(2 * c, num_prompts)
+        cfg, kind = cfg.replace(**changes), aic_runs.CLIENT
     return cfg, kind
 
 
 def simulate_row(row, engine: Engine, num_prompts: int | None = None,
                  kernels: str = "default") -> dict:
     """One row simulated: the simulated p50 TTFT and TPOT (ms), or the reason it failed."""
-    out = {"layout": label_of(row), "recipe": engine.recipe(row).source}
+    generated = row.aic_run and engine.aic_recipe == "generator" \
+        and not deployments.is_disagg(row)
+    out = {"layout": label_of(row),
+           "recipe": aic_runs.SOURCE if generated else engine.recipe(row).source}
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
         terms = engine.terms_of(row)

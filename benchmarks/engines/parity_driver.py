@@ -251,12 +251,7 @@ def run_case(case: dict, sgl) -> list[dict]:
             # evicts first), mix_with_running; the running batch is left empty.
             st.running = [r for r in st.running if not r.finished()]
             if st.running:
-                evict(len(st.running))
-                locs = alloc.alloc(len(st.running))
-                assert locs is not None, "out of memory in a mixed decode"
-                for r, loc in zip(st.running, locs.tolist()):
-                    pool.req_to_token[r.req_pool_idx, r.kv_committed_len] = loc
-                    r.kv_committed_len += 1
+                prepare_for_decode(st.running, "a mixed decode")
                 record["decode"] = sorted(r.rid for r in st.running)
                 batch += st.running
             st.running = []
@@ -286,6 +281,15 @@ def run_case(case: dict, sgl) -> list[dict]:
         decoded = sum(len(r.output_ids) for r in st.running)
         max_new = sum(r.sampling_params.max_new_tokens for r in st.running)
         return out, min(1.0, (decoded + 20 * len(st.running)) / (max_new + 1))
+
+    def prepare_for_decode(reqs, what):
+        """One new token slot per request (alloc_token_slots evicts first)."""
+        evict(len(reqs))
+        locs = alloc.alloc(len(reqs))
+        assert locs is not None, f"out of memory in {what}"
+        for r, loc in zip(reqs, locs.tolist()):
+            pool.req_to_token[r.req_pool_idx, r.kv_committed_len] = loc
+            r.kv_committed_len += 1
 
     def check_decode_mem(n):
         evict(n)
@@ -335,12 +339,8 @@ def run_case(case: dict, sgl) -> list[dict]:
                     st.ratio = max(st.ratio - decay, min_ratio)
                 if len(st.running) < initial_bs:
                     st.full = False
-                evict(len(st.running))
-                locs = alloc.alloc(len(st.running))
-                assert locs is not None, "out of memory in decode"
-                for r, loc in zip(st.running, locs.tolist()):
-                    pool.req_to_token[r.req_pool_idx, r.kv_committed_len] = loc
-                    r.kv_committed_len += 1
+                prepare_for_decode(st.running, "decode")
+                for r in st.running:
                     r.output_ids.append(r.out_tokens[len(r.output_ids)])
                     if r.finished():
                         release(r)

@@ -101,3 +101,39 @@ def engines_silicon(runs) -> str:
         lines.append(f"| {names[r.engine]} | `{r.term}` ({r.metric.upper()}) | {value} | "
                      f"{_pct(r.before)} | {_pct(r.in_sample)} | {_pct(r.loo)} |")
     return "\n".join(lines) + "\n"
+
+
+def engines_aic_runs(runs) -> str:
+    """experiments.aic_runs: AIConfigurator's own runs per engine under each serving
+    assumption (its generator's deployment and client, or InferenceX's client and defaults)."""
+    from tools.docs.doc_format import claim
+
+    table = runs.get("aic_runs")
+    if table.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    summ, grp = table.attrs["summary"], table.attrs["groups"]
+    names = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    lines = ["| engine | served as | rows | median abs. TTFT error % (signed) | median abs. TPOT "
+             "error % (signed) |", "|---|---|---|---|---|"]
+    for r in summ.itertuples():
+        lines.append(f"| {names[r.engine]} | {r.variant} | {r.rows} | {_pct(r.ttft_error)} "
+                     f"({_pct(r.ttft_bias)}) | {_pct(r.tpot_error)} ({_pct(r.tpot_bias)}) |")
+    by = {(r.engine, r.variant): r for r in summ.itertuples()}
+    claim(by["sglang", "generator"].ttft_error < by["sglang", "inferencex"].ttft_error,
+          "the generator's deployment brings SGLang's TTFT closer")
+    claim(by["trtllm", "generator"].ttft_error < by["trtllm", "inferencex"].ttft_error,
+          "the generator's deployment brings TensorRT-LLM's TTFT closer")
+    lines += ["", "Per (GPU, model), SGLang (median abs. TTFT / TPOT error %, signed in "
+              "brackets):", "", "| GPU | model | rows | " + " | ".join(
+                  v for v in ("generator", "generator, mixed chunk on",
+                              "generator, mixed chunk off", "inferencex")) + " |",
+              "|---|---|---|---|---|---|---|"]
+    sg = grp[grp.backend == "sglang"]
+    for (gpu, model), part in sg.groupby(["gpu", "model"], sort=False):
+        cells = []
+        for v in ("generator", "generator, mixed chunk on", "generator, mixed chunk off",
+                  "inferencex"):
+            r = part[part.variant == v].iloc[0]
+            cells.append(f"{_pct(r.ttft_error)} ({_pct(r.ttft_bias)}) / {_pct(r.tpot_error)}")
+        lines.append(f"| {gpu} | {model} | {int(part.rows.iloc[0])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
