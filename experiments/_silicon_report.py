@@ -20,7 +20,8 @@ from simsched.cost import shapes
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 
-__all__ = ["coverage", "groups", "implied_prefill_peak", "plot", "scatter_panel", "summary"]
+__all__ = ["coverage", "error_figures", "groups", "implied_prefill_peak", "plot",
+           "scatter_panel", "summary"]
 
 
 def implied_prefill_peak(row) -> float:
@@ -52,6 +53,15 @@ def groups(table: pd.DataFrame) -> pd.DataFrame:
         tpot_error=("tpot_error", lambda e: 100 * e.abs().median()),
         tpot_bias=("tpot_error", lambda e: 100 * e.median()))
     return g.reset_index()
+
+
+def error_figures(ok: pd.DataFrame) -> dict:
+    """Median absolute (``*_error``) and signed (``*_bias``) TTFT and TPOT errors, %, of the
+    simulated rows ``ok``."""
+    return {"ttft_error": 100 * ok.ttft_error.abs().median(),
+            "ttft_bias": 100 * ok.ttft_error.median(),
+            "tpot_error": 100 * ok.tpot_error.abs().median(),
+            "tpot_bias": 100 * ok.tpot_error.median()}
 
 
 def coverage(table: pd.DataFrame, engine: str = "vllm") -> pd.DataFrame:

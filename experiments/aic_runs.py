@@ -58,20 +58,14 @@ def run(rows: pd.DataFrame, engines=ENGINES, quick: bool = False) -> pd.DataFram
         for name, (recipe, mixed, applies) in VARIANTS.items():
             if engine not in applies:
                 continue
-            vs.ENGINES[engine] = dataclasses.replace(base, aic_recipe=recipe, aic_mixed=mixed)
-            try:
-                part = vs.validate(mine[mine.backend == engine], engine)
-            finally:
-                vs.ENGINES[engine] = base
+            variant = dataclasses.replace(base, aic_recipe=recipe, aic_mixed=mixed)
+            part = vs.validate(mine[mine.backend == engine], variant)
             parts.append(part.assign(variant=name))
     return pd.concat(parts, ignore_index=True)
 
 
 def _errors(ok: pd.DataFrame) -> dict:
-    return {"rows": len(ok), "ttft_error": 100 * ok.ttft_error.abs().median(),
-            "ttft_bias": 100 * ok.ttft_error.median(),
-            "tpot_error": 100 * ok.tpot_error.abs().median(),
-            "tpot_bias": 100 * ok.tpot_error.median()}
+    return {"rows": len(ok), **vs.error_figures(ok)}
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:

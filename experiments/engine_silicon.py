@@ -65,10 +65,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
         ok = part[part.expressible]
         g = vs.groups(part)
         out.append({"engine": engine, "kernels": k, "rows": len(part), "expressible": len(ok),
-                    "ttft_error": 100 * ok.ttft_error.abs().median(),
-                    "ttft_bias": 100 * ok.ttft_error.median(),
-                    "tpot_error": 100 * ok.tpot_error.abs().median(),
-                    "tpot_bias": 100 * ok.tpot_error.median(),
+                    **vs.error_figures(ok),
                     "worst_ttft_group": g.ttft_error.max(), "worst_tpot_group": g.tpot_error.max()})
     return pd.DataFrame(out)
 

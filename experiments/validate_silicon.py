@@ -63,15 +63,15 @@ from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
-from experiments import _silicon_aic as aic_runs
+from experiments import _silicon_aic as silicon_aic
 from experiments import _silicon_layout as deployments
 # One worker's layout (re-exported where callers have always found it).
 from experiments._silicon_layout import layout
 # The vLLM recipes per row (re-exported, as above).
 from experiments._silicon_recipes import VLLM_DEFAULT, Recipe, vllm_recipe  # noqa: F401
 # The report made from validate()'s table, re-exported where callers have always found it.
-from experiments._silicon_report import (coverage, groups, implied_prefill_peak, plot,
-                                         scatter_panel, summary)
+from experiments._silicon_report import (coverage, error_figures, groups,  # noqa: F401
+                                         implied_prefill_peak, plot, scatter_panel, summary)
 
 # The simulated statistic compared with the measured values (the rows hold each run's means:
 # the module docstring says how that is known).
@@ -130,8 +130,8 @@ class Engine:
     aic_mixed: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.aic_recipe not in aic_runs.RECIPES:
-            raise ValueError(f"Engine.aic_recipe must be one of {list(aic_runs.RECIPES)}, "
+        if self.aic_recipe not in silicon_aic.RECIPES:
+            raise ValueError(f"Engine.aic_recipe must be one of {list(silicon_aic.RECIPES)}, "
                              f"got {self.aic_recipe!r}")
 
     def terms_of(self, row) -> dict | None:
@@ -208,6 +208,14 @@ def why_not(row, engine: str) -> str:
     return (refuse(row) or "") if refuse is not None else ""
 
 
+def generator_deploys(row, engine: Engine) -> bool:
+    """Whether ``row`` is simulated as AIConfigurator's generator deploys it: one of its own
+    aggregated runs, with ``engine.aic_recipe == 'generator'`` (a disaggregated run's workers
+    keep InferenceX's client and the defaults)."""
+    return bool(row.aic_run) and engine.aic_recipe == "generator" \
+        and not deployments.is_disagg(row)
+
+
 def config_of(row, engine: Engine, num_prompts: int | None = None,
               kernels: str = "default") -> tuple[SimConfig, str]:
     """The row as a simsched config (and the client it was given); ``kernels``: ``default``
@@ -246,24 +254,22 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
         kernel_profile=None if kernels == "default" else kernels)
     if engine.configure is not None:
         cfg = engine.configure(cfg, row)
-    if row.aic_run and engine.aic_recipe == "generator":
+    if generator_deploys(row, engine):
         # AIConfigurator's own runs publish no client or flags: its generator's (module
         # experiments._silicon_aic); num_prompts, where given, still caps the run.
-        changes = aic_runs.changes(cfg, row, engine.name, spec.max_context, engine.aic_mixed)
+        changes = silicon_aic.changes(cfg, row, engine.name, spec.max_context, engine.aic_mixed)
         if num_prompts:
             changes["client.num_prompts"] = num_prompts
             changes["client.num_warmups"] = min(2 * c, num_prompts)
-        cfg, kind = cfg.replace(**changes), aic_runs.CLIENT
+        cfg, kind = cfg.replace(**changes), silicon_aic.CLIENT
     return cfg, kind
 
 
 def simulate_row(row, engine: Engine, num_prompts: int | None = None,
                  kernels: str = "default") -> dict:
     """One row simulated: the simulated p50 TTFT and TPOT (ms), or the reason it failed."""
-    generated = row.aic_run and engine.aic_recipe == "generator" \
-        and not deployments.is_disagg(row)
-    out = {"layout": label_of(row),
-           "recipe": aic_runs.SOURCE if generated else engine.recipe(row).source}
+    out = {"layout": label_of(row), "recipe": silicon_aic.SOURCE
+           if generator_deploys(row, engine) else engine.recipe(row).source}
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
         terms = engine.terms_of(row)
@@ -283,12 +289,14 @@ def _simulate_group(rows: pd.DataFrame, engine: Engine, kernels: str) -> dict:
     return out
 
 
-def validate(rows: pd.DataFrame, engine: str = "vllm", quick: bool = False,
+def validate(rows: pd.DataFrame, engine: str | Engine = "vllm", quick: bool = False,
              limit: int | None = None, kernels: str = "default") -> pd.DataFrame:
-    """The tidy table: one row per silicon row with its expressibility and errors."""
-    eng = ENGINES[engine]
+    """The tidy table: one row per silicon row with its expressibility and errors. ``engine``:
+    a registered name, or an :class:`Engine` (a registered one with other terms or recipes:
+    ``dataclasses.replace(ENGINES[name], ...)``), whose name picks the rows."""
+    eng = engine if isinstance(engine, Engine) else ENGINES[engine]
     rows = rows.copy()
-    rows["reason"] = [why_not(r, engine) for r in rows.itertuples()]
+    rows["reason"] = [why_not(r, eng.name) for r in rows.itertuples()]
     todo = rows[rows.reason == ""]
     if quick:
         todo = todo[todo.concurrency <= QUICK_MAX_CONCURRENCY]
@@ -358,20 +366,16 @@ def main(argv=None) -> pd.DataFrame:
         terms = vllm_silicon.parse(args.terms)
     except ValueError as exc:
         parser.error(f"--terms: {exc}")
+    engine = ENGINES[args.engine]
     if terms is not None:
-        base = ENGINES[args.engine]
-        ENGINES[args.engine] = dataclasses.replace(base, engine_terms=terms)
+        engine = dataclasses.replace(engine, engine_terms=terms)
     rows = load_or_skip(args.data, "validate_silicon")
     if rows is None:
         return pd.DataFrame()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        table = validate(rows, args.engine, args.quick, args.rows, args.kernels)
-    finally:
-        if terms is not None:
-            ENGINES[args.engine] = base
+    table = validate(rows, engine, args.quick, args.rows, args.kernels)
     cov, grp, summ = coverage(table, args.engine), groups(table), summary(
         table[table.backend == args.engine])
     print(f"coverage of the {args.engine} rows ({(table.backend == args.engine).sum()} of "
