@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 
 from simsched.cost import shapes
+from simsched.cost.engine_profiles import engine_of
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 from experiments._silicon_layout import deployment_gpus, domain_gpus
@@ -198,7 +199,10 @@ def configure(engine: str, cfg, row):
     converted, TensorRT-LLM's unchunked context."""
     s = settings(row, engine)
     tp = cfg.hardware.tensor_parallel_size
-    changes = {"scheduler.engine": engine, "hardware.engine_overhead": engine,
+    # The engine's profile, or an opt-in one on it (sglang_silicon) that the Engine names.
+    profile = cfg.hardware.engine_overhead
+    changes = {"scheduler.engine": engine,
+               "hardware.engine_overhead": profile if engine_of(profile) == engine else engine,
                "cache.block_size": 1 if engine == "sglang" else 32,
                "scheduler.engine_options": dict(s["options"]),
                "gpu_memory_utilization": memory_share(row, engine, s["mem"], tp)}

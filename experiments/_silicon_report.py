@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments._common import print_table
 from simsched.cost import shapes
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
 
-__all__ = ["coverage", "error_figures", "groups", "implied_prefill_peak", "plot",
-           "scatter_panel", "summary"]
+__all__ = ["coverage", "error_figures", "figures_by", "groups", "implied_prefill_peak", "plot",
+           "report", "scatter_panel", "summary"]
 
 
 def implied_prefill_peak(row) -> float:
@@ -62,6 +63,33 @@ def error_figures(ok: pd.DataFrame) -> dict:
             "ttft_bias": 100 * ok.ttft_error.median(),
             "tpot_error": 100 * ok.tpot_error.abs().median(),
             "tpot_bias": 100 * ok.tpot_error.median()}
+
+
+def figures_by(table: pd.DataFrame, keys: list[str], names: list[str] | None = None
+               ) -> pd.DataFrame:
+    """Per ``keys`` of the simulated rows of ``table`` (columns renamed to ``names``): how many,
+    and their :func:`error_figures`."""
+    ok = table[table.expressible]
+    return pd.DataFrame([{**dict(zip(names or keys, k if isinstance(k, tuple) else (k,))),
+                          "rows": len(part), **error_figures(part)}
+                         for k, part in ok.groupby(keys, sort=False)])
+
+
+def report(out: Path, table: pd.DataFrame, summary: pd.DataFrame, groups: pd.DataFrame,
+           titles: tuple[str, str], seconds: float) -> pd.DataFrame:
+    """Print ``summary`` and ``groups`` under ``titles`` and the run's ``seconds``, write them and
+    ``table`` (``rows.csv``, ``summary.csv``, ``groups.csv``) to ``out``, and return ``table``
+    with them in its ``attrs``: the tail of the per-variant silicon experiments."""
+    print(titles[0])
+    print_table(summary, digits=3)
+    print(f"\n{titles[1]}")
+    print_table(groups, digits=3)
+    print(f"({seconds:.0f} s)")
+    table.to_csv(out / "rows.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    groups.to_csv(out / "groups.csv", index=False)
+    table.attrs.update(summary=summary, groups=groups)
+    return table
 
 
 def coverage(table: pd.DataFrame, engine: str = "vllm") -> pd.DataFrame:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import validate_silicon as vs
-from experiments._common import print_table
+from experiments._silicon_report import figures_by, report
 from experiments._common import parser as make_parser
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -64,23 +64,14 @@ def run(rows: pd.DataFrame, engines=ENGINES, quick: bool = False) -> pd.DataFram
     return pd.concat(parts, ignore_index=True)
 
 
-def _errors(ok: pd.DataFrame) -> dict:
-    return {"rows": len(ok), **vs.error_figures(ok)}
-
-
 def summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per (engine, variant): simulated rows, median |error| and signed median (%)."""
-    ok = table[table.expressible]
-    return pd.DataFrame([{"engine": e, "variant": v, **_errors(part)}
-                         for (e, v), part in ok.groupby(["backend", "variant"], sort=False)])
+    return figures_by(table, ["backend", "variant"], ["engine", "variant"])
 
 
 def groups(table: pd.DataFrame) -> pd.DataFrame:
     """Per (engine, variant, GPU, model): the same figures."""
-    ok = table[table.expressible]
-    keys = ["backend", "variant", "gpu", "model"]
-    return pd.DataFrame([{**dict(zip(keys, k)), **_errors(part)}
-                         for k, part in ok.groupby(keys, sort=False)])
+    return figures_by(table, ["backend", "variant", "gpu", "model"])
 
 
 def main(argv=None) -> pd.DataFrame:
@@ -90,20 +81,11 @@ def main(argv=None) -> pd.DataFrame:
     args, engines, rows = vs.engine_cli(parser, argv, "aic_runs", ENGINES)
     if rows is None:
         return pd.DataFrame()
-    out, start = Path(args.out), time.perf_counter()
+    start = time.perf_counter()
     table = run(rows, engines, args.quick)
-    summ, grp = summary(table), groups(table)
-    print("AIConfigurator's own runs: median absolute error % (bias: signed median)")
-    print_table(summ, digits=3)
-    print("\nper (engine, variant, GPU, model)")
-    print_table(grp, digits=3)
-    print(f"({time.perf_counter() - start:.0f} s)")
-    table.to_csv(out / "rows.csv", index=False)
-    summ.to_csv(out / "summary.csv", index=False)
-    grp.to_csv(out / "groups.csv", index=False)
-    table.attrs.update(summary=summ, groups=grp)
-    return table
-
+    return report(Path(args.out), table, summary(table), groups(table),
+                  ("AIConfigurator's own runs: median absolute error % (bias: signed median)",
+                   "per (engine, variant, GPU, model)"), time.perf_counter() - start)
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,9 @@ from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TA
 # vllm_v1's form (simsched.cost.engine_profiles).
 VLLM_FORM = {"vllm_v1": vllm_v1.terms, "vllm_silicon": vllm_silicon.terms,
              **{engine: functools.partial(engine_profiles.terms, engine)
-                for engine in engine_profiles.OVERRIDES}}
+                for engine in engine_profiles.OVERRIDES},
+             **{name: functools.partial(engine_profiles.carried_terms, name)
+                for name in engine_profiles.CARRIED}}
 
 
 def _extend(table: list, n: int) -> float:

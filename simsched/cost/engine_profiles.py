@@ -23,6 +23,13 @@ for ``vllm_v1``). The per-layer, sampler, all-reduce and output terms are vLLM 0
 checks what fitting one of them per engine on the SGLang and TensorRT-LLM silicon rows would
 give, leaving one (GPU, model) group out: no such term reaches the error targets there, so none
 is shipped (docs/engines.md). :data:`OVERRIDES` is where a fit per engine goes.
+
+Opt-in (:data:`CARRIED`): ``sglang_silicon`` is SGLang's profile with vLLM's prefill,
+all-reduce and fused-MoE terms fitted on vLLM's silicon rows (:mod:`simsched.cost.vllm_silicon`)
+carried over unchanged. SGLang's fused MoE is the same Triton kernel family as vLLM's, which is
+what the expert terms correct; fitted on vLLM's rows only, so SGLang's rows judge it held out
+(``python -m experiments.terms_transfer``). TensorRT-LLM runs its own MoE kernels, and there the
+carried terms make TTFT worse, so it has no such profile.
 """
 
 from __future__ import annotations
@@ -35,7 +42,18 @@ DESCRIPTIONS = {
               "output path); vllm_v1's host and output terms, assumed",
     "trtllm": "TensorRT-LLM 1.x PyTorch executor (overlap scheduler, CUDA graphs, custom "
               "all-reduce); vllm_v1's host and output terms, assumed",
+    "sglang_silicon": "SGLang 0.5.9 with vLLM's fitted silicon terms (prefill, all-reduce, "
+                      "fused MoE: the same Triton kernels) carried over; opt-in",
 }
+# Opt-in profiles: name -> the engine profile they carry vLLM's fitted silicon terms to. Named
+# "<engine>_silicon": simsched.cost.hardware.gpu_spec reads the engine's tables by that suffix.
+CARRIED: dict[str, str] = {f"{engine}_silicon": engine for engine in ("sglang",)}
+
+
+def engine_of(profile: str) -> str:
+    """The engine profile ``profile`` builds on (itself unless it is one of :data:`CARRIED`):
+    whose AIConfigurator tables it reads."""
+    return CARRIED.get(profile, profile)
 
 
 def terms(engine: str) -> dict:
@@ -45,3 +63,11 @@ def terms(engine: str) -> dict:
     out = dict(vllm_v1.terms())
     out.update(OVERRIDES[engine])
     return out
+
+
+def carried_terms(profile: str) -> dict:
+    """The terms of an opt-in profile of :data:`CARRIED`: its engine's terms with vLLM's
+    fitted silicon terms (:func:`simsched.cost.vllm_silicon.fitted`) on top."""
+    from simsched.cost import vllm_silicon
+
+    return {**terms(CARRIED[profile]), **vllm_silicon.fitted()}

@@ -177,7 +177,10 @@ def gpu_spec(hw) -> GPUSpec:
 
     name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
     # The engine's own tables (aic-<engine>-<gpu>: SGLang, TensorRT-LLM) where measured.
-    own = f"{AIC}{getattr(hw, 'engine_overhead', '')}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
+    # An opt-in profile "<engine>_silicon" (simsched.cost.engine_profiles.CARRIED) reads its
+    # engine's tables.
+    engine = getattr(hw, "engine_overhead", "").removesuffix("_silicon")
+    own = f"{AIC}{engine}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
     if own in PROFILES:
         return dataclasses.replace(gpu, kernels=own, calibration="measured")
     if name not in PROFILES:

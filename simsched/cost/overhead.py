@@ -51,6 +51,8 @@ ENGINE_OVERHEADS: dict[str, str] = {
     # The other engines' profiles (simsched.cost.engine_profiles).
     "sglang": "SGLang 0.5.9: vllm_v1's form without vLLM's async pipeline (terms assumed)",
     "trtllm": "TensorRT-LLM 1.x: vllm_v1's form without vLLM's async pipeline (terms assumed)",
+    "sglang_silicon": "sglang with vllm_silicon's fitted terms carried over (same Triton fused "
+                      "MoE; simsched.cost.engine_profiles); opt-in",
 }
 # Engine profiles whose engine schedules asynchronously unless scheduler.async_scheduling says.
 ASYNC_SCHEDULING = frozenset({"vllm_v1", "vllm_silicon"})

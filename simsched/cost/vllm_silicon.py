@@ -91,11 +91,16 @@ def shipped() -> dict:
     return record
 
 
+def fitted() -> dict:
+    """The five fitted silicon terms alone (scales as factors, the layer time in seconds)."""
+    return check(shipped()["terms"], str(DATA))
+
+
 def terms() -> dict:
     """The ``vllm_v1`` terms with the fitted silicon terms added (seconds; scales as factors):
     pass as ``engine_terms`` to a calibrated cost model
     (:func:`simsched.cost.factory.engine_terms_cost_model`)."""
-    return {**vllm_v1.terms(), **check(shipped()["terms"], str(DATA))}
+    return {**vllm_v1.terms(), **fitted()}
 
 
 def fine_grained_experts(k) -> np.ndarray | None:

@@ -186,6 +186,7 @@ def _blocks() -> dict[str, Block]:
         # The silicon rows live beside the checkout (../shared), never in the package.
         "engines-silicon": Block("docs/engines.md", en.engines_silicon, False),
         "engines-aic-runs": Block("docs/engines.md", en.engines_aic_runs, False),
+        "engines-terms-transfer": Block("docs/engines.md", en.engines_terms_transfer, False),
         "calibration-loo": Block("docs/calibration.md", cb.calibration_loo, False),
         "calibration-single": Block("docs/calibration.md", cb.calibration_single, False),
         "calibration-round-trip": Block("docs/calibration.md", cb.calibration_round_trip,

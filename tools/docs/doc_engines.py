@@ -137,3 +137,36 @@ def engines_aic_runs(runs) -> str:
             cells.append(f"{_pct(r.ttft_error)} ({_pct(r.ttft_bias)}) / {_pct(r.tpot_error)}")
         lines.append(f"| {gpu} | {model} | {int(part.rows.iloc[0])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def engines_terms_transfer(runs) -> str:
+    """experiments.terms_transfer: vLLM's fitted silicon terms on the SGLang and TensorRT-LLM
+    rows (held out: fitted on vLLM's rows only)."""
+    from tools.docs.doc_format import claim
+
+    table = runs.get("terms_transfer")
+    if table.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    summ, grp = table.attrs["summary"], table.attrs["groups"]
+    names = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+    lines = ["| engine | terms | rows | median abs. TTFT error % (signed) | median abs. TPOT "
+             "error % (signed) |", "|---|---|---|---|---|"]
+    for r in summ.itertuples():
+        label = "engine's profile" if r.variant == "shipped" else "vLLM's fitted terms added"
+        lines.append(f"| {names[r.engine]} | {label} | {r.rows} | {_pct(r.ttft_error)} "
+                     f"({_pct(r.ttft_bias)}) | {_pct(r.tpot_error)} ({_pct(r.tpot_bias)}) |")
+    by = {(r.engine, r.variant): r for r in summ.itertuples()}
+    sg_ship, sg_terms = by["sglang", "shipped"], by["sglang", "vllm terms"]
+    claim(sg_terms.ttft_error < sg_ship.ttft_error and sg_terms.tpot_error < sg_ship.tpot_error,
+          "vLLM's terms bring SGLang's TTFT and TPOT closer")
+    claim(by["trtllm", "vllm terms"].ttft_error > by["trtllm", "shipped"].ttft_error,
+          "vLLM's terms make TensorRT-LLM's TTFT worse")
+    lines += ["", "Signed median error % per (engine, GPU, model, layout), the engine's profile "
+              "-> with vLLM's terms:", "",
+              "| engine | GPU | model | layout | rows | TTFT | TPOT |", "|---|---|---|---|---|---|---|"]
+    for r in grp.to_dict("records"):
+        ttft, tpot = (f"{_pct(r[m + ' shipped'])} -> {_pct(r[m + ' vllm terms'])}"
+                      for m in ("ttft", "tpot"))
+        lines.append(f"| {names[r['backend']]} | {r['gpu']} | {r['model']} | {r['layout']} | "
+                     f"{r['rows']} | {ttft} | {tpot} |")
+    return "\n".join(lines) + "\n"
