@@ -1,7 +1,8 @@
 """Sim-to-real for SGLang and TensorRT-LLM: their rows of the silicon set (H100, H200).
 
     python -m experiments.engine_silicon [--quick] [--engines sglang,trtllm] [--out DIR]
-                                         [--img DIR]
+                                         [--img DIR] [--kernels default,aiconfigurator]
+                                         [--overlap]
 
 Runs :func:`experiments.validate_silicon.validate` on the SGLang and TensorRT-LLM rows of
 ``../shared/data/real-serving/silicon/hopper.csv`` (their recipes: :mod:`experiments.
@@ -20,10 +21,15 @@ its results are reported, not shipped.
 Written to ``--out``: ``rows.csv`` (every row, both kernel choices), ``summary.csv``,
 ``groups.csv``, ``terms.csv`` and ``engines_silicon.png`` (measured against simulated, per
 engine). ``--quick``: one row per (GPU, model, layout) group, C <= 64 (seconds).
+``--kernels``: only these kernel choices (coverage and plot: the first). ``--overlap``: the
+engines' overlap schedulers as the replica's arrival rule (``scheduler.async_scheduling=True``,
+opt-in for these engines: :func:`simsched.config.pipeline.arrival_rule`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -47,13 +53,24 @@ TERMS = {
 }
 
 
+def _with_overlap(configure, cfg, row):
+    """``configure``, then the engine's overlap scheduler as the replica's arrival rule."""
+    return configure(cfg, row).replace(**{"scheduler.async_scheduling": True})
+
+
 def run(rows: pd.DataFrame, engines=ENGINES, quick: bool = False,
-        kernels=KERNELS) -> pd.DataFrame:
-    """Every row of ``engines`` simulated with each kernel choice (column ``kernels``)."""
+        kernels=KERNELS, overlap: bool = False) -> pd.DataFrame:
+    """Every row of ``engines`` simulated with each kernel choice (column ``kernels``);
+    ``overlap``: with the engines' overlap schedulers (``scheduler.async_scheduling=True``,
+    opt-in: :func:`simsched.config.pipeline.arrival_rule`)."""
     parts = []
     for engine in engines:
+        eng = vs.ENGINES[engine]
+        if overlap:
+            eng = dataclasses.replace(eng, configure=functools.partial(_with_overlap,
+                                                                       eng.configure))
         for k in kernels:
-            part = vs.validate(rows, engine, quick, kernels=k)
+            part = vs.validate(rows, eng, quick, kernels=k)
             parts.append(part[part.backend == engine].assign(kernels=k))
     return pd.concat(parts, ignore_index=True)
 
@@ -141,13 +158,21 @@ def main(argv=None) -> pd.DataFrame:
     parser = make_parser("engine_silicon", __doc__,
                          f"one row per (GPU, model, layout), C <= {vs.QUICK_MAX_CONCURRENCY}")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
+    parser.add_argument("--kernels", default=",".join(KERNELS),
+                        help=f"kernel choices (comma-separated, of {list(KERNELS)})")
+    parser.add_argument("--overlap", action="store_true",
+                        help="model the engines' overlap schedulers "
+                             "(scheduler.async_scheduling=True; opt-in)")
     args, engines, rows = vs.engine_cli(parser, argv, "engine_silicon", ENGINES)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    if not kernels or any(k not in KERNELS for k in kernels):
+        parser.error(f"--kernels: {args.kernels!r}; choose from {list(KERNELS)}")
     if rows is None:
         return pd.DataFrame()
     out, start = Path(args.out), time.perf_counter()
-    table = run(rows, engines, args.quick)
+    table = run(rows, engines, args.quick, kernels, args.overlap)
     summ, grp, terms = summary(table), groups(table), term_check(table)
-    cov = pd.concat([vs.coverage(table[table.kernels == "default"], e).assign(engine=e)
+    cov = pd.concat([vs.coverage(table[table.kernels == kernels[0]], e).assign(engine=e)
                      for e in engines], ignore_index=True)
     print("coverage per engine")
     print_table(cov)
@@ -163,7 +188,7 @@ def main(argv=None) -> pd.DataFrame:
     for name, frame in (("summary", summ), ("groups", grp), ("terms", terms),
                         ("coverage", cov)):
         frame.to_csv(out / f"{name}.csv", index=False)
-    paths = try_plots(lambda: [plot(table, out)])
+    paths = try_plots(lambda: [plot(table, out, kernels[0])])
     if args.img:
         Path(args.img).mkdir(parents=True, exist_ok=True)
         for p in paths:

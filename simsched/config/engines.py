@@ -116,8 +116,9 @@ def check_engine(sched) -> None:
         unsupported.append(f"preemption_mode={sched.preemption_mode!r}")
     if sched.preemption:
         unsupported.append("preemption=True")
-    if sched.plan_ahead or sched.async_scheduling:
-        unsupported.append("plan_ahead/async_scheduling (vLLM's pipeline)")
+    if sched.plan_ahead:
+        unsupported.append("plan_ahead (vLLM's AsyncScheduler decisions; async_scheduling=True "
+                           "models this engine's overlap scheduler)")
     if sched.lora is not None:
         unsupported.append("lora")
     if sched.speculative is not None:
