@@ -87,5 +87,6 @@ def main(argv=None) -> pd.DataFrame:
                   ("AIConfigurator's own runs: median absolute error % (bias: signed median)",
                    "per (engine, variant, GPU, model)"), time.perf_counter() - start)
 
+
 if __name__ == "__main__":
     main()

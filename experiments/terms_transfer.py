@@ -110,5 +110,6 @@ def main(argv=None) -> pd.DataFrame:
                    "signed median error % per (engine, GPU, model, layout)"),
                   time.perf_counter() - start)
 
+
 if __name__ == "__main__":
     main()

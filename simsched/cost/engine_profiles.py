@@ -24,15 +24,18 @@ checks what fitting one of them per engine on the SGLang and TensorRT-LLM silico
 give, leaving one (GPU, model) group out: no such term reaches the error targets there, so none
 is shipped (docs/engines.md). :data:`OVERRIDES` is where a fit per engine goes.
 
-Opt-in (:data:`CARRIED`): ``sglang_silicon`` is SGLang's profile with vLLM's prefill,
-all-reduce and fused-MoE terms fitted on vLLM's silicon rows (:mod:`simsched.cost.vllm_silicon`)
-carried over unchanged. SGLang's fused MoE is the same Triton kernel family as vLLM's, which is
-what the expert terms correct; fitted on vLLM's rows only, so SGLang's rows judge it held out
-(``python -m experiments.terms_transfer``). TensorRT-LLM runs its own MoE kernels, and there the
-carried terms make TTFT worse, so it has no such profile.
+Opt-in (:data:`CARRIED`, named in :mod:`simsched.cost.profile_names`): ``sglang_silicon`` is
+SGLang's profile with vLLM's prefill, all-reduce and fused-MoE terms fitted on vLLM's silicon
+rows (:mod:`simsched.cost.vllm_silicon`) carried over unchanged. SGLang's fused MoE is the same
+Triton kernel family as vLLM's, which is what the expert terms correct; fitted on vLLM's rows
+only, so SGLang's rows judge it held out (``python -m experiments.terms_transfer``).
+TensorRT-LLM runs its own MoE kernels, and there the carried terms make TTFT worse, so it has no
+such profile.
 """
 
 from __future__ import annotations
+
+from simsched.cost.profile_names import CARRIED, engine_of  # noqa: F401  (re-exported)
 
 # Engine -> term -> value (seconds) replacing the vllm_v1 term; empty: all assumed equal.
 OVERRIDES: dict[str, dict[str, float]] = {"sglang": {}, "trtllm": {}}
@@ -45,15 +48,6 @@ DESCRIPTIONS = {
     "sglang_silicon": "SGLang 0.5.9 with vLLM's fitted silicon terms (prefill, all-reduce, "
                       "fused MoE: the same Triton kernels) carried over; opt-in",
 }
-# Opt-in profiles: name -> the engine profile they carry vLLM's fitted silicon terms to. Named
-# "<engine>_silicon": simsched.cost.hardware.gpu_spec reads the engine's tables by that suffix.
-CARRIED: dict[str, str] = {f"{engine}_silicon": engine for engine in ("sglang",)}
-
-
-def engine_of(profile: str) -> str:
-    """The engine profile ``profile`` builds on (itself unless it is one of :data:`CARRIED`):
-    whose AIConfigurator tables it reads."""
-    return CARRIED.get(profile, profile)
 
 
 def terms(engine: str) -> dict:

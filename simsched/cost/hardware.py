@@ -16,6 +16,7 @@ import os
 from typing import Any, Mapping
 
 from simsched.cost import deployed, shapes
+from simsched.cost.profile_names import engine_of
 # The spec classes live in specs.py; re-exported, since configs and users import them from here.
 from simsched.cost.specs import GPUSpec, ModelSpec, _read_hf_config  # noqa: F401
 
@@ -177,9 +178,8 @@ def gpu_spec(hw) -> GPUSpec:
 
     name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
     # The engine's own tables (aic-<engine>-<gpu>: SGLang, TensorRT-LLM) where measured.
-    # An opt-in profile "<engine>_silicon" (simsched.cost.engine_profiles.CARRIED) reads its
-    # engine's tables.
-    engine = getattr(hw, "engine_overhead", "").removesuffix("_silicon")
+    # An opt-in profile on an engine's (profile_names.CARRIED) reads that engine's tables.
+    engine = engine_of(getattr(hw, "engine_overhead", ""))
     own = f"{AIC}{engine}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
     if own in PROFILES:
         return dataclasses.replace(gpu, kernels=own, calibration="measured")
