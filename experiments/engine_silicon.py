@@ -2,7 +2,7 @@
 
     python -m experiments.engine_silicon [--quick] [--engines sglang,trtllm] [--out DIR]
                                          [--img DIR] [--kernels default,aiconfigurator]
-                                         [--overlap]
+                                         [--no-overlap]
 
 Runs :func:`experiments.validate_silicon.validate` on the SGLang and TensorRT-LLM rows of
 ``../shared/data/real-serving/silicon/hopper.csv`` (their recipes: :mod:`experiments.
@@ -21,9 +21,10 @@ its results are reported, not shipped.
 Written to ``--out``: ``rows.csv`` (every row, both kernel choices), ``summary.csv``,
 ``groups.csv``, ``terms.csv`` and ``engines_silicon.png`` (measured against simulated, per
 engine). ``--quick``: one row per (GPU, model, layout) group, C <= 64 (seconds).
-``--kernels``: only these kernel choices (coverage and plot: the first). ``--overlap``: the
-engines' overlap schedulers as the replica's arrival rule (``scheduler.async_scheduling=True``,
-opt-in for these engines: :func:`simsched.config.pipeline.arrival_rule`).
+``--kernels``: only these kernel choices (coverage and plot: the first). ``--no-overlap``:
+without the engines' overlap schedulers as the replica's arrival rule
+(``scheduler.async_scheduling=False``; on by default under their profiles, as in both real
+engines: :func:`simsched.config.pipeline.arrival_rule`).
 """
 
 from __future__ import annotations
@@ -53,21 +54,21 @@ TERMS = {
 }
 
 
-def _with_overlap(configure, cfg, row):
-    """``configure``, then the engine's overlap scheduler as the replica's arrival rule."""
-    return configure(cfg, row).replace(**{"scheduler.async_scheduling": True})
+def _without_overlap(configure, cfg, row):
+    """``configure``, then the engine's normal loop (no overlap scheduler's arrival rule)."""
+    return configure(cfg, row).replace(**{"scheduler.async_scheduling": False})
 
 
 def run(rows: pd.DataFrame, engines=ENGINES, quick: bool = False,
-        kernels=KERNELS, overlap: bool = False) -> pd.DataFrame:
+        kernels=KERNELS, overlap: bool = True) -> pd.DataFrame:
     """Every row of ``engines`` simulated with each kernel choice (column ``kernels``);
-    ``overlap``: with the engines' overlap schedulers (``scheduler.async_scheduling=True``,
-    opt-in: :func:`simsched.config.pipeline.arrival_rule`)."""
+    ``overlap=False``: without the engines' overlap schedulers
+    (``scheduler.async_scheduling=False``: :func:`simsched.config.pipeline.arrival_rule`)."""
     parts = []
     for engine in engines:
         eng = vs.ENGINES[engine]
-        if overlap:
-            eng = dataclasses.replace(eng, configure=functools.partial(_with_overlap,
+        if not overlap:
+            eng = dataclasses.replace(eng, configure=functools.partial(_without_overlap,
                                                                        eng.configure))
         for k in kernels:
             part = vs.validate(rows, eng, quick, kernels=k)
@@ -160,9 +161,9 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
     parser.add_argument("--kernels", default=",".join(KERNELS),
                         help=f"kernel choices (comma-separated, of {list(KERNELS)})")
-    parser.add_argument("--overlap", action="store_true",
-                        help="model the engines' overlap schedulers "
-                             "(scheduler.async_scheduling=True; opt-in)")
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false",
+                        help="without the engines' overlap schedulers "
+                             "(scheduler.async_scheduling=False; on by default)")
     args, engines, rows = vs.engine_cli(parser, argv, "engine_silicon", ENGINES)
     kernels = tuple(k for k in args.kernels.split(",") if k)
     if not kernels or any(k not in KERNELS for k in kernels):

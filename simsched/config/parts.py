@@ -39,10 +39,11 @@ class SchedulerConfig:
     ``None`` (default) follows the engine profile of the cost model that runs: on for the
     calibrated cost model's ``vllm_v1`` engine overhead (the default), off otherwise (and for a
     cost model given to ``simulate`` without one, e.g. ``UnitCostModel``). With engine
-    ``sglang`` or ``trtllm`` it is off unless ``True``: then the replica applies the arrival rule
-    below, which is what their overlap schedulers do (SGLang's ``event_loop_overlap``,
+    ``sglang`` or ``trtllm`` it is their overlap scheduler (SGLang's ``event_loop_overlap``,
     TensorRT-LLM's overlap executor loop: step k + 1 is formed before step k's results and new
-    requests are taken in); opt-in for now, though both engines run it by default.
+    requests are taken in), which the replica models by the arrival rule below: ``None`` follows
+    the profile (on for ``sglang``, ``sglang_silicon`` and ``trtllm``, as both engines run it by
+    default), ``False`` is their ``--disable-overlap-schedule`` / ``disable_overlap_scheduler``.
     ``plan_ahead`` says how that pipeline is modelled. ``None`` (default) plans ahead exactly
     when the replica schedules asynchronously (``async_scheduling``, or the profile): the
     decisions of vLLM V1's ``AsyncScheduler`` (the next batch is planned while the current one

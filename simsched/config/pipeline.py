@@ -30,8 +30,9 @@ def plan_ahead(config, cost_model) -> bool:
 def arrival_rule(config, cost_model) -> bool:
     """Whether the replica applies the pipeline's arrival rule: pipelined, not planning ahead.
     SGLang's and TensorRT-LLM's overlap schedulers pipeline the same way (a request arriving
-    while step k runs joins step k + 2 at the earliest); for those engines the rule is
-    ``scheduler.async_scheduling=True`` alone (opt-in; their profiles keep it off)."""
+    while step k runs joins step k + 2 at the earliest); for those engines the rule is their
+    overlap scheduler (:func:`overhead.overlap_scheduling`: on under their profiles, off with
+    ``scheduler.async_scheduling=False``)."""
     if config.scheduler.engine != "vllm":
-        return bool(config.scheduler.async_scheduling)
+        return overhead.overlap_scheduling(config, cost_model)
     return overhead.async_scheduling(config, cost_model) and not plan_ahead(config, cost_model)

@@ -56,6 +56,9 @@ ENGINE_OVERHEADS: dict[str, str] = {
 }
 # Engine profiles whose engine schedules asynchronously unless scheduler.async_scheduling says.
 ASYNC_SCHEDULING = frozenset({"vllm_v1", "vllm_silicon"})
+# Profiles under which SGLang and TensorRT-LLM run their overlap schedulers (on by default in
+# both engines: SGLang's event_loop_overlap, TensorRT-LLM's overlap executor loop).
+OVERLAP_SCHEDULING = ASYNC_SCHEDULING | {"sglang", "sglang_silicon", "trtllm"}
 DEFAULT_ENGINE_OVERHEAD = "vllm_v1"
 
 
@@ -83,6 +86,18 @@ def async_scheduling(config, cost_model) -> bool:
     if flag is not None:
         return flag
     return getattr(cost_model, "engine_overhead", None) in ASYNC_SCHEDULING
+
+
+def overlap_scheduling(config, cost_model) -> bool:
+    """Whether a replica of an SGLang or TensorRT-LLM ``config`` timed by ``cost_model`` runs
+    its engine's overlap scheduler: ``scheduler.async_scheduling`` if set, else whether
+    ``cost_model``'s engine overhead is one of :data:`OVERLAP_SCHEDULING` (the engines'
+    profiles: on, as in both real engines; a cost model without a profile, such as
+    ``UnitCostModel``: off unless asked)."""
+    flag = config.scheduler.async_scheduling
+    if flag is not None:
+        return flag
+    return getattr(cost_model, "engine_overhead", None) in OVERLAP_SCHEDULING
 
 
 @functools.lru_cache(maxsize=None)

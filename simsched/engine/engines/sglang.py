@@ -30,9 +30,9 @@ Written after SGLang 0.5.9's ``python/sglang/srt/managers/scheduler.py`` (``Sche
 
 The step's decisions are those of SGLang's normal event loop (``event_loop_normal``). SGLang's
 default overlap loop forms step k + 1 before it processes step k's results and new requests: it
-hides CPU time (the ``sglang`` engine profile), and with ``scheduler.async_scheduling=True``
-(opt-in) the replica applies the pipeline's arrival rule for it
-(:func:`simsched.config.pipeline.arrival_rule`).
+hides CPU time (the ``sglang`` engine profile), and the replica applies the pipeline's arrival
+rule for it (:func:`simsched.config.pipeline.arrival_rule`; on by default as in SGLang, off
+with ``scheduler.async_scheduling=False``, SGLang's ``--disable-overlap-schedule``).
 ``max_running_requests`` is ``max_num_seqs``
 capped as SGLang derives it from its pool: ``min(tokens // 2, clamp(tokens / context length x
 512, 2048, 4096))``. Decodes advance lazily, as the vLLM scheduler's (the base class keeps

@@ -35,9 +35,10 @@ Memory is simsched's block-granular KV cache with ``cache.block_size`` = ``token
 takes them all at its first chunk); both capacity policies count all of them, so decisions agree
 while the pool holds them. A generating request the micro-batch leaves out of a step (the token
 budget ran out before it) sits that step out. Decisions are those of the executor without its
-overlap scheduler, which hides CPU time (the ``trtllm`` engine profile); with
-``scheduler.async_scheduling=True`` (opt-in) the replica applies the pipeline's arrival rule for
-it, as the overlap loop delays a new request (:func:`simsched.config.pipeline.arrival_rule`).
+overlap scheduler, which hides CPU time (the ``trtllm`` engine profile); the replica applies
+the pipeline's arrival rule for it, as the overlap loop delays a new request
+(:func:`simsched.config.pipeline.arrival_rule`; on by default as in TensorRT-LLM, off with
+``scheduler.async_scheduling=False``, its ``disable_overlap_scheduler``).
 """
 
 from __future__ import annotations
