@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 
+from simsched.config.presets import PRESETS
 from simsched.cost import shapes
 from simsched.cost.engine_profiles import engine_of
 from simsched.cost.hardware import GPUS as GPU_SPECS
@@ -199,7 +200,8 @@ def configure(engine: str, cfg, row):
     converted, TensorRT-LLM's unchunked context."""
     s = settings(row, engine)
     tp = cfg.hardware.tensor_parallel_size
-    # The engine's profile, or an opt-in one on it (sglang_silicon) that the Engine names.
+    # The profile the Engine names when it is one of this engine's (its preset's, or the
+    # plain sglang beside sglang_silicon), else the engine's own.
     profile = cfg.hardware.engine_overhead
     changes = {"scheduler.engine": engine,
                "hardware.engine_overhead": profile if engine_of(profile) == engine else engine,
@@ -218,6 +220,8 @@ def register(engines: dict, engine_cls, recipe_cls, model_presets: dict) -> None
     for key, preset in MODEL_PRESETS.items():
         model_presets.setdefault(key, preset)
     for name in ENGINES:
+        # The engine's profile as its preset sets it (SGLang's carries vLLM's silicon terms).
+        profile = PRESETS[name]["hardware"]["engine_overhead"]
         engines[name] = engine_cls(name, functools.partial(recipe, recipe_cls, name),
-                                   engine_overhead=name,
+                                   engine_overhead=profile,
                                    configure=functools.partial(configure, name), refuse=refuse)

@@ -8,7 +8,7 @@ The rows are ``experiments.validate_silicon``'s (read its docstring and the data
 Blackwell rows are never read). The terms (:data:`simsched.cost.vllm_silicon.TERMS`: per step,
 layer and kernel class, never per model) are fitted as follows:
 
-1. every expressible row is simulated with neutral terms (the shipped ``vllm_v1`` profile) and
+1. every expressible row is simulated with neutral terms (the ``vllm_v1`` profile) and
    once per fitted term with that term alone at its probe value (:data:`PROBES`; ``--baseline``
    and ``--passes`` read passes already run by ``validate_silicon`` instead);
 2. each row's simulated TTFT and TPOT are taken as linear in each term between its neutral and
@@ -22,12 +22,13 @@ layer and kernel class, never per model) are fitted as follows:
    headline: how a model or GPU no row was fitted on would fare).
 
 Printed and written to ``--out``: ``rows.csv`` (every row's measured and simulated TTFT and
-TPOT under the shipped profile, in-sample and leave-one-group-out), ``groups.csv`` (median
+TPOT under the ``vllm_v1`` profile (neutral terms; ``shipped`` in the tables and the record),
+in-sample and leave-one-group-out), ``groups.csv`` (median
 absolute errors per (GPU, model) group under each), ``folds.csv`` (each fold's terms) and
 ``summary.csv``. ``--update`` writes the in-sample terms and these figures to
 ``simsched/cost/data/vllm_silicon_terms.json``, which :func:`simsched.cost.vllm_silicon.terms`
-reads. ``--check-vllm015``: the real vLLM 0.15 runs with the shipped fitted terms (whether
-they could be the default). ``--quick``: the rows at concurrency <= 16 only (the fit and its figures are then of
+reads (the default profile, ``vllm_silicon``). ``--check-vllm015``: the real vLLM 0.15 runs
+with and without the fitted terms. ``--quick``: the rows at concurrency <= 16 only (the fit and its figures are then of
 those rows; never used for ``--update``).
 """
 
@@ -184,7 +185,7 @@ def vllm015_check() -> pd.DataFrame:
             *vm.load_runs().assign(moe=True).itertuples()]
     for run in runs:
         meas = vv.measured(run)
-        for name, terms in (("shipped", None), ("silicon", vllm_silicon.terms())):
+        for name, terms in (("vllm_v1", None), ("silicon", vllm_silicon.terms())):
             sim = vv.metrics(vv.simulate_run(run, "vllm_v1", None, 0, terms), run.output_tokens)
             rows.append({"run": run.experiment, "moe": run.moe, "terms": name,
                          **{f"{m}_error": 100 * (sim[m] / meas[m] - 1)
@@ -199,7 +200,7 @@ def main(argv=None) -> pd.DataFrame:
                          f"the rows at concurrency <= {QUICK_MAX_CONCURRENCY} only")
     parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
     parser.add_argument("--baseline", default=None,
-                        help="rows.csv of a validate_silicon run with the shipped profile (the "
+                        help="rows.csv of a validate_silicon run with --terms neutral (the "
                              "neutral pass, not simulated again)")
     parser.add_argument("--passes", default=None,
                         help="folder with a probe pass per term already run "
@@ -207,14 +208,14 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--update", action="store_true",
                         help="write the fitted terms to the package data")
     parser.add_argument("--check-vllm015", action="store_true",
-                        help="only simulate the real vLLM 0.15 runs with the shipped fitted "
-                             "terms (are they fit to be defaults?) and print the errors")
+                        help="only simulate the real vLLM 0.15 runs with and without the "
+                             "fitted terms and print the errors")
     args = parser.parse_args(argv)
     if args.check_vllm015:
         t = vllm015_check()
         cols = ["ttft_mean_error", "e2e_mean_error", "itl_error"]
-        print("vLLM 0.15 runs, median absolute error % (shipped vllm_v1 / with the silicon "
-              "terms), dense and MoE runs apart")
+        print("vLLM 0.15 runs, median absolute error % (vllm_v1 / with the silicon terms, "
+              "the default vllm_silicon), dense and MoE runs apart")
         print_table(t.groupby(["moe", "terms"])[cols].agg(lambda e: e.abs().median())
                     .reset_index(), digits=3)
         print_table(t.pivot(index=["run", "moe"], columns="terms", values="e2e_mean_error")
@@ -278,7 +279,8 @@ def main(argv=None) -> pd.DataFrame:
     print("terms fitted on every row: " + ", ".join(
         f"{k} {v * vllm_silicon.UNITS[k][1]:.3g} {vllm_silicon.UNITS[k][0]}"
         for k, v in everything.items()))
-    print("\nmedian absolute error %: shipped vllm_v1, in-sample, leave-one-group-out")
+    print("\nmedian absolute error %: vllm_v1 (shipped: neutral terms), in-sample, "
+          "leave-one-group-out")
     print_table(summary, digits=3)
     print("\nper (GPU, model) group")
     print_table(groups, digits=3)

@@ -1,6 +1,6 @@
 """Where the silicon rows' TTFT goes: one prefill as vLLM served it against the kernel sums.
 
-    python -m experiments.silicon_prefill [--max-concurrency 4] [--terms shipped|fitted]
+    python -m experiments.silicon_prefill [--max-concurrency 4] [--terms neutral|fitted]
                                           [--kernels default|aiconfigurator] [--out DIR]
 
 At the lowest concurrency of the silicon set (C = 4) a request waits for little: the rest of
@@ -12,8 +12,9 @@ takes the measured TTFT minus the same wait as the prefill step as vLLM served i
 (``implied``). The ratio ``implied / simulated`` per (GPU, model, layout) says how much longer
 one prefill took than the kernel sums, and the parts say where (GEMMs, routed experts,
 attention, all-reduces). Rows of the silicon set only (``experiments.validate_silicon``; the
-Blackwell rows are never read). ``--terms fitted``: with the fitted silicon terms
-(:mod:`simsched.cost.vllm_silicon`).
+Blackwell rows are never read). ``--terms neutral`` (default): the kernel sums alone, the
+``vllm_v1`` profile (neutral silicon terms); ``--terms fitted``: with the fitted silicon terms
+(:mod:`simsched.cost.vllm_silicon`, the default profile's).
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def main(argv=None) -> pd.DataFrame:
     parser = make_parser("silicon_prefill", __doc__, "(no effect: the experiment is small)")
     parser.add_argument("--data", default=str(vs.DATA), help="the silicon CSV (hopper.csv)")
     parser.add_argument("--max-concurrency", type=int, default=4)
-    parser.add_argument("--terms", choices=("shipped", "fitted"), default="shipped")
+    parser.add_argument("--terms", choices=("neutral", "fitted"), default="neutral",
+                        help="neutral: the kernel sums (vllm_v1); fitted: with the silicon "
+                             "terms (the default profile, vllm_silicon)")
     parser.add_argument("--kernels", choices=vs.KERNELS, default="default",
                         help="kernel profile (validate_silicon's --kernels)")
     args = parser.parse_args(argv)
@@ -97,7 +100,7 @@ def main(argv=None) -> pd.DataFrame:
     raw = raw[raw["mode"] == "agg"]
     rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
     rows = rows[rows.concurrency <= args.max_concurrency]
-    t = table(rows, None if args.terms == "shipped" else vllm_silicon.terms(), args.kernels)
+    t = table(rows, vllm_silicon.parse(args.terms), args.kernels)
     g = by_group(t)
     print(f"one prefill at C <= {args.max_concurrency}: implied (measured TTFT - simulated wait) "
           f"against the simulated step, ms ({args.terms} terms, {args.kernels} kernels)")

@@ -10,10 +10,12 @@ TensorRT-LLM rows (as ``experiments.engine_silicon`` simulates them, default ker
 rows judge them held out, and reports per engine the median absolute and signed TTFT and TPOT
 errors, overall and per (GPU, model, layout), with:
 
-* ``shipped``: the engine's own profile (``hardware.engine_overhead`` ``sglang`` / ``trtllm``);
-* ``vllm terms``: the same with vLLM's fitted terms on top: for SGLang the opt-in profile
-  ``sglang_silicon`` (:mod:`simsched.cost.engine_profiles`), for TensorRT-LLM the same terms
-  passed as ``engine_terms`` (no profile is registered for it: see docs/engines.md).
+* ``without``: the engine's profile without them (``hardware.engine_overhead`` ``sglang`` /
+  ``trtllm``: the ``vllm_v1`` terms, assumed);
+* ``vllm terms``: the same with vLLM's fitted terms on top: for SGLang the profile
+  ``sglang_silicon`` (:mod:`simsched.cost.engine_profiles`; its preset's default), for
+  TensorRT-LLM the same terms passed as ``engine_terms`` (no profile is registered for it, and
+  its default stays ``trtllm``: see docs/engines.md).
 
 Nothing is fitted here. Written to ``--out``: ``rows.csv`` (every row and variant),
 ``summary.csv`` and ``groups.csv``. ``--quick``: one row per (GPU, model, layout), C <= 64.
@@ -36,16 +38,16 @@ from experiments._common import parser as make_parser
 from simsched.cost import engine_profiles, vllm_silicon
 
 ENGINES = ("sglang", "trtllm")
-VARIANTS = ("shipped", "vllm terms")
-# Engine -> its opt-in profile carrying vLLM's terms, where one is registered.
+VARIANTS = ("without", "vllm terms")
+# Engine -> its profile carrying vLLM's terms, where one is registered.
 PROFILE = {engine: name for name, engine in engine_profiles.CARRIED.items()}
 
 
 def variant_engine(engine: str, variant: str) -> vs.Engine:
     """The registered ``engine`` of ``validate_silicon`` under ``variant``."""
     base = vs.ENGINES[engine]
-    if variant == "shipped":
-        return base
+    if variant == "without":
+        return dataclasses.replace(base, engine_overhead=engine)
     if variant != "vllm terms":
         raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
     if engine in PROFILE:

@@ -61,6 +61,7 @@ from simsched.config import ClientConfig
 from simsched.cost import aiconfigurator as aic
 from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
+from simsched.cost.overhead import DEFAULT_ENGINE_OVERHEAD
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
 from experiments import _silicon_aic as silicon_aic
@@ -114,7 +115,7 @@ class Engine:
 
     name: str
     recipe: Callable[[object], Recipe]
-    engine_overhead: str = "vllm_v1"
+    engine_overhead: str = DEFAULT_ENGINE_OVERHEAD
     # The optional hooks below are keyword-only: a positional fourth argument once meant terms.
     _: dataclasses.KW_ONLY
     # The engine's own settings on top of the shared ones, (config, row) -> config (None: vLLM,
@@ -353,9 +354,11 @@ def main(argv=None) -> pd.DataFrame:
                         help="kernel profile: the catalog's default for the GPU, or its "
                              "AIConfigurator tables (hardware.kernel_profile)")
     parser.add_argument("--terms", default="shipped",
-                        help="engine terms: 'shipped' (the profile's), 'fitted' (the vllm_v1 "
-                             "terms with the fitted silicon terms, simsched.cost.vllm_silicon), "
-                             "or NAME=VALUE[,NAME=VALUE...] set on the vllm_v1 terms")
+                        help="engine terms: 'shipped' (the profile's: for vLLM the default "
+                             "vllm_silicon, the vllm_v1 terms with the fitted silicon terms, "
+                             "simsched.cost.vllm_silicon), 'fitted' (the same), 'neutral' (the "
+                             "vllm_v1 terms alone), or NAME=VALUE[,NAME=VALUE...] set on the "
+                             "vllm_v1 terms")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
     args = parser.parse_args(argv)
@@ -367,7 +370,11 @@ def main(argv=None) -> pd.DataFrame:
     except ValueError as exc:
         parser.error(f"--terms: {exc}")
     engine = ENGINES[args.engine]
-    if terms is not None:
+    if args.terms == "neutral" and args.engine == "vllm":
+        # The vllm_v1 profile by name: its pools time a disaggregated row too (engine_terms
+        # reach one-pool rows only).
+        engine = dataclasses.replace(engine, engine_overhead="vllm_v1")
+    elif terms is not None:
         engine = dataclasses.replace(engine, engine_terms=terms)
     rows = load_or_skip(args.data, "validate_silicon")
     if rows is None:

@@ -21,7 +21,9 @@ sent it and its server ran it:
 
 Each run is simulated with every engine profile (``measured_2023``, ``overlapped``,
 ``eager_2023``, ``none``, ``vllm_v1``) and with ``vllm_v1`` refitted without that run
-(``vllm_v1_loo``: leave one run out). Printed and written (``runs.csv``, ``summary.csv``, a plot):
+(``vllm_v1_loo``: leave one run out), alone and with the silicon terms of the default profile
+(``vllm_silicon_loo``: :mod:`simsched.cost.vllm_silicon`, fitted on other rows, so held out
+here too). Printed and written (``runs.csv``, ``summary.csv``, a plot):
 measured vs simulated TTFT and E2E (mean, p90, p99) and ITL, the error per run and the median
 absolute error per profile, and TTFT in decode steps. ITL two ways: ``itl`` is the engine's time
 per generated token, (E2E - TTFT) / (output - 1), from the measured means too; ``itl_published``
@@ -47,13 +49,14 @@ import pandas as pd
 
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
-from simsched.cost import vllm_v1
+from simsched.cost import vllm_silicon, vllm_v1
 from simsched.cost.calibrated import CalibratedCostModel
 from simsched.cost.hardware import GPUS, MODELS
 from experiments._common import parser as make_parser
 from experiments._common import try_plots
 
-PROFILES = ("measured_2023", "overlapped", "eager_2023", "none", "vllm_v1", "vllm_v1_loo")
+PROFILES = ("measured_2023", "overlapped", "eager_2023", "none", "vllm_v1", "vllm_v1_loo",
+            "vllm_silicon_loo")
 QUICK_PROFILES = ("measured_2023", "vllm_v1")
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p90", "e2e_p99", "itl")
 NUM_PROMPTS, NUM_GROUPS = 100, 10
@@ -195,6 +198,8 @@ def validate(runs: pd.DataFrame, profiles=PROFILES, seconds: float | None = None
         for profile in profiles:
             terms = vllm_v1.fit_terms(exclude=run.experiment) if profile.endswith("_loo") \
                 else None
+            if profile == "vllm_silicon_loo":
+                terms = {**terms, **vllm_silicon.fitted()}
             sim = metrics(replay(run, profile, seconds, seed, terms), run.output_tokens)
             row = {"experiment": run.experiment, "model": run.model, "tp": int(run.tp),
                    "profile": profile, "num_unfinished": sim.pop("num_unfinished")}

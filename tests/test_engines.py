@@ -20,7 +20,7 @@ def test_default_engine_is_vllm_and_presets_set_each_engines_defaults():
     sg = SimConfig.preset("sglang")
     assert (sg.scheduler.engine, sg.cache.block_size, sg.cache.enable_prefix_caching,
             sg.scheduler.max_num_batched_tokens, sg.hardware.engine_overhead) \
-        == ("sglang", 1, True, 8192, "sglang")
+        == ("sglang", 1, True, 8192, "sglang_silicon")
     trt = SimConfig.preset("trtllm")
     assert (trt.scheduler.engine, trt.cache.block_size, trt.scheduler.max_num_seqs,
             trt.scheduler.enable_chunked_prefill) == ("trtllm", 32, 2048, False)

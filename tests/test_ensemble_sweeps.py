@@ -22,7 +22,7 @@ def _profile(path, gpu="h100-sxm"):
     """A profile document written by hand: known centre, covariance and discrepancy."""
     terms = dict(deployment.neutral_terms(DELAY), gemm_scale=1.2, step_time=0.5e-3)
     doc = {"format": deployment.FORMAT, "version": deployment.VERSION,
-           "engine_overhead": "vllm_v1", "gpus": [gpu], "models": ["llama-2-7b"],
+           "engine_overhead": "vllm_silicon", "gpus": [gpu], "models": ["llama-2-7b"],
            "terms": terms, "center": deployment.to_coordinates(terms).tolist(),
            "covariance": np.diag(SD ** 2).tolist(),
            "discrepancy": {"ttft_mean": 0.1, "e2el_mean": 0.04}}

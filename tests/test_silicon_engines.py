@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from simsched import SimConfig
 from experiments import _silicon_engines as se
 from experiments import _silicon_layout as sl
 from experiments import validate_silicon as vs
@@ -23,10 +24,14 @@ def _row(**fields):
 
 def test_both_engines_are_registered_with_their_own_profile():
     assert {"vllm", "sglang", "trtllm"} <= set(vs.ENGINES)
-    for name in ("sglang", "trtllm"):
+    # Each with its preset's profile (SGLang's carries vLLM's silicon terms), as vLLM with the
+    # default one.
+    for name, profile in (("sglang", "sglang_silicon"), ("trtllm", "trtllm")):
         eng = vs.ENGINES[name]
-        assert eng.engine_overhead == name and eng.configure is not None
+        assert eng.engine_overhead == profile and eng.configure is not None
+        assert SimConfig.preset(name).hardware.engine_overhead == profile
     assert vs.ENGINES["vllm"].configure is None          # vLLM rows: unchanged
+    assert vs.ENGINES["vllm"].engine_overhead == SimConfig().hardware.engine_overhead
     assert vs.MODEL_PRESETS[("meta-llama/Llama-3.1-8B-Instruct", "bf16")] == "llama-3.1-8b"
 
 

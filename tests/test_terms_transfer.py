@@ -60,7 +60,12 @@ def test_the_variants_of_each_engine():
     assert (sg.engine_overhead, sg.engine_terms) == ("sglang_silicon", None)
     assert trt.engine_overhead == "trtllm"
     assert trt.engine_terms == {**engine_profiles.terms("trtllm"), **vllm_silicon.fitted()}
-    assert tt.variant_engine("sglang", "shipped") is vs.ENGINES["sglang"]
+    # SGLang's registered engine runs its preset's profile, which carries the terms.
+    assert vs.ENGINES["sglang"].engine_overhead == "sglang_silicon"
+    assert vs.ENGINES["trtllm"].engine_overhead == "trtllm"
+    plain = tt.variant_engine("sglang", "without")
+    assert (plain.engine_overhead, plain.engine_terms) == ("sglang", None)
+    assert tt.variant_engine("trtllm", "without").engine_overhead == "trtllm"
     with pytest.raises(ValueError, match="variant must be one of"):
         tt.variant_engine("sglang", "fitted")
 
@@ -88,10 +93,10 @@ def test_the_experiment_runs_both_variants_and_the_same_in_parallel():
     sim = table.set_index(["id", "variant"]).sim_ttft_ms
     # Fine-grained experts: vLLM's prefill expert term makes every prefill slower.
     for rid in rows.id:
-        assert sim[rid, "vllm terms"] > sim[rid, "shipped"]
+        assert sim[rid, "vllm terms"] > sim[rid, "without"]
     grp = tt.groups(table)
-    assert list(grp.columns) == ["backend", "gpu", "model", "layout", "ttft shipped",
-                                 "ttft vllm terms", "tpot shipped", "tpot vllm terms", "rows"]
+    assert list(grp.columns) == ["backend", "gpu", "model", "layout", "ttft without",
+                                 "ttft vllm terms", "tpot without", "tpot vllm terms", "rows"]
     parallel = tt.run(rows, jobs=2)
     pd.testing.assert_frame_equal(parallel, table)
 

@@ -15,9 +15,9 @@ from simsched.cost.hardware import GPUS, MODELS
 BATCHES = [Batch([900], [0], 3, 4000), Batch([], [], 8, 9000), Batch([64, 300], [0, 128], 1, 50)]
 
 
-def _model(name, terms=None, gpu="h200", tp=2):
+def _model(name, terms=None, gpu="h200", tp=2, profile="vllm_v1"):
     return CalibratedCostModel(MODELS[name], GPUS[gpu], tp, model_name=name,
-                               engine_terms=terms)
+                               engine_overhead=profile, engine_terms=terms)
 
 
 def _terms(**changes):
@@ -25,7 +25,7 @@ def _terms(**changes):
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "llama-3-8b"])
-def test_neutral_terms_are_the_shipped_model_bit_for_bit(name):
+def test_neutral_terms_are_the_vllm_v1_profile_bit_for_bit(name):
     shipped = _model(name)
     neutral = _model(name, _terms(**vllm_silicon.NEUTRAL))
     for b in BATCHES:
@@ -126,8 +126,10 @@ def test_shipped_terms_load_and_reach_a_run():
                               num_requests=20, rate=5.0, seed=3)
     model = factory.engine_terms_cost_model(cfg.hardware, terms)
     assert model is factory.engine_terms_cost_model(cfg.hardware, terms)   # cached per terms
-    shipped = simulate(cfg).summary()
+    shipped = simulate(cfg.replace(engine_overhead="vllm_v1")).summary()
     fitted = simulate(cfg, cost_model=model).summary()
+    # The default profile is vllm_silicon: the fitted terms, by name.
+    assert simulate(cfg).summary()["ttft_p50"] == fitted["ttft_p50"]
     slower = any(terms[t] != vllm_silicon.NEUTRAL[t] for t in vllm_silicon.TERMS)
     assert (fitted["ttft_p50"] > shipped["ttft_p50"]) == slower
 
@@ -148,6 +150,7 @@ def test_terms_from_the_command_line():
     parse = vllm_silicon.parse
     assert parse("shipped") is None
     assert parse("fitted") == vllm_silicon.terms()
+    assert parse("neutral") == {**vllm_v1.terms(), **vllm_silicon.NEUTRAL}
     t = parse("prefill_gemm_scale=1.5,large_allreduce_scale=0.5")
     assert t["prefill_gemm_scale"] == 1.5 and t["large_allreduce_scale"] == 0.5
     assert t["prefill_expert_scale"] == 1.0 and t["output_delay"] == vllm_v1.terms()["output_delay"]
@@ -176,13 +179,14 @@ def test_a_term_pass_simulates_the_registered_vllm_engine_with_its_terms():
 
 
 def test_the_vllm_silicon_profile_is_vllm_v1_with_the_fitted_terms():
-    # engine_overhead="vllm_silicon" is the opt-in by name (config, CLI --set, sweeps): the same
-    # model as passing the fitted terms, scheduled asynchronously as vllm_v1 is.
+    # engine_overhead="vllm_silicon" is the default, by name (config, CLI --set, sweeps): the
+    # same model as passing the fitted terms, scheduled asynchronously as vllm_v1 is.
     cfg = SimConfig().replace(model="qwen3-30b-a3b", gpu="h200", tensor_parallel_size=2,
                               num_requests=40)
+    assert cfg.hardware.engine_overhead == "vllm_silicon"
     named = factory.make_cost_model(cfg.replace(engine_overhead="vllm_silicon").hardware)
     passed = factory.engine_terms_cost_model(cfg.hardware, vllm_silicon.terms())
-    plain = factory.make_cost_model(cfg.hardware)
+    plain = factory.make_cost_model(cfg.replace(engine_overhead="vllm_v1").hardware)
     for b in (Batch([], [], 16, 16000), Batch([900], [0], 3, 4000), Batch([8000], [0])):
         assert named.iteration_time(b) == passed.iteration_time(b)
         assert named.iteration_time(b) != plain.iteration_time(b)
@@ -192,3 +196,50 @@ def test_the_vllm_silicon_profile_is_vllm_v1_with_the_fitted_terms():
     assert "fitted on AIConfigurator" in named.describe()
     with pytest.raises(ValueError, match="engine_overhead"):
         SimConfig().replace(engine_overhead="vllm_silicone")
+
+
+@pytest.mark.parametrize("profile, base", [("vllm_silicon", "vllm_v1"),
+                                           ("sglang_silicon", "sglang")])
+def test_on_aiconfigurator_tables_the_silicon_terms_are_left_out(profile, base):
+    # The terms correct the calibrated kernel tables they were fitted on; AIConfigurator's
+    # measured tables time the fused MoE and the all-reduces as measured.
+    cfg = SimConfig().replace(model="qwen3-30b-a3b", gpu="h200", tensor_parallel_size=2)
+    if profile.startswith("sglang"):
+        cfg = SimConfig.preset("sglang").replace(model="qwen3-30b-a3b", gpu="h200",
+                                                 tensor_parallel_size=2)
+    aic = cfg.replace(kernel_profile="aiconfigurator")
+    with_terms = factory.make_cost_model(aic.replace(engine_overhead=profile).hardware)
+    without = factory.make_cost_model(aic.replace(engine_overhead=base).hardware)
+    calibrated = factory.make_cost_model(cfg.replace(engine_overhead=profile).hardware)
+    calibrated_base = factory.make_cost_model(cfg.replace(engine_overhead=base).hardware)
+    for b in (Batch([], [], 16, 16000), Batch([900], [0], 3, 4000), Batch([8000], [0])):
+        assert with_terms.iteration_time(b) == without.iteration_time(b)
+        assert calibrated.iteration_time(b) > calibrated_base.iteration_time(b) or \
+            b.num_tokens >= 8000      # the all-reduce term makes a long prefill faster
+    assert "silicon terms are left out" in with_terms.describe()
+    assert "left out" not in calibrated.describe()
+    # Passed explicitly, terms apply whatever the tables.
+    passed = factory.engine_terms_cost_model(aic.hardware, vllm_silicon.terms())
+    assert passed.iteration_time(Batch([900], [0], 3, 4000)) > \
+        without.iteration_time(Batch([900], [0], 3, 4000))
+
+
+def test_the_prefill_study_splits_the_kernel_sums_by_default():
+    # silicon_prefill's --terms neutral (its default) times the prefill as the vllm_v1 profile,
+    # the kernel sums it compares the measurements with; fitted adds the default's terms.
+    import pandas as pd
+
+    from experiments import silicon_prefill as sp
+    from tests.test_terms_transfer import _rows
+
+    rows = _rows("vllm", "0.12.0", "qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "bf16", 1.0)
+    neutral = sp.table(rows, vllm_silicon.parse("neutral"))
+    fitted = sp.table(rows, vllm_silicon.parse("fitted"))
+    assert len(neutral) == len(fitted) == 2
+    v1 = _model("qwen3-30b-a3b", tp=1)
+    for r, n in zip(rows.itertuples(), neutral.itertuples()):
+        assert n.step_ms == pytest.approx(1e3 * v1.iteration_time(
+            Batch([int(r.isl)], [0], int(r.concurrency) - 1, (int(r.concurrency) - 1)
+                  * int(r.isl))), rel=0.05)
+    assert (fitted.step_ms > neutral.step_ms).all()
+    pd.testing.assert_series_equal(neutral.ttft_ms, fitted.ttft_ms)

@@ -226,9 +226,11 @@ class HardwareConfig:
     ``register_model`` call there.
 
     ``engine_overhead`` (calibrated cost model) is what an iteration costs beyond its GPU kernels:
-    ``vllm_v1`` (default: a current vLLM V1 deployment, also async scheduling and a client-side
-    output delay), ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``
-    or ``none``.
+    ``vllm_silicon`` (default: a current vLLM V1 deployment, also async scheduling and a
+    client-side output delay, with prefill, all-reduce and fused-MoE terms fitted on current
+    deployments), ``vllm_v1`` (the same without those terms, the default before them),
+    ``measured_2023`` (the default before vllm_v1), ``eager_2023``, ``overlapped``, ``none``, or
+    another engine's (``sglang``, ``sglang_silicon``, ``trtllm``).
 
     ``parallel``: pipeline, data-parallel-attention and expert parallelism of the replica (a
     :class:`~simsched.config.parallel.ParallelConfig` or a mapping of its fields; None, the
@@ -252,8 +254,8 @@ class HardwareConfig:
     max_model_len: int | None = None
     model_spec: Any = None
     # What an iteration costs beyond GPU kernels (calibrated model only); choices and why
-    # vllm_v1 is the default: simsched.cost.overhead and docs/cost_model.md.
-    engine_overhead: str = "vllm_v1"
+    # vllm_silicon is the default: simsched.cost.overhead and docs/cost_model.md.
+    engine_overhead: str = "vllm_silicon"
     # Pipeline / data-parallel-attention / expert parallelism: simsched.config.parallel (None:
     # tensor parallelism only).
     parallel: Any = None

@@ -44,7 +44,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "scheduler": {"engine": "sglang", "max_num_batched_tokens": 8192, "max_num_seqs": 4096,
                       "enable_chunked_prefill": True},
         "cache": {"block_size": 1, "enable_prefix_caching": True, "watermark": 0.0},
-        "hardware": {"engine_overhead": "sglang"},
+        "hardware": {"engine_overhead": "sglang_silicon"},
     },
     "trtllm": {
         "scheduler": {"engine": "trtllm", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,

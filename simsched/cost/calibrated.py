@@ -31,7 +31,7 @@ from simsched.cost import deployment, overhead
 from simsched.cost import engine_profiles, serving, vllm_silicon, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
-from simsched.cost.hardware import (GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
+from simsched.cost.hardware import (AIC, GPU_SOURCES, REFERENCE_GPU, GPUSpec, ModelSpec,
                                     kernel_source)
 from simsched.cost.kernels import MIN_TABLE, KernelTables  # noqa: F401  (MIN_TABLE re-exported)
 
@@ -43,6 +43,22 @@ VLLM_FORM = {"vllm_v1": vllm_v1.terms, "vllm_silicon": vllm_silicon.terms,
                 for engine in engine_profiles.OVERRIDES},
              **{name: functools.partial(engine_profiles.carried_terms, name)
                 for name in engine_profiles.CARRIED}}
+# Profiles carrying the silicon terms -> the profile they add them to. The terms correct
+# simsched's calibrated kernel tables, on which they were fitted; on AIConfigurator's measured
+# tables (hardware.kernel_profile="aiconfigurator", and the GPUs with no other kernels) they
+# over-correct (the vLLM silicon rows, median abs. TTFT / TPOT error 22 / 14 % -> 44 / 20 %:
+# experiments.validate_silicon --kernels aiconfigurator --terms fitted), so there the base
+# profile's terms apply.
+SILICON_BASE = {"vllm_silicon": "vllm_v1", **engine_profiles.CARRIED}
+
+
+def profile_terms(engine_overhead: str, gpu: GPUSpec) -> dict:
+    """The terms of engine profile ``engine_overhead`` (one of :data:`VLLM_FORM`) on ``gpu``:
+    its own, or its base profile's where ``gpu`` reads AIConfigurator's tables
+    (:data:`SILICON_BASE`)."""
+    if engine_overhead in SILICON_BASE and gpu.kernels.startswith(AIC):
+        engine_overhead = SILICON_BASE[engine_overhead]
+    return VLLM_FORM[engine_overhead]()
 
 
 def _extend(table: list, n: int) -> float:
@@ -117,7 +133,8 @@ class CalibratedCostModel:
             per_seq, floor = lm_head, cpu.copy()
             serial = np.full_like(n, overhead.overlapped_gap())
         elif engine_overhead in VLLM_FORM:
-            terms = engine_terms if engine_terms is not None else VLLM_FORM[engine_overhead]()
+            terms = engine_terms if engine_terms is not None else \
+                profile_terms(engine_overhead, gpu)
             comm = vllm_silicon.scale_comm(k, vllm_v1.comm_table(k, terms["allreduce_latency"]),
                                            terms)
             # Sampling per sequence and vocabulary entry is GPU time: it goes with the LM head
@@ -186,6 +203,9 @@ class CalibratedCostModel:
                      f"{self.output_delay * 1e3:.1f} ms)")
         elif self.engine_overhead in engine_profiles.DESCRIPTIONS:
             text += f" ({engine_profiles.DESCRIPTIONS[self.engine_overhead]})"
+        if self.engine_overhead in SILICON_BASE and self.gpu.kernels.startswith(AIC):
+            text += (f"; on AIConfigurator's tables the silicon terms are left out "
+                     f"({SILICON_BASE[self.engine_overhead]}'s terms)")
         return text
 
     def __repr__(self) -> str:

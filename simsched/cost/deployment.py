@@ -1,7 +1,8 @@
 """Calibrated deployment profiles: the shipped cost model corrected by terms fitted to a user's runs.
 
 A calibrated profile (written by :func:`simsched.fit.calibrate`, read here) is a versioned JSON
-file holding a handful of interpretable corrections to the shipped ``vllm_v1`` cost model:
+file holding a handful of interpretable corrections to the shipped cost model of the engine profile
+it was fitted for (``engine_overhead``: the default ``vllm_silicon``, or ``vllm_v1``):
 
 * ``gemm_scale``, ``attention_scale``, ``comm_scale``: multipliers of the kernel tables' GEMM
   time (linear layers, embedding, LM head), attention time (prefill and decode) and

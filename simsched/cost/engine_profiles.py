@@ -24,11 +24,13 @@ checks what fitting one of them per engine on the SGLang and TensorRT-LLM silico
 give, leaving one (GPU, model) group out: no such term reaches the error targets there, so none
 is shipped (docs/engines.md). :data:`OVERRIDES` is where a fit per engine goes.
 
-Opt-in (:data:`CARRIED`, named in :mod:`simsched.cost.profile_names`): ``sglang_silicon`` is
-SGLang's profile with vLLM's prefill, all-reduce and fused-MoE terms fitted on vLLM's silicon
-rows (:mod:`simsched.cost.vllm_silicon`) carried over unchanged. SGLang's fused MoE is the same
-Triton kernel family as vLLM's, which is what the expert terms correct; fitted on vLLM's rows
-only, so SGLang's rows judge it held out (``python -m experiments.terms_transfer``).
+:data:`CARRIED` (named in :mod:`simsched.cost.profile_names`): ``sglang_silicon``, the
+``sglang`` preset's profile, is SGLang's profile with vLLM's prefill, all-reduce and fused-MoE
+terms fitted on vLLM's silicon rows (:mod:`simsched.cost.vllm_silicon`) carried over unchanged,
+as vLLM's default ``vllm_silicon`` carries them; on AIConfigurator's tables it leaves them out,
+as ``vllm_silicon`` does (:func:`simsched.cost.calibrated.profile_terms`). SGLang's fused MoE is
+the same Triton kernel family as vLLM's, which is what the expert terms correct; fitted on
+vLLM's rows only, so SGLang's rows judge it held out (``python -m experiments.terms_transfer``).
 TensorRT-LLM runs its own MoE kernels, and there the carried terms make TTFT worse, so it has no
 such profile.
 """
@@ -46,7 +48,7 @@ DESCRIPTIONS = {
     "trtllm": "TensorRT-LLM 1.x PyTorch executor (overlap scheduler, CUDA graphs, custom "
               "all-reduce); vllm_v1's host and output terms, assumed",
     "sglang_silicon": "SGLang 0.5.9 with vLLM's fitted silicon terms (prefill, all-reduce, "
-                      "fused MoE: the same Triton kernels) carried over; opt-in",
+                      "fused MoE: the same Triton kernels) carried over; the sglang preset's",
 }
 
 
@@ -60,7 +62,7 @@ def terms(engine: str) -> dict:
 
 
 def carried_terms(profile: str) -> dict:
-    """The terms of an opt-in profile of :data:`CARRIED`: its engine's terms with vLLM's
+    """The terms of a profile of :data:`CARRIED`: its engine's terms with vLLM's
     fitted silicon terms (:func:`simsched.cost.vllm_silicon.fitted`) on top."""
     from simsched.cost import vllm_silicon
 

@@ -178,7 +178,7 @@ def gpu_spec(hw) -> GPUSpec:
 
     name = AIC + _AIC_TABLES.get(hw.gpu, hw.gpu)
     # The engine's own tables (aic-<engine>-<gpu>: SGLang, TensorRT-LLM) where measured.
-    # An opt-in profile on an engine's (profile_names.CARRIED) reads that engine's tables.
+    # A profile on an engine's (profile_names.CARRIED) reads that engine's tables.
     engine = engine_of(getattr(hw, "engine_overhead", ""))
     own = f"{AIC}{engine}-{_AIC_TABLES.get(hw.gpu, hw.gpu)}"
     if own in PROFILES:

@@ -13,21 +13,28 @@ kernel time (:mod:`simsched.cost.kernels`) and ``s`` its number of sequences:
   ``max(G, cpu(s)) + gap``; ``gap`` is what a CUDA-graph step still costs on the host (replay,
   copy of the sampled ids, synchronise) beyond its GPU time, measured on the H200 (0.1 ms).
 * ``none``: ``G``, pure GPU time (an upper bound on speed).
-* ``vllm_v1`` (default): a current vLLM V1 deployment (:mod:`simsched.cost.vllm_v1`):
+* ``vllm_v1``: a current vLLM V1 deployment (:mod:`simsched.cost.vllm_v1`):
   CUDA-graph steps (``max(G, cpu(s)) + gap`` as ``overlapped``), vLLM's custom all-reduce
   instead of NCCL for messages up to 8 MiB, per-layer kernels and sampling the operator
   profiles miss, and a client-side ``output_delay``; the engine also schedules asynchronously
   (one-step pipeline, ``scheduler.async_scheduling``), and results report client-side token
   times. Fitted on real vLLM 0.15 serving runs (H100, TP 1-4).
+* ``vllm_silicon`` (default): ``vllm_v1`` with five prefill, all-reduce and fused-MoE terms
+  fitted on AIConfigurator's H100/H200 vLLM rows (:mod:`simsched.cost.vllm_silicon`): a
+  fine-grained MoE model's routed experts take longer than the dense GEMM model of them, and the
+  all-reduces above vLLM's custom all-reduce limit less than NCCL's tables. Dense models at
+  TP 1 time as under ``vllm_v1``, bit for bit.
 
-Why ``vllm_v1`` is the default: it models the engine people deploy now, and it is validated end to
-end against it: on 13 real vLLM 0.15 serving runs (H100, TP 1-4, seven dense models), each left out
-of the fit in turn, its median TTFT, ITL and E2E errors are a few percent (docs/vllm_v1.md). Only
-its engine terms come from those runs; the GPU kernel times are the calibrated model's, as with
-every other choice. Choose ``measured_2023`` (the default until the vllm_v1 profile existed) to
-reproduce earlier results or for vLLM 2023's CPU steps, ``eager_2023`` to compare with a 2023
-eager-mode engine at TP > 1 (validated against real DGX runs of one), ``overlapped`` for another
-current engine (SGLang with overlap scheduling).
+Why ``vllm_silicon`` is the default: it models the engine people deploy now, validated end to end
+against it. The ``vllm_v1`` terms come from 13 real vLLM 0.15 serving runs (H100, TP 1-4, seven
+dense models; each left out of the fit in turn, median TTFT, ITL and E2E errors of a few percent:
+docs/vllm_v1.md), and the silicon terms, which leave those runs where they were, from the
+1k-8k-token prompts, MoE models and TP 1-8 layouts of the silicon rows (each (GPU, model) group
+left out in turn: docs/validation_silicon.md). The GPU kernel times are the calibrated model's,
+as with every other choice. Choose ``vllm_v1`` to reproduce results from before the silicon terms
+were the default, ``measured_2023`` (the default until the vllm_v1 profile existed) for vLLM
+2023's CPU steps, ``eager_2023`` to compare with a 2023 eager-mode engine at TP > 1 (validated
+against real DGX runs of one), ``overlapped`` for another current engine.
 """
 
 from __future__ import annotations
@@ -45,21 +52,21 @@ ENGINE_OVERHEADS: dict[str, str] = {
     "overlapped": "max(GPU, CPU steps) + a fixed host gap (CPU work hidden behind the GPU)",
     "none": "GPU time only",
     "vllm_v1": "vLLM V1 with CUDA graphs, custom all-reduce, async scheduling and a client-side "
-               "output delay, fitted on real vLLM 0.15 H100 serving runs; default",
+               "output delay, fitted on real vLLM 0.15 H100 serving runs",
     "vllm_silicon": "vllm_v1 with the prefill, all-reduce and fused-MoE terms fitted on "
-                    "AIConfigurator's H100/H200 vLLM rows (simsched.cost.vllm_silicon); opt-in",
+                    "AIConfigurator's H100/H200 vLLM rows (simsched.cost.vllm_silicon); default",
     # The other engines' profiles (simsched.cost.engine_profiles).
     "sglang": "SGLang 0.5.9: vllm_v1's form without vLLM's async pipeline (terms assumed)",
     "trtllm": "TensorRT-LLM 1.x: vllm_v1's form without vLLM's async pipeline (terms assumed)",
     "sglang_silicon": "sglang with vllm_silicon's fitted terms carried over (same Triton fused "
-                      "MoE; simsched.cost.engine_profiles); opt-in",
+                      "MoE; simsched.cost.engine_profiles); the sglang preset's",
 }
 # Engine profiles whose engine schedules asynchronously unless scheduler.async_scheduling says.
 ASYNC_SCHEDULING = frozenset({"vllm_v1", "vllm_silicon"})
 # Profiles under which SGLang and TensorRT-LLM run their overlap schedulers (on by default in
 # both engines: SGLang's event_loop_overlap, TensorRT-LLM's overlap executor loop).
 OVERLAP_SCHEDULING = ASYNC_SCHEDULING | {"sglang", "sglang_silicon", "trtllm"}
-DEFAULT_ENGINE_OVERHEAD = "vllm_v1"
+DEFAULT_ENGINE_OVERHEAD = "vllm_silicon"
 
 
 def check(name: str) -> None:

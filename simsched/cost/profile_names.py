@@ -1,14 +1,14 @@
-"""Names of the opt-in engine profiles that build on another engine's (no imports: the GPU
+"""Names of the engine profiles that build on another engine's (no imports: the GPU
 catalog, :mod:`simsched.cost.hardware`, reads them below the cost models that use them).
 
 :data:`CARRIED`: ``<engine>_silicon`` is ``<engine>``'s profile with vLLM's fitted silicon terms
-carried over (:mod:`simsched.cost.engine_profiles`); it reads ``<engine>``'s AIConfigurator
-tables.
+carried over (:mod:`simsched.cost.engine_profiles`; ``sglang_silicon`` is the ``sglang``
+preset's); it reads ``<engine>``'s AIConfigurator tables, and on them leaves the terms out.
 """
 
 from __future__ import annotations
 
-# Opt-in profile -> the engine profile it carries vLLM's fitted silicon terms to.
+# Profile -> the engine profile it carries vLLM's fitted silicon terms to.
 CARRIED: dict[str, str] = {f"{engine}_silicon": engine for engine in ("sglang",)}
 
 

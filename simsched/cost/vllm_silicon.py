@@ -1,6 +1,6 @@
 """Prefill and fused-MoE terms of a vLLM deployment, fitted on AIConfigurator's silicon rows.
 
-The shipped ``vllm_v1`` profile (:mod:`simsched.cost.vllm_v1`) was fitted on dense vLLM 0.15
+The ``vllm_v1`` profile (:mod:`simsched.cost.vllm_v1`) was fitted on dense vLLM 0.15
 runs with short prompts. On the silicon rows (vLLM 0.12-0.18 on H100/H200, prompts of 1k-8k
 tokens, MoE and FP8 models: ``experiments.validate_silicon``) one prefill takes longer than the
 kernel tables' sum, and MoE layers longer than the dense GEMM model of their experts. Five named
@@ -35,10 +35,12 @@ terms say by how much, each per kernel class, layer or step, never per model:
 The expert terms apply to fine-grained experts only (:func:`fine_grained_experts`: no wider
 than the model, as every MoE model of the silicon rows); coarse ones (Mixtral, Llama-4-Scout)
 keep the tables' time. With the scales 1 and ``prefill_layer_time = 0`` (:data:`NEUTRAL`)
-the model is the shipped one, bit for bit; the shipped ``vllm_v1`` profile keeps them so. The
-fitted values (``data/vllm_silicon_terms.json``, refitted by ``python -m
-experiments.fit_silicon_terms``, which also reports leave-one-group-out errors) are used by
-passing :func:`terms` as ``engine_terms``
+the model is the ``vllm_v1`` profile, bit for bit; that profile keeps them so. The fitted
+values (``data/vllm_silicon_terms.json``, refitted by ``python -m
+experiments.fit_silicon_terms``, which also reports leave-one-group-out errors) are the default
+profile's, ``vllm_silicon`` (on the calibrated kernel tables they were fitted against; on
+AIConfigurator's measured tables it leaves them out: :mod:`simsched.cost.calibrated`), and any
+terms can be passed as ``engine_terms``
 (:func:`simsched.cost.factory.engine_terms_cost_model` builds the cost model).
 """
 
@@ -160,14 +162,22 @@ def scale_comm(k, comm: np.ndarray, terms: dict) -> np.ndarray:
     return np.maximum.accumulate(np.where(large, comm * scale, comm))
 
 
+def neutral() -> dict:
+    """The ``vllm_v1`` terms with neutral silicon terms: the ``vllm_v1`` profile, bit for bit."""
+    return {**vllm_v1.terms(), **NEUTRAL}
+
+
 def parse(text: str) -> dict | None:
-    """Engine terms from text (a command line's ``--terms``): None for ``shipped``, :func:`terms`
-    for ``fitted``, else the ``vllm_v1`` terms with comma-separated ``NAME=VALUE`` pairs set on
-    them (neutral silicon terms otherwise); a bad pair raises ValueError naming it."""
+    """Engine terms from text (a command line's ``--terms``): None for ``shipped`` (the
+    profile's own), :func:`terms` for ``fitted``, :func:`neutral` for ``neutral``, else the
+    ``vllm_v1`` terms with comma-separated ``NAME=VALUE`` pairs set on them (neutral silicon
+    terms otherwise); a bad pair raises ValueError naming it."""
     if text == "shipped":
         return None
     if text == "fitted":
         return terms()
+    if text == "neutral":
+        return neutral()
     out = {**vllm_v1.terms(), **NEUTRAL}
     for pair in text.split(","):
         name, _, value = pair.partition("=")

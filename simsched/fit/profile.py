@@ -120,7 +120,7 @@ def calibrate(runs, path=None, seed: int = 0, sigma: dict | None = None,
     center, cov = np.array(out["center"]), np.array(out["covariance"])
     document = {
         "format": deployment.FORMAT, "version": deployment.VERSION,
-        "simsched_version": _version(), "engine_overhead": "vllm_v1",
+        "simsched_version": _version(), "engine_overhead": scenarios[0].hardware.engine_overhead,
         "gpus": sorted({s.hardware.gpu for s in scenarios}),
         "models": sorted({s.hardware.model for s in scenarios}),
         "inputs": [dict(input_record(s), run=s.name, notes=s.notes,

@@ -34,6 +34,7 @@ from simsched.analysis.measurements import Measured
 from simsched.analysis.runner import simulate
 from simsched.config import ClientConfig, SimConfig
 from simsched.cost import factory, vllm_v1
+from simsched.cost.overhead import DEFAULT_ENGINE_OVERHEAD
 from simsched.cost.hardware import GPUS, MODELS
 
 NUM_PROMPTS, NUM_GROUPS = 100, 10      # the vllm-0.15 load generator's prompt pool
@@ -138,12 +139,13 @@ def run_config(model: str, gpu: str, tp: int, max_num_batched_tokens: int,
                gpu_memory_utilization: float = 0.9, num_blocks=None, model_spec=None,
                seed: int = 0) -> SimConfig:
     """The vllm-0.15 runs' server: max_num_seqs 128, block size 16, max_model_len 4096, prefix
-    caching, chunked prefill, no watermark; the ``vllm_v1`` timing with the classic decisions
+    caching, chunked prefill, no watermark; the default engine profile's timing
+    (``vllm_silicon``: ``vllm_v1`` with the fitted silicon terms) with the classic decisions
     (as ``experiments.validate_vllm``)."""
     return SimConfig.preset("classic").replace(
         model=model, gpu=gpu, tensor_parallel_size=int(tp), max_model_len=4096,
         gpu_memory_utilization=float(gpu_memory_utilization), model_spec=model_spec,
-        engine_overhead="vllm_v1", max_num_seqs=128,
+        engine_overhead=DEFAULT_ENGINE_OVERHEAD, max_num_seqs=128,
         max_num_batched_tokens=int(max_num_batched_tokens), enable_chunked_prefill=True,
         block_size=16, enable_prefix_caching=True, watermark=0.0, seed=seed,
         num_blocks=None if num_blocks is None or pd.isna(num_blocks) else int(num_blocks))

@@ -185,14 +185,15 @@ def cost_iteration(runs) -> str:
     c = _cost_facts()
     parts = {k: v for k, v in c["parts"].items()}
     cpu = cal.fit_all()["cpu"]
-    claim(c["engine_overhead"] == "vllm_v1", "the default engine overhead is vllm_v1")
-    return (f"Llama-2-7B on one A100-80GB (default engine, `vllm_v1`): a lone decode takes "
+    claim(c["engine_overhead"] == "vllm_silicon", "the default engine overhead is vllm_silicon")
+    return (f"Llama-2-7B on one A100-80GB (default engine, `vllm_silicon`): a lone decode takes "
             f"{_ms(c['decode'])} (linear {num(parts['linear'] * 1e3, 2)}, attention "
             f"{num(parts['attention'] * 1e3, 1)}, overhead {num(parts['overhead'] * 1e3, 1)} ms: "
             f"the CUDA-graph step's host gap); a 2048-token prefill {_ms(c['prefill'])}. The "
             f"fitted CPU work per iteration, `{num(cpu['a'] * 1e3, 2)} ms + "
             f"{num(cpu['a_tp'] * 1e3, 2)} ms·[TP>1] + {num(cpu['b'] * 1e3, 2)} ms × sequences`, "
-            f"adds to the GPU time with `measured_2023` and is hidden behind it with `vllm_v1` "
+            f"adds to the GPU time with `measured_2023` and is hidden behind it with "
+            f"`vllm_silicon` "
             f"unless longer. KV capacity: Llama-2-7B on an "
             f"A100-80GB at 0.9 gives\n{c['blocks']:,} blocks of 16 tokens ({c['blocks_40']:,} on "
             f"an A100-40GB).")

@@ -230,8 +230,15 @@ def cluster_deployment(runs) -> str:
     claim((l40s["cost_per_million"] >= dearest.loc[l40s.index] - 1e-9).all(),
           "the L40S is the most expensive per request at every rate")
     claim((l40s["tpot_p99"] > 0.04).all(), "the L40S runs near the TPOT limit")
-    claim((tp2["cost_per_million"] >= a100.loc[tp2.index, "cost_per_million"] - 1e-9).all(),
-          "TP2 is never cheaper than TP1 on the A100")
+    tp2_cheaper = [r for r in tp2.index
+                   if tp2.loc[r, "cost_per_million"] < a100.loc[r, "cost_per_million"] - 1e-9]
+    tp2_text = ("is never cheaper than TP1 replicas" if not tp2_cheaper else
+                "is cheaper than TP1 replicas only at " + ", ".join(num(r) for r in tp2_cheaper)
+                + " req/s (" + ", ".join(
+                    f"{int(tp2.loc[r, 'num_replicas'])} x 2 GPUs, "
+                    f"${num(tp2.loc[r, 'cost_per_million'])} against "
+                    f"{int(a100.loc[r, 'num_replicas'])} x 1, "
+                    f"${num(a100.loc[r, 'cost_per_million'])}" for r in tp2_cheaper) + ")")
     claim((tp2["ttft_p99"] < a100.loc[tp2.index, "ttft_p99"]).all(),
           "TP2 lowers the A100's TTFT")
     claim(a100["cost_per_million"].iloc[0] > a100["cost_per_million"].min(),
@@ -269,7 +276,7 @@ def cluster_deployment(runs) -> str:
         "- The L40S is the most expensive per request at every rate: its 864 GB/s memory makes "
         f"decode slow (p99 TPOT {num(l40s['tpot_p99'].min() * 1e3)}–"
         f"{num(l40s['tpot_p99'].max() * 1e3)} ms against the 50 ms limit). Tensor parallelism "
-        f"(TP2) lowers the A100's TTFT but is never cheaper than TP1 replicas.",
+        f"(TP2) lowers the A100's TTFT but {tp2_text}.",
         f"- At {num(top)} req/s a 512-token budget needs {int(small.loc[top, 'num_replicas'])} "
         f"A100-80GBs against {int(a100.loc[top, 'num_replicas'])} with the default 2,048 "
         f"tokens; {rr_text}.",

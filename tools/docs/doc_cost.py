@@ -271,15 +271,18 @@ def readme_cost_overhead(runs) -> str:
     claim((llama[["prefill_after", "decode_after"]] <= bound).all().all(),
           "every Llama-2-70B (GPU, TP) group within 10 % on prefill and decode")
     cpu = calibration.fit_all()["cpu"]
-    loo = runs.get("validate_vllm").attrs["summary"].loc["vllm_v1_loo"]
-    claim(overhead.DEFAULT_ENGINE_OVERHEAD == "vllm_v1", "vllm_v1 is the default")
+    loo = runs.get("validate_vllm").attrs["summary"].loc["vllm_silicon_loo"]
+    claim(overhead.DEFAULT_ENGINE_OVERHEAD == "vllm_silicon", "vllm_silicon is the default")
     return (
-        "`hardware.engine_overhead` says what an iteration costs beyond its kernels: `vllm_v1` "
-        "(default: a current vLLM V1 deployment: CUDA graphs, custom all-reduce, async "
-        "scheduling, client-side token times; on 13 real vLLM 0.15 H100 runs, each left out of "
-        f"the fit in turn, median errors {loo['e2e_mean']:.1f} % on E2E, "
+        "`hardware.engine_overhead` says what an iteration costs beyond its kernels: "
+        "`vllm_silicon` (default: a current vLLM V1 deployment: CUDA graphs, custom all-reduce, "
+        "async scheduling, client-side token times, and fine-grained MoE and large all-reduce "
+        "terms fitted on the H100/H200 silicon rows; on 13 real vLLM 0.15 H100 runs, each left "
+        f"out of the fit in turn, median errors {loo['e2e_mean']:.1f} % on E2E, "
         f"{loo['ttft_mean']:.1f} % on TTFT and {loo['itl']:.1f} % on ITL: "
-        "[vllm_v1.md](vllm_v1.md)), `measured_2023` (the default before it: vLLM "
+        "[vllm_v1.md](vllm_v1.md), "
+        "[validation_silicon.md](validation_silicon.md)), `vllm_v1` (the same without the "
+        "silicon terms), `measured_2023` (the default before vllm_v1: vLLM "
         f"2023's CPU steps, {num(cpu['a'] * 1e3, 2)} ms + {num(cpu['b'] * 1e3, 2)} ms per "
         "sequence, synchronous scheduling), `eager_2023` (a 2023 eager engine end to end, fitted "
         "on real DGX-A100/DGX-H100 runs of Llama-2-70B: every (GPU, TP) group within "

@@ -152,20 +152,20 @@ def engines_terms_transfer(runs) -> str:
     lines = ["| engine | terms | rows | median abs. TTFT error % (signed) | median abs. TPOT "
              "error % (signed) |", "|---|---|---|---|---|"]
     for r in summ.itertuples():
-        label = "engine's profile" if r.variant == "shipped" else "vLLM's fitted terms added"
+        label = "without them" if r.variant == "without" else "vLLM's fitted terms added"
         lines.append(f"| {names[r.engine]} | {label} | {r.rows} | {_pct(r.ttft_error)} "
                      f"({_pct(r.ttft_bias)}) | {_pct(r.tpot_error)} ({_pct(r.tpot_bias)}) |")
     by = {(r.engine, r.variant): r for r in summ.itertuples()}
-    sg_ship, sg_terms = by["sglang", "shipped"], by["sglang", "vllm terms"]
+    sg_ship, sg_terms = by["sglang", "without"], by["sglang", "vllm terms"]
     claim(sg_terms.ttft_error < sg_ship.ttft_error and sg_terms.tpot_error < sg_ship.tpot_error,
           "vLLM's terms bring SGLang's TTFT and TPOT closer")
-    claim(by["trtllm", "vllm terms"].ttft_error > by["trtllm", "shipped"].ttft_error,
+    claim(by["trtllm", "vllm terms"].ttft_error > by["trtllm", "without"].ttft_error,
           "vLLM's terms make TensorRT-LLM's TTFT worse")
-    lines += ["", "Signed median error % per (engine, GPU, model, layout), the engine's profile "
-              "-> with vLLM's terms:", "",
+    lines += ["", "Signed median error % per (engine, GPU, model, layout), without vLLM's terms "
+              "-> with them:", "",
               "| engine | GPU | model | layout | rows | TTFT | TPOT |", "|---|---|---|---|---|---|---|"]
     for r in grp.to_dict("records"):
-        ttft, tpot = (f"{_pct(r[m + ' shipped'])} -> {_pct(r[m + ' vllm terms'])}"
+        ttft, tpot = (f"{_pct(r[m + ' without'])} -> {_pct(r[m + ' vllm terms'])}"
                       for m in ("ttft", "tpot"))
         lines.append(f"| {names[r['backend']]} | {r['gpu']} | {r['model']} | {r['layout']} | "
                      f"{r['rows']} | {ttft} | {tpot} |")
