@@ -78,7 +78,7 @@ def _pass(rows: pd.DataFrame, terms) -> pd.DataFrame:
 
 
 def _with(**changes) -> dict:
-    return {**vllm_v1.terms(), **vllm_silicon.NEUTRAL, **changes}
+    return {**vllm_silicon.neutral(), **changes}
 
 
 def sensitivities(base: pd.DataFrame, probes: dict[str, pd.DataFrame]) -> dict:

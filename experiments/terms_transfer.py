@@ -35,7 +35,7 @@ import pandas as pd
 from experiments import validate_silicon as vs
 from experiments._silicon_report import figures_by, report
 from experiments._common import parser as make_parser
-from simsched.cost import engine_profiles, vllm_silicon
+from simsched.cost import engine_profiles
 
 ENGINES = ("sglang", "trtllm")
 VARIANTS = ("without", "vllm terms")
@@ -52,8 +52,7 @@ def variant_engine(engine: str, variant: str) -> vs.Engine:
         raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
     if engine in PROFILE:
         return dataclasses.replace(base, engine_overhead=PROFILE[engine])
-    return dataclasses.replace(base, engine_terms={**engine_profiles.terms(engine),
-                                                   **vllm_silicon.fitted()})
+    return dataclasses.replace(base, engine_terms=engine_profiles.with_silicon_terms(engine))
 
 
 def _one(job: tuple) -> pd.DataFrame:

@@ -52,13 +52,18 @@ VLLM_FORM = {"vllm_v1": vllm_v1.terms, "vllm_silicon": vllm_silicon.terms,
 SILICON_BASE = {"vllm_silicon": "vllm_v1", **engine_profiles.CARRIED}
 
 
-def profile_terms(engine_overhead: str, gpu: GPUSpec) -> dict:
-    """The terms of engine profile ``engine_overhead`` (one of :data:`VLLM_FORM`) on ``gpu``:
-    its own, or its base profile's where ``gpu`` reads AIConfigurator's tables
-    (:data:`SILICON_BASE`)."""
+def terms_profile(engine_overhead: str, gpu: GPUSpec) -> str:
+    """The profile whose terms ``engine_overhead`` uses on ``gpu``: itself, or its base profile
+    where ``gpu`` reads AIConfigurator's tables (:data:`SILICON_BASE`)."""
     if engine_overhead in SILICON_BASE and gpu.kernels.startswith(AIC):
-        engine_overhead = SILICON_BASE[engine_overhead]
-    return VLLM_FORM[engine_overhead]()
+        return SILICON_BASE[engine_overhead]
+    return engine_overhead
+
+
+def profile_terms(engine_overhead: str, gpu: GPUSpec) -> dict:
+    """The terms of engine profile ``engine_overhead`` (one of :data:`VLLM_FORM`) on ``gpu``
+    (:func:`terms_profile`)."""
+    return VLLM_FORM[terms_profile(engine_overhead, gpu)]()
 
 
 def _extend(table: list, n: int) -> float:
@@ -203,9 +208,10 @@ class CalibratedCostModel:
                      f"{self.output_delay * 1e3:.1f} ms)")
         elif self.engine_overhead in engine_profiles.DESCRIPTIONS:
             text += f" ({engine_profiles.DESCRIPTIONS[self.engine_overhead]})"
-        if self.engine_overhead in SILICON_BASE and self.gpu.kernels.startswith(AIC):
+        used = terms_profile(self.engine_overhead, self.gpu)
+        if used != self.engine_overhead:
             text += (f"; on AIConfigurator's tables the silicon terms are left out "
-                     f"({SILICON_BASE[self.engine_overhead]}'s terms)")
+                     f"({used}'s terms)")
         return text
 
     def __repr__(self) -> str:

@@ -61,9 +61,14 @@ def terms(engine: str) -> dict:
     return out
 
 
-def carried_terms(profile: str) -> dict:
-    """The terms of a profile of :data:`CARRIED`: its engine's terms with vLLM's
-    fitted silicon terms (:func:`simsched.cost.vllm_silicon.fitted`) on top."""
+def with_silicon_terms(engine: str) -> dict:
+    """``engine``'s terms with vLLM's fitted silicon terms
+    (:func:`simsched.cost.vllm_silicon.fitted`) on top."""
     from simsched.cost import vllm_silicon
 
-    return {**terms(CARRIED[profile]), **vllm_silicon.fitted()}
+    return {**terms(engine), **vllm_silicon.fitted()}
+
+
+def carried_terms(profile: str) -> dict:
+    """The terms of a profile of :data:`CARRIED`: its engine's, with vLLM's silicon terms."""
+    return with_silicon_terms(CARRIED[profile])

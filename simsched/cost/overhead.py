@@ -88,11 +88,17 @@ def async_scheduling(config, cost_model) -> bool:
     one rule for when an arrival becomes visible, not two.
     """
     if config.scheduler.plan_ahead or config.scheduler.engine != "vllm":
-        return False            # vLLM's pipeline only (another engine's: its cost profile)
+        return False            # vLLM's pipeline only (another engine's: overlap_scheduling)
+    return _pipelined(config, cost_model, ASYNC_SCHEDULING)
+
+
+def _pipelined(config, cost_model, profiles: frozenset) -> bool:
+    """``scheduler.async_scheduling`` if set, else whether ``cost_model``'s engine overhead is
+    one of ``profiles``."""
     flag = config.scheduler.async_scheduling
     if flag is not None:
         return flag
-    return getattr(cost_model, "engine_overhead", None) in ASYNC_SCHEDULING
+    return getattr(cost_model, "engine_overhead", None) in profiles
 
 
 def overlap_scheduling(config, cost_model) -> bool:
@@ -101,10 +107,7 @@ def overlap_scheduling(config, cost_model) -> bool:
     ``cost_model``'s engine overhead is one of :data:`OVERLAP_SCHEDULING` (the engines'
     profiles: on, as in both real engines; a cost model without a profile, such as
     ``UnitCostModel``: off unless asked)."""
-    flag = config.scheduler.async_scheduling
-    if flag is not None:
-        return flag
-    return getattr(cost_model, "engine_overhead", None) in OVERLAP_SCHEDULING
+    return _pipelined(config, cost_model, OVERLAP_SCHEDULING)
 
 
 @functools.lru_cache(maxsize=None)

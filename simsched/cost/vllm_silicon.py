@@ -178,7 +178,7 @@ def parse(text: str) -> dict | None:
         return terms()
     if text == "neutral":
         return neutral()
-    out = {**vllm_v1.terms(), **NEUTRAL}
+    out = neutral()
     for pair in text.split(","):
         name, _, value = pair.partition("=")
         if name.strip() not in out:
