@@ -274,6 +274,11 @@ def simulate_row(row, engine: Engine, num_prompts: int | None = None,
     try:
         cfg, kind = config_of(row, engine, num_prompts, kernels)
         terms = engine.terms_of(row)
+        if terms is not None and deployments.is_disagg(row):
+            # One cost model would time every pool at the top-level layout (a TP 1 prefill
+            # worker at the decode workers' TP 4): a profile by name times each pool.
+            raise ValueError("engine terms are not applied to a disaggregated row's workers; "
+                             "name an engine profile instead (--terms neutral: vllm_v1)")
         cm = None if terms is None else factory.engine_terms_cost_model(cfg.hardware, terms)
         s = simulate(cfg, cost_model=cm).summary()
     except ValueError as exc:          # e.g. the weights do not fit at this layout
@@ -371,8 +376,8 @@ def main(argv=None) -> pd.DataFrame:
         parser.error(f"--terms: {exc}")
     engine = ENGINES[args.engine]
     if args.terms == "neutral" and args.engine == "vllm":
-        # The vllm_v1 profile by name: its pools time a disaggregated row too (engine_terms
-        # reach one-pool rows only).
+        # The vllm_v1 profile by name, which times each worker pool of a disaggregated row
+        # too (simulate_row refuses engine terms there).
         engine = dataclasses.replace(engine, engine_overhead="vllm_v1")
     elif terms is not None:
         engine = dataclasses.replace(engine, engine_terms=terms)

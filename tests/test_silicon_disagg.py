@@ -90,3 +90,19 @@ def test_a_disaggregated_row_runs_prefill_and_decode_on_their_own_workers():
 def test_engines_without_hand_off_say_so(engine):
     out = vs.simulate_row(_row(backend=engine), vs.ENGINES[engine], num_prompts=8)
     assert "does not model disaggregated prefill/decode" in out["reason"]
+
+
+def test_engine_terms_are_refused_for_a_disaggregated_row_and_the_profile_times_each_pool():
+    # One cost model from engine terms would time the TP-1 prefill workers at the decode
+    # workers' TP 4; a profile by name builds each pool's own.
+    import dataclasses
+
+    from simsched.cost import vllm_silicon
+
+    row = _row(decode_batch_size=4.0, isl=512, osl=32)
+    termed = dataclasses.replace(vs.ENGINES["vllm"], engine_terms=vllm_silicon.neutral())
+    out = vs.simulate_row(row, termed, num_prompts=24)
+    assert "engine terms are not applied to a disaggregated row" in out["reason"]
+    assert "sim_ttft_ms" not in out
+    named = dataclasses.replace(vs.ENGINES["vllm"], engine_overhead="vllm_v1")
+    assert vs.simulate_row(row, named, num_prompts=24)["reason"] == ""
