@@ -123,3 +123,20 @@ def vllm_recipe(row) -> Recipe:
     # Qwen3 / Llama-3.1-8B runs: no recipe published; vLLM's defaults.
     return Recipe("vLLM defaults (no recipe published)", **VLLM_DEFAULT,
                   max_model_len=isl + osl + 256)
+
+
+# vLLM made async scheduling its default after 0.12 (PR #27614, merged in December 2025).
+LAST_SYNC_VERSION = (0, 12)
+SYNC_MEASURED_BEFORE = "2026-01-01"
+
+
+def vllm_async_default(row) -> bool:
+    """Whether the vLLM version that measured ``row`` schedules asynchronously by default: after
+    0.12; a row without a version (InferenceX's Llama-3.1-70B and some gpt-oss-120b runs) is
+    taken as a release of its measurement date, up to 0.12 if measured in 2025."""
+    version = getattr(row, "backend_version", None)
+    if isinstance(version, str) and version:
+        return tuple(int(p) for p in version.split(".")[:2]) > LAST_SYNC_VERSION
+    source = str(getattr(row, "silicon_data_source", ""))
+    measured = source.partition("measured=")[2][:10]
+    return not (measured and measured < SYNC_MEASURED_BEFORE)

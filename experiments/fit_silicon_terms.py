@@ -223,12 +223,10 @@ def main(argv=None) -> pd.DataFrame:
         return t
     if args.update and args.quick:
         parser.error("--update fits on every row: drop --quick")
-    raw = vs.load_or_skip(args.data, "fit_silicon_terms")
-    if raw is None:
-        return pd.DataFrame()
     # One serving pool only: the terms and the prefill split are of aggregated steps.
-    raw = raw[raw["mode"] == "agg"]
-    rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
+    rows = vs.one_pool_vllm_rows(args.data, "fit_silicon_terms")
+    if rows is None:
+        return pd.DataFrame()
     if args.quick:
         rows = rows[rows.concurrency <= QUICK_MAX_CONCURRENCY]
     if args.baseline:

@@ -93,12 +93,10 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--kernels", choices=vs.KERNELS, default="default",
                         help="kernel profile (validate_silicon's --kernels)")
     args = parser.parse_args(argv)
-    raw = vs.load_or_skip(args.data, "silicon_prefill")
-    if raw is None:
-        return pd.DataFrame()
     # One serving pool only: the terms and the prefill split are of aggregated steps.
-    raw = raw[raw["mode"] == "agg"]
-    rows = raw[[vs.why_not(r, "vllm") == "" for r in raw.itertuples()]]
+    rows = vs.one_pool_vllm_rows(args.data, "silicon_prefill")
+    if rows is None:
+        return pd.DataFrame()
     rows = rows[rows.concurrency <= args.max_concurrency]
     t = table(rows, vllm_silicon.parse(args.terms), args.kernels)
     g = by_group(t)

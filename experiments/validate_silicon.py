@@ -62,6 +62,7 @@ from simsched.cost import aiconfigurator as aic
 from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from simsched.cost.overhead import DEFAULT_ENGINE_OVERHEAD
+from simsched.cost.profile_names import ALL_REDUCE_CHOICES
 from experiments._common import ROOT, print_table, try_plots
 from experiments._common import parser as make_parser
 from experiments import _silicon_aic as silicon_aic
@@ -70,6 +71,7 @@ from experiments import _silicon_layout as deployments
 from experiments._silicon_layout import layout
 # The vLLM recipes per row (re-exported, as above).
 from experiments._silicon_recipes import VLLM_DEFAULT, Recipe, vllm_recipe  # noqa: F401
+from experiments._silicon_recipes import vllm_async_default
 # The report made from validate()'s table, re-exported where callers have always found it.
 from experiments._silicon_report import (coverage, error_figures, groups,  # noqa: F401
                                          implied_prefill_peak, plot, scatter_panel, summary)
@@ -129,6 +131,11 @@ class Engine:
     # aic_mixed overrides SGLang's --enable-mixed-chunk for them (None: by version).
     aic_recipe: str = "generator"
     aic_mixed: bool | None = None
+    # hardware.all_reduce of every row: "fitted" or "measured" (AIConfigurator's tables).
+    all_reduce: str = "fitted"
+    # Whether a vLLM row runs with its version's default async scheduling (off up to 0.12:
+    # vllm_async_default) instead of simsched's (on).
+    async_by_version: bool = False
 
     def __post_init__(self) -> None:
         if self.aic_recipe not in silicon_aic.RECIPES:
@@ -167,6 +174,16 @@ def load_or_skip(path, experiment: str) -> pd.DataFrame | None:
         print(f"{experiment} skipped: {path} not found (the silicon rows live in the shared "
               f"data beside the checkout; the package never needs them)")
     return rows
+
+
+def one_pool_vllm_rows(path, experiment: str) -> pd.DataFrame | None:
+    """The vLLM rows of one serving pool (aggregated steps) that simsched expresses, of the
+    silicon CSV at ``path`` (None, with a message naming ``experiment``, where it is absent)."""
+    raw = load_or_skip(path, experiment)
+    if raw is None:
+        return None
+    raw = raw[raw["mode"] == "agg"]
+    return raw[[why_not(r, "vllm") == "" for r in raw.itertuples()]]
 
 
 def engine_cli(parser, argv, name: str, engines: tuple):
@@ -252,9 +269,11 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
         max_num_batched_tokens=recipe.max_num_batched_tokens * dp,
         enable_prefix_caching=recipe.enable_prefix_caching,
         engine_overhead=engine.engine_overhead, client=client, seed=0,
-        kernel_profile=None if kernels == "default" else kernels)
+        kernel_profile=None if kernels == "default" else kernels, all_reduce=engine.all_reduce)
     if engine.configure is not None:
         cfg = engine.configure(cfg, row)
+    if engine.async_by_version and engine.name == "vllm" and not vllm_async_default(row):
+        cfg = cfg.replace(async_scheduling=False)
     if generator_deploys(row, engine):
         # AIConfigurator's own runs publish no client or flags: its generator's (module
         # experiments._silicon_aic); num_prompts, where given, still caps the run.
@@ -364,6 +383,13 @@ def main(argv=None) -> pd.DataFrame:
                              "simsched.cost.vllm_silicon), 'fitted' (the same), 'neutral' (the "
                              "vllm_v1 terms alone), or NAME=VALUE[,NAME=VALUE...] set on the "
                              "vllm_v1 terms")
+    parser.add_argument("--all-reduce", default="fitted", choices=ALL_REDUCE_CHOICES,
+                        help="custom all-reduce time: the fitted latency term, or each GPU's "
+                             "measured AIConfigurator tables (hardware.all_reduce; default "
+                             "kernels only)")
+    parser.add_argument("--async-by-version", action="store_true",
+                        help="run each vLLM row with its version's default async scheduling "
+                             "(off up to 0.12) instead of on")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     parser.add_argument("--img", default=None, help="also copy the plot here (docs/img)")
     args = parser.parse_args(argv)
@@ -374,7 +400,11 @@ def main(argv=None) -> pd.DataFrame:
         terms = vllm_silicon.parse(args.terms)
     except ValueError as exc:
         parser.error(f"--terms: {exc}")
-    engine = ENGINES[args.engine]
+    if args.all_reduce == "measured" and args.kernels != "default":
+        parser.error("--all-reduce measured: --kernels aiconfigurator times every all-reduce "
+                     "from its measured tables already")
+    engine = dataclasses.replace(ENGINES[args.engine], all_reduce=args.all_reduce,
+                                 async_by_version=args.async_by_version)
     if args.terms == "neutral" and args.engine == "vllm":
         # The vllm_v1 profile by name, which times each worker pool of a disaggregated row
         # too (simulate_row refuses engine terms there).

@@ -58,6 +58,10 @@ from experiments._common import try_plots
 PROFILES = ("measured_2023", "overlapped", "eager_2023", "none", "vllm_v1", "vllm_v1_loo",
             "vllm_silicon_loo")
 QUICK_PROFILES = ("measured_2023", "vllm_v1")
+# Run only when named (--profiles): the default profile with its shipped terms, and with
+# hardware.all_reduce="measured" (AIConfigurator's measured all-reduce tables instead of the
+# fitted latency term).
+OPTIONAL_PROFILES = ("vllm_silicon", "vllm_silicon_measured_ar")
 METRICS = ("ttft_mean", "ttft_p90", "ttft_p99", "e2e_mean", "e2e_p90", "e2e_p99", "itl")
 NUM_PROMPTS, NUM_GROUPS = 100, 10
 STAGE_DELAY = 1.0          # the first arrival of a stage, after the stage starts (s)
@@ -101,11 +105,13 @@ def requests_of(run, starts: list[float], seconds: float | None = None,
 def config_of(run, profile: str, seed: int = 0) -> SimConfig:
     """The run's server settings as a simsched config under engine profile ``profile``."""
     blocks = run.kv_blocks_from_log
+    measured_ar = profile.endswith("_measured_ar")
     return SimConfig.preset("classic").replace(
         model=run.model, gpu=run.gpu, tensor_parallel_size=int(run.tp), max_model_len=4096,
         gpu_memory_utilization=float(run.gpu_memory_utilization),
         model_spec=getattr(run, "model_spec", None),
-        engine_overhead=profile.removesuffix("_loo"), max_num_seqs=128,
+        engine_overhead=profile.removesuffix("_loo").removesuffix("_measured_ar"),
+        all_reduce="measured" if measured_ar else "fitted", max_num_seqs=128,
         max_num_batched_tokens=int(run.max_num_batched_tokens), enable_chunked_prefill=True,
         block_size=16, enable_prefix_caching=True, watermark=0.0, seed=seed,
         num_blocks=None if pd.isna(blocks) else int(blocks))
@@ -286,9 +292,10 @@ def main(argv=None) -> pd.DataFrame:
         runs = runs.head(count)
     profiles = tuple(args.profiles.split(",")) if args.profiles else \
         QUICK_PROFILES if args.quick else PROFILES
-    bad = set(profiles) - set(PROFILES)
+    bad = set(profiles) - set(PROFILES) - set(OPTIONAL_PROFILES)
     if bad:
-        raise ValueError(f"--profiles: unknown {sorted(bad)}; known: {list(PROFILES)}")
+        raise ValueError(f"--profiles: unknown {sorted(bad)}; known: "
+                         f"{list(PROFILES + OPTIONAL_PROFILES)}")
     terms = vllm_v1.terms()
     print("vllm_v1 terms (shipped): " + ", ".join(
         f"{name} {terms[name] * scale:.3g} {unit}" for name, (unit, scale)

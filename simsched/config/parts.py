@@ -241,6 +241,12 @@ class HardwareConfig:
     AIConfigurator vLLM kernel tables; the B200, B300, GB200, GB300 and RTX Pro 6000 use them
     already).
 
+    ``all_reduce``: ``"fitted"`` (default: vLLM's custom all-reduce timed by a latency per call
+    and peer fitted on the vLLM 0.15 runs, plus the bytes over NVLink) or ``"measured"``
+    (AIConfigurator's measured all-reduce per call on this GPU, by GPU count and message size,
+    for messages below vLLM's 8 MiB custom all-reduce limit; the vLLM-form engine profiles on the
+    default kernels; docs/validation_silicon.md has its figures).
+
     ``profile``: None (default: the shipped coefficients) or the path of a calibrated
     deployment profile (a JSON file ``simsched calibrate`` writes, :mod:`simsched.cost.deployment`):
     the shipped model corrected by terms fitted to measured runs of this GPU (docs/calibration.md).
@@ -262,6 +268,9 @@ class HardwareConfig:
     # Where kernel times come from: None, the GPU's catalog default (GPUSpec.kernels), or
     # "aiconfigurator", the GPU's measured AIConfigurator vLLM tables (docs/gpus.md).
     kernel_profile: str | None = None
+    # Where the custom all-reduce's time comes from (vLLM-form engine profiles): "fitted" (a
+    # latency term fitted on the vLLM 0.15 runs) or "measured" (AIConfigurator's tables).
+    all_reduce: str = "fitted"
     # A calibrated deployment profile's path (simsched calibrate; None: the shipped fits).
     profile: str | None = None
 

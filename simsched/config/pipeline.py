@@ -27,6 +27,14 @@ def plan_ahead(config, cost_model) -> bool:
     return overhead.async_scheduling(config, cost_model)
 
 
+def pipelined(config, cost_model) -> bool:
+    """Whether the replica's engine overlaps its host work with the GPU's step: it plans ahead
+    or applies the arrival rule (vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap
+    schedulers). A replica that does not pays the engine profile's host time on every step
+    (:mod:`simsched.cost.host_time`)."""
+    return plan_ahead(config, cost_model) or arrival_rule(config, cost_model)
+
+
 def arrival_rule(config, cost_model) -> bool:
     """Whether the replica applies the pipeline's arrival rule: pipelined, not planning ahead.
     SGLang's and TensorRT-LLM's overlap schedulers pipeline the same way (a request arriving

@@ -22,12 +22,13 @@ lists, so :meth:`CalibratedCostModel.iteration_time` is a handful of list look-u
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
 
 from simsched.cost import calibration as cal
-from simsched.cost import deployment, overhead
+from simsched.cost import deployment, host_time, overhead
 from simsched.cost import engine_profiles, serving, vllm_silicon, vllm_v1
 from simsched.cost.base import Batch
 from simsched.cost.profiles import PROFILES
@@ -126,6 +127,9 @@ class CalibratedCostModel:
         self.output_delay = 0.0
         floor = serial = np.zeros_like(n)
         prefill_extra = None
+        # Host time per step of an engine that does not pipeline (simsched.cost.host_time).
+        self._host = (0.0, 0.0)
+        self._sync_twin = None
         linear = k.linear
         if engine_overhead == "measured_2023" and self._general:
             per_seq, serial = lm_head, cpu.copy()  # CPU kept out of the power-capped GPU time
@@ -150,6 +154,8 @@ class CalibratedCostModel:
             floor = cpu.copy()                  # CPU work is hidden unless longer than the GPU
             serial = np.full_like(n, terms["step_gap"])
             self.output_delay = terms["output_delay"]
+            host = host_time.check(terms)
+            self._host = (host["sync_step_time"], host["sync_seq_time"])
             # Prefill and fused-MoE terms (simsched.cost.vllm_silicon; absent: neutral, None).
             prefill_extra = vllm_silicon.prefill_extra(k, terms)
             linear = vllm_silicon.scale_experts(k, terms)
@@ -213,6 +219,25 @@ class CalibratedCostModel:
             text += (f"; on AIConfigurator's tables the silicon terms are left out "
                      f"({used}'s terms)")
         return text
+
+    def synchronous(self) -> "CalibratedCostModel":
+        """This model for an engine that does not pipeline its steps (async scheduling or the
+        overlap scheduler off): every step of ``s`` sequences also takes the profile's
+        ``sync_step_time + sync_seq_time x s`` (:mod:`simsched.cost.host_time`), as serial host
+        time after the step's GPU time. The model itself where both are 0 (every shipped
+        profile), so the same floats as before; made once and kept."""
+        a, b = self._host
+        if a == 0.0 and b == 0.0:
+            return self
+        if self._sync_twin is None:
+            twin = copy.copy(self)
+            serial = np.asarray(self._serial) + a + b * np.arange(self._size, dtype=float)
+            serial[0] = 0.0
+            twin._serial = serial.tolist()
+            twin._decode_terms = {}
+            twin._host, twin._sync_twin = (0.0, 0.0), None   # already synchronous
+            self._sync_twin = twin
+        return self._sync_twin
 
     def __repr__(self) -> str:
         return f"CalibratedCostModel({self.model_name or self.spec}, {self.gpu.name}, tp={self.tp})"

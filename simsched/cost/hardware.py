@@ -16,7 +16,7 @@ import os
 from typing import Any, Mapping
 
 from simsched.cost import deployed, shapes
-from simsched.cost.profile_names import engine_of
+from simsched.cost.profile_names import ALL_REDUCE_CHOICES, CUSTOM_ALL_REDUCE, engine_of
 # The spec classes live in specs.py; re-exported, since configs and users import them from here.
 from simsched.cost.specs import GPUSpec, ModelSpec, _read_hf_config  # noqa: F401
 
@@ -166,7 +166,57 @@ def gpu_spec(hw) -> GPUSpec:
     """``hw.gpu``'s catalog entry; with ``hw.kernel_profile="aiconfigurator"`` its kernels come
     from that GPU's AIConfigurator tables (an error naming the field when none are shipped):
     those measured under the engine of ``hw.engine_overhead`` (``sglang``, ``trtllm``) where
-    AIConfigurator has them (H100, H200), else its vLLM tables."""
+    AIConfigurator has them (H100, H200), else its vLLM tables. ``hw.all_reduce="measured"``
+    marks it to time the custom all-reduce from that GPU's measured tables
+    (:func:`check_all_reduce`)."""
+    gpu = _kernel_gpu(hw)
+    if getattr(hw, "all_reduce", "fitted") == "measured":
+        check_all_reduce(hw)
+        return dataclasses.replace(gpu, all_reduce="measured")
+    return gpu
+
+
+# GPUs whose all-reduces AIConfigurator measured on another catalog entry with the same links.
+_AIC_ALL_REDUCE = {**_AIC_TABLES, "a100-40gb": "a100-80gb"}
+
+
+def all_reduce_tables(gpu: str) -> str | None:
+    """The AIConfigurator table set holding ``gpu``'s measured all-reduces (None: none)."""
+    from simsched.cost import aiconfigurator as aic
+
+    name = _AIC_ALL_REDUCE.get(gpu, gpu)
+    return name if name in aic.gpus() and aic.measured_all_reduce_gpus(name) else None
+
+
+def check_all_reduce(hw) -> None:
+    """``hw.all_reduce``: one of :data:`simsched.cost.profile_names.ALL_REDUCE_CHOICES`; ``measured``
+    replaces the custom all-reduce of a vLLM-form engine profile on default kernels, on a GPU
+    with measured all-reduces. A ValueError names the field otherwise."""
+    choice = getattr(hw, "all_reduce", "fitted")
+    if choice not in ALL_REDUCE_CHOICES:
+        raise ValueError(f"hardware.all_reduce must be one of "
+                         f"{list(ALL_REDUCE_CHOICES)}, got {choice!r}")
+    if choice == "fitted":
+        return
+    engine = getattr(hw, "engine_overhead", None)
+    if engine not in CUSTOM_ALL_REDUCE:
+        raise ValueError(f"hardware.all_reduce='measured' replaces the custom all-reduce of the "
+                         f"engine profiles {sorted(CUSTOM_ALL_REDUCE)}; "
+                         f"hardware.engine_overhead is {engine!r}")
+    if getattr(hw, "kernel_profile", None) is not None:
+        raise ValueError("hardware.all_reduce='measured': hardware.kernel_profile="
+                         f"{hw.kernel_profile!r} times every all-reduce from its measured "
+                         "tables already; leave all_reduce 'fitted'")
+    if getattr(hw, "cost_model", "calibrated") != "calibrated":
+        raise ValueError("hardware.all_reduce='measured' times the calibrated cost model's "
+                         f"all-reduces; hardware.cost_model is {hw.cost_model!r}")
+    if all_reduce_tables(hw.gpu) is None:
+        raise ValueError(f"hardware.all_reduce='measured': no measured all-reduces for "
+                         f"hardware.gpu={hw.gpu!r}")
+
+
+def _kernel_gpu(hw) -> GPUSpec:
+    """``hw.gpu``'s catalog entry with the kernels ``hw.kernel_profile`` chooses."""
     gpu = GPUS[hw.gpu]
     choice = getattr(hw, "kernel_profile", None)
     if choice is None:
@@ -282,6 +332,7 @@ def validate(hw) -> None:
     if hw.gpu not in GPUS:
         raise ValueError(f"hardware.gpu must be one of {sorted(GPUS)}, got {hw.gpu!r}")
     gpu_spec(hw)   # hardware.kernel_profile names a profile this GPU has
+    check_all_reduce(hw)
     tp = hw.tensor_parallel_size
     if tp not in TP_SIZES:
         raise ValueError(f"hardware.tensor_parallel_size must be one of {list(TP_SIZES)}, "

@@ -28,6 +28,7 @@ data-parallel ranks are balanced.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -88,6 +89,7 @@ class ParallelCostModel:
         self.engine_overhead = engine_overhead
         self.output_delay = self.last.output_delay
         self._cross = tp * self.pp > parallel.gpus_per_node
+        self._sync = None       # (per step, per sequence) host time: synchronous()
 
     def __repr__(self) -> str:
         p = self.parallel
@@ -101,6 +103,21 @@ class ParallelCostModel:
         inner = self.inner.iteration_time(batch)
         return [inner] * (self.pp - 1) + [self.last.iteration_time(batch)]
 
+    def synchronous(self) -> "ParallelCostModel":
+        """This model for an engine that does not pipeline its steps: each step also takes the
+        profile's host time (:mod:`simsched.cost.host_time`) for its data-parallel rank's
+        sequences, once per step (not per micro-batch); itself where that is 0."""
+        a, b = self.last._host
+        if self._sync is not None or (a == 0.0 and b == 0.0):
+            return self
+        twin = copy.copy(self)
+        twin._sync = (a, b)
+        return twin
+
+    def _host_time(self, rank: Batch) -> float:
+        a, b = self._sync
+        return a + b * rank.num_seqs
+
     def transfer(self, tokens: int) -> float:
         """Seconds of one stage-to-stage activation transfer of ``tokens`` tokens."""
         return transfer_time(tokens, self.spec, self.gpu, self._cross,
@@ -110,16 +127,21 @@ class ParallelCostModel:
         """Seconds until every sequence of ``batch`` has its next token (module docstring)."""
         rank = split_batch(batch, self.dp)
         if self.pp == 1:
-            return self.last.iteration_time(rank)
-        micro = split_batch(rank, min(self.micro_batches, max(rank.num_seqs, 1)))
-        return sum(self.stage_times(micro)) + (self.pp - 1) * self.transfer(micro.num_tokens)
+            t = self.last.iteration_time(rank)
+        else:
+            micro = split_batch(rank, min(self.micro_batches, max(rank.num_seqs, 1)))
+            t = sum(self.stage_times(micro)) + (self.pp - 1) * self.transfer(micro.num_tokens)
+        return t if self._sync is None else t + self._host_time(rank)
 
     def breakdown(self, batch: Batch) -> dict:
         """The last stage's breakdown of one micro-batch, with the other stages and transfers
         as ``pipeline``; the values sum to :meth:`iteration_time`."""
         rank = split_batch(batch, self.dp)
         if self.pp == 1:
-            return self.last.breakdown(rank)
+            parts = self.last.breakdown(rank)
+            if self._sync is not None:
+                parts["overhead"] += self._host_time(rank)
+            return parts
         micro = split_batch(rank, min(self.micro_batches, max(rank.num_seqs, 1)))
         parts = self.last.breakdown(micro)
         parts["pipeline"] = self.iteration_time(batch) - sum(parts.values())

@@ -12,6 +12,18 @@ from __future__ import annotations
 CARRIED: dict[str, str] = {f"{engine}_silicon": engine for engine in ("sglang",)}
 
 
+# Profiles of vllm_v1's form (simsched.cost.calibrated.VLLM_FORM): their all-reduces below
+# 8 MiB are vLLM's custom all-reduce (simsched.cost.vllm_v1.comm_table), the part
+# hardware.all_reduce="measured" replaces.
+CUSTOM_ALL_REDUCE = frozenset({"vllm_v1", "vllm_silicon", "sglang", "trtllm", *CARRIED})
+# hardware.all_reduce: where the custom all-reduce's time comes from.
+ALL_REDUCE_CHOICES = {
+    "fitted": "latency per call and peer fitted on the vLLM 0.15 runs, plus bytes over NVLink",
+    "measured": "AIConfigurator's measured all-reduce per call on this GPU (the faster of "
+                "vLLM's custom all-reduce and NCCL), by GPU count and message size",
+}
+
+
 def engine_of(profile: str) -> str:
     """The engine profile ``profile`` builds on (itself unless it is one of :data:`CARRIED`):
     whose AIConfigurator tables it reads."""

@@ -191,6 +191,9 @@ class GPUSpec:
     ``fp8_flops`` / ``fp4_flops`` dense tensor FLOP/s (0: no such tensor cores),
     ``nvlink`` the link (``NVLink 3``..``NVLink 5``, ``PCIe``) and ``nvlink_domain`` the GPUs one
     NVLink domain joins (8 for an HGX board, 72 for an NVL72 rack, 1 without NVLink).
+    ``all_reduce``: where the vLLM-form profiles' custom all-reduce time comes from, ``fitted``
+    (the catalog's) or ``measured`` (set by ``hardware.all_reduce``;
+    :func:`simsched.cost.vllm_v1.comm_table`).
     """
 
     name: str
@@ -206,3 +209,4 @@ class GPUSpec:
     fp4_flops: float = 0.0
     nvlink: str = ""
     nvlink_domain: int = 0
+    all_reduce: str = "fitted"

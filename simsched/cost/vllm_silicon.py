@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from simsched.cost import calibration as cal
-from simsched.cost import vllm_v1
+from simsched.cost import host_time, vllm_v1
 
 TERMS = ("prefill_gemm_scale", "prefill_expert_scale", "prefill_layer_time",
          "large_allreduce_scale", "decode_expert_scale")
@@ -169,23 +169,27 @@ def neutral() -> dict:
 
 def parse(text: str) -> dict | None:
     """Engine terms from text (a command line's ``--terms``): None for ``shipped`` (the
-    profile's own), :func:`terms` for ``fitted``, :func:`neutral` for ``neutral``, else the
-    ``vllm_v1`` terms with comma-separated ``NAME=VALUE`` pairs set on them (neutral silicon
-    terms otherwise); a bad pair raises ValueError naming it."""
+    profile's own), :func:`terms` for ``fitted``, :func:`neutral` for ``neutral``, else
+    comma-separated ``NAME=VALUE`` pairs set on the ``vllm_v1`` terms (neutral silicon terms),
+    or on ``fitted`` or ``neutral`` named first (``fitted,sync_step_time=0.0005``: the host-time
+    terms of :mod:`simsched.cost.host_time` are known too); a bad pair raises ValueError naming
+    it."""
     if text == "shipped":
         return None
-    if text == "fitted":
-        return terms()
-    if text == "neutral":
-        return neutral()
-    out = neutral()
-    for pair in text.split(","):
+    parts = [p.strip() for p in text.split(",")]
+    if parts[0] in ("fitted", "neutral"):
+        out = terms() if parts.pop(0) == "fitted" else neutral()
+    else:
+        out = neutral()
+    known = {**out, **host_time.NEUTRAL}
+    for pair in parts:
         name, _, value = pair.partition("=")
-        if name.strip() not in out:
-            raise ValueError(f"unknown term {name.strip()!r}; known: {sorted(out)}")
+        if name.strip() not in known:
+            raise ValueError(f"unknown term {name.strip()!r}; known: {sorted(known)}")
         try:
             out[name.strip()] = float(value)
         except ValueError:
             raise ValueError(f"{pair!r} is not NAME=NUMBER") from None
     check(out, "--terms")
+    host_time.check(out, "--terms")
     return out

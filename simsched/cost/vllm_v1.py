@@ -51,9 +51,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simsched.cost import aiconfigurator as aic
 from simsched.cost import calibration as cal
 from simsched.cost import fits, linalg, overhead
-from simsched.cost.hardware import GPUS, MODELS
+from simsched.cost.hardware import GPUS, MODELS, all_reduce_tables
 from simsched.cost.kernels import KernelTables
 
 DATA_DIR = cal.DATA_DIR / "vllm_v1"
@@ -168,7 +169,10 @@ def num_collectives(k: KernelTables) -> int:
 
 def comm_table(k: KernelTables, latency: float) -> np.ndarray:
     """All-reduce seconds of a step by token count: custom all-reduce for messages below 8 MiB,
-    the kernel tables' NCCL estimate per call from there."""
+    the kernel tables' NCCL estimate per call from there. The custom all-reduce is
+    :func:`custom_all_reduce` with the fitted ``latency``, or, on a GPU marked
+    ``all_reduce="measured"`` (``hardware.all_reduce``), AIConfigurator's measured all-reduce
+    of that message on this GPU and GPU count (:func:`simsched.cost.aiconfigurator.all_reduce`)."""
     if k.tp == 1:
         return np.zeros_like(k.comm)
     if getattr(k, "all_reduce_per_call", None) is not None:
@@ -178,7 +182,10 @@ def comm_table(k: KernelTables, latency: float) -> np.ndarray:
         return comm
     n = np.arange(len(k.comm), dtype=float)
     msg = n * k.spec.hidden_size * k.spec.bytes_per_param
-    custom = custom_all_reduce(k.tp, msg, k.gpu.interconnect_bandwidth / 2, latency)
+    if k.gpu.all_reduce == "measured":
+        custom = aic.all_reduce(all_reduce_tables(k.gpu.name), k.tp, msg)
+    else:
+        custom = custom_all_reduce(k.tp, msg, k.gpu.interconnect_bandwidth / 2, latency)
     nccl = k.comm / k.num_collectives
     per_call = np.where(msg < CUSTOM_AR_MAX_BYTES, custom, nccl)
     comm = num_collectives(k) * per_call

@@ -80,6 +80,10 @@ class Replica:
         self.env = env
         self.index = index
         self.config = config
+        if not pipeline.pipelined(config, cost_model) and hasattr(cost_model, "synchronous"):
+            # Not pipelined: every step also pays the engine's host time (0 in every shipped
+            # profile: simsched.cost.host_time).
+            cost_model = cost_model.synchronous()
         cache = config.cache
         spec = config.scheduler.speculative
         engine = config.scheduler.engine

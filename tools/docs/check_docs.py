@@ -199,6 +199,8 @@ def _blocks() -> dict[str, Block]:
         "silicon-prefill": Block("docs/validation_silicon.md", si.silicon_prefill, False),
         "silicon-device": Block("docs/validation_silicon.md", si.silicon_device, True),
         "silicon-terms": Block("docs/validation_silicon.md", si.silicon_terms, True),
+        "silicon-all-reduce": Block("docs/validation_silicon.md", si.silicon_all_reduce, False),
+        "silicon-host-time": Block("docs/validation_silicon.md", si.silicon_host_time, False),
     }
 
 

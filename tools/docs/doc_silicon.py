@@ -160,3 +160,99 @@ def silicon_terms(runs) -> str:
                      f"{_pct(r['logo_ttft'])} ({_pct(r['logo_ttft_bias'])}) | "
                      f"{_pct(r['logo_tpot'])} ({_pct(r['logo_tpot_bias'])}) |")
     return "\n".join(lines) + "\n"
+
+
+# The dense models of the vLLM rows, whose decode step is GEMMs, attention and all-reduces.
+DENSE = ("llama-3.1-70b-fp8", "qwen3-32b")
+MEASURED_AR = ("--all-reduce", "measured")
+VLLM_AR = ("--profiles", "vllm_silicon,vllm_silicon_measured_ar")
+
+
+def silicon_all_reduce(runs) -> str:
+    """The custom all-reduce from AIConfigurator's measured tables (hardware.all_reduce) against
+    the fitted latency term: per call, on the silicon rows and on the vLLM 0.15 runs."""
+    import numpy as np
+
+    from simsched import SimConfig
+    from simsched.cost import factory, vllm_v1
+
+    fitted = runs.get("validate_silicon")
+    if fitted.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    measured = runs.get("validate_silicon", *MEASURED_AR)
+    lines = ["One all-reduce of 16 tokens' activations of Llama-3.1-70B (256 KiB), us per call:",
+             "", "| GPU | TP | fitted term | measured |", "|---|---|---|---|"]
+    for gpu in ("h100-sxm", "h200"):
+        for tp in (2, 4, 8):
+            per_call = []
+            for choice in ("fitted", "measured"):
+                cfg = SimConfig().replace(model="llama-3.1-70b-fp8", gpu=gpu,
+                                          tensor_parallel_size=tp, all_reduce=choice)
+                cm = factory.make_cost_model(cfg.hardware)
+                per_call.append(cm._comm[16] / vllm_v1.num_collectives(cm.kernels) * 1e6)
+            lines.append(f"| {gpu} | {tp} | {per_call[0]:.1f} | {per_call[1]:.1f} |")
+    a, b = _headline(fitted), _headline(measured)
+    claim(a["expressible"] == b["expressible"], "both choices simulate the same rows")
+    vllm = runs.get("validate_vllm", *VLLM_AR)
+    multi = vllm[vllm.tp > 1]
+    lines += ["", "| custom all-reduce | silicon rows | TTFT | TPOT | vLLM 0.15 runs at TP >= 2 "
+              "| their E2E: median / worst |", "|---|---|---|---|---|---|"]
+    for name, s, profile in (("fitted term (default)", a, "vllm_silicon"),
+                             ("measured (`all_reduce=\"measured\"`)", b,
+                              "vllm_silicon_measured_ar")):
+        e2e = multi[multi.profile == profile].e2e_mean_error.abs()
+        lines.append(f"| {name} | {s['expressible']} | {_pct(s['ttft_error'])} | "
+                     f"{s['tpot_error']:.1f} | {len(e2e)} | {e2e.median():.1f} / "
+                     f"{e2e.max():.1f} |")
+    lines += ["", "Dense models' TPOT, signed median error % by TP (below 0: simulated too "
+              "fast), fitted / measured:", "", "| GPU | model | " + " | ".join(
+                  f"TP {tp}" for tp in (1, 2, 4, 8)) + " |", "|---|---|---|---|---|---|"]
+    for (gpu, model), part in fitted[fitted.model.isin(DENSE) & fitted.expressible
+                                     & fitted.layout.str.fullmatch(r"tp\d")].groupby(
+                                         ["gpu", "model"]):
+        cells = []
+        for tp in (1, 2, 4, 8):
+            f = part[part.layout == f"tp{tp}"]
+            m = measured[measured.id.isin(f.id)]
+            cells.append("-" if f.empty else f"{np.median(f.tpot_error) * 100:+.0f} / "
+                                             f"{np.median(m.tpot_error) * 100:+.0f}")
+        lines.append(f"| {gpu} | {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def silicon_host_time(runs) -> str:
+    """The rows of vLLM up to 0.12 simulated without async scheduling, with the host-time terms
+    fitted on them (experiments.fit_host_time), under both all-reduce choices."""
+    from simsched.cost import host_time
+
+    fitted = runs.get("fit_host_time")
+    if fitted.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    measured = runs.get("fit_host_time", *MEASURED_AR)
+    lines = ["| all-reduce | run | sync rows | TTFT | TPOT | every vLLM row: TTFT | TPOT |",
+             "|---|---|---|---|---|---|---|"]
+    for name, table in (("fitted term", fitted), ("measured", measured)):
+        for r in table.itertuples():
+            lines.append(f"| {name} | {r.run} | {r.rows} | {r.ttft_error:.1f} | "
+                         f"{r.tpot_error:.1f} | {r.all_ttft_error:.1f} | {r.all_tpot_error:.1f} |")
+    lines += ["", "| all-reduce | term | fitted on every sync row | leave-one-group-out range |",
+              "|---|---|---|---|"]
+    for name, table in (("fitted term", fitted), ("measured", measured)):
+        folds = table.attrs["folds"]
+        for term in host_time.TERMS:
+            unit, k = host_time.UNITS[term]
+            lines.append(f"| {name} | `{term}` | {table.attrs['terms'][term] * k:.3g} {unit} | "
+                         f"{folds[term].min() * k:.3g}-{folds[term].max() * k:.3g} |")
+    g = measured.attrs["groups"]
+    runs_shown = ("async on (simsched's recipe)", "async off, leave-one-group-out")
+    lines += ["", "Per (GPU, model) group with measured all-reduces, signed median error % "
+              "(TTFT / TPOT), async scheduling on | off with the terms left out of the fit:",
+              "", "| GPU | model | rows | async on | async off (leave-one-group-out) |",
+              "|---|---|---|---|---|"]
+    on = g[g.run == runs_shown[0]].set_index(["gpu", "model"])
+    off = g[g.run == runs_shown[1]].set_index(["gpu", "model"])
+    for key, r in on.iterrows():
+        o = off.loc[key]
+        lines.append(f"| {key[0]} | {key[1]} | {r.rows} | {r.ttft_bias:+.0f} / "
+                     f"{r.tpot_bias:+.0f} | {o.ttft_bias:+.0f} / {o.tpot_bias:+.0f} |")
+    return "\n".join(lines) + "\n"
