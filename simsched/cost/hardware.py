@@ -167,11 +167,10 @@ def gpu_spec(hw) -> GPUSpec:
     from that GPU's AIConfigurator tables (an error naming the field when none are shipped):
     those measured under the engine of ``hw.engine_overhead`` (``sglang``, ``trtllm``) where
     AIConfigurator has them (H100, H200), else its vLLM tables. ``hw.all_reduce="measured"``
-    marks it to time the custom all-reduce from that GPU's measured tables
-    (:func:`check_all_reduce`)."""
+    marks it to time the custom all-reduce from that GPU's measured tables (a config checks
+    that choice when it is made: :func:`check_all_reduce`, from :func:`validate`)."""
     gpu = _kernel_gpu(hw)
     if getattr(hw, "all_reduce", "fitted") == "measured":
-        check_all_reduce(hw)
         return dataclasses.replace(gpu, all_reduce="measured")
     return gpu
 
