@@ -172,8 +172,16 @@ def test_expert_parallel_step_waits_for_the_slowest_rank():
     # Every expert is hit either way; skew puts more of the tokens on the rank holding the
     # popular experts, and the step waits for it.
     assert skewed.breakdown(b)["linear"] > uniform.breakdown(b)["linear"]
-    assert uniform.breakdown(b)["communication"] > CalibratedCostModel(
-        spec, H100, 4, engine_overhead="none").breakdown(b)["communication"]
+    # Attention tensor-parallel (dp 1): every rank holds every token and the block's output
+    # all-reduce combines the experts' rows, so EP sends nothing more; across data-parallel
+    # ranks the tokens go to their experts' ranks and back (two all-to-alls per layer).
+    plain = CalibratedCostModel(spec, H100, 4, engine_overhead="none")
+    assert uniform.breakdown(b)["communication"] == plain.breakdown(b)["communication"]
+    dep = CalibratedCostModel(spec, H100, 1, engine_overhead="none", parallel=ParallelConfig(
+        enable_expert_parallel=True, data_parallel_size=4))
+    dp_only = CalibratedCostModel(spec, H100, 1, engine_overhead="none",
+                                  parallel=ParallelConfig(data_parallel_size=4))
+    assert dep.breakdown(b)["communication"] > dp_only.breakdown(b)["communication"] == 0.0
 
 
 # ----------------------------------------------------------------------------- pipeline

@@ -17,8 +17,13 @@ one layer on one GPU, with ``x`` the GPU's tokens:
 * expert parallelism (``enable_expert_parallel``): the experts are spread over the MoE ranks
   (tp x data-parallel; expert i on rank i mod ranks), each rank computes its own experts'
   GEMMs and the layer waits for the slowest rank (expected assignments plus sqrt(2 ln ranks)
-  standard deviations of the routing's randomness), plus a dispatch and a combine all-to-all
-  (:func:`all_to_all_time`); without it every rank holds a 1/ranks slice of every expert;
+  standard deviations of the routing's randomness). With data-parallel attention the tokens
+  are sent to their experts' ranks and back, a dispatch and a combine all-to-all
+  (:func:`all_to_all_time`); with tensor-parallel attention alone (dp 1) every rank already
+  holds every token and the block's output all-reduce (one of the step's two per layer)
+  combines the experts' rows, as vLLM, SGLang and TensorRT-LLM run TP + EP without an
+  all-to-all backend, so nothing more is sent. Without EP every rank holds a 1/ranks slice of
+  every expert;
 * element-wise work: the dense fit's per-layer constant and bytes, with the MoE activation over
   the top-k experts' width, the token permutation (scatter and gather of ``k`` copies) and, for
   FP8 weights, the dynamic quantisation of every GEMM's input.
@@ -205,7 +210,11 @@ def _moe_layer(spec, gpu, tp, dp, ep, skew, gemm, x, parallel) -> tuple:
         elt = elt + (3 * width + xquant * (h + width)) * slow / np.maximum(x, 1.0)
         link = gpu.interconnect_bandwidth / 2 if ranks <= parallel.gpus_per_node \
             else parallel.inter_node_bandwidth
-        a2a = all_to_all_time(x, ranks, spec, link)
+        # Attention tensor-parallel only (dp 1): every rank holds every token, picks its own
+        # experts' rows and the block's output all-reduce combines them (counted with the
+        # step's all-reduces), so nothing is dispatched; across data-parallel ranks the
+        # tokens are sent to their experts' ranks and back.
+        a2a = all_to_all_time(x, ranks, spec, link) if dp > 1 else np.zeros_like(x)
     else:
         # Every rank holds a slice of every expert: an uneven load still splits evenly.
         hit = np.maximum(_on_grid(total, lambda grid: shapes.expected_distinct_experts(

@@ -60,9 +60,10 @@ def moe_studies(runs) -> str:
     claim(mix.tpot_mean > dense.tpot_mean, "Mixtral decodes slower than Llama-2-13B")
     lay = table[table.study == "layouts"].pivot(index="rate", columns="variant",
                                                  values="tpot_mean")
-    claim(bool(((lay["TP 8"] < lay["TP 8 + EP"])
-                & (lay["TP 8 + EP"] < lay["DP-attention 8 + EP"])).all()),
-          "at every rate, TP 8 beats TP 8 + EP, which beats DP-attention + EP, on TPOT")
+    claim(bool(((lay["TP 8"] - lay["TP 8 + EP"]).abs() < 0.02 * lay["TP 8"]).all()),
+          "at every rate, TP 8 + EP is within 2 % of TP 8 on TPOT")
+    claim(bool((lay[["TP 8", "TP 8 + EP"]].max(axis=1) < lay["DP-attention 8 + EP"]).all()),
+          "at every rate, DP-attention + EP is the slowest layout on TPOT")
     bf, f8 = t.loc["BF16"], t.loc["FP8 weights"]
     claim(f8.tpot_mean < 0.75 * bf.tpot_mean, "FP8 weights cut TPOT by more than a quarter")
     claim(t.loc["FP8 weights + KV"].kv_blocks >= 2 * f8.kv_blocks,
