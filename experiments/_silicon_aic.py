@@ -36,7 +36,8 @@ CLIENT = "aiperf (AIConfigurator's generated benchmark, assumed)"
 SOURCE = "AIConfigurator's generator, rule_plugin/benchmark (assumed)"
 
 
-def _version(text) -> tuple:
+def version_tuple(text) -> tuple:
+    """The first three numeric parts of a version string (``0.5.6.post2`` -> (0, 5, 6))."""
     parts = []
     for piece in str(text).split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit())
@@ -46,7 +47,7 @@ def _version(text) -> tuple:
 
 def mixed_chunk(row) -> bool:
     """Whether the generator deployed ``row``'s SGLang worker with ``--enable-mixed-chunk``."""
-    return _version(row.backend_version) >= MIXED_CHUNK_SINCE
+    return version_tuple(row.backend_version) >= MIXED_CHUNK_SINCE
 
 
 def changes(cfg, row, engine: str, max_context: int, mixed: bool | None = None) -> dict:

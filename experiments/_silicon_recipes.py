@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from experiments import _silicon_aic as silicon_aic
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -136,7 +138,7 @@ def vllm_async_default(row) -> bool:
     taken as a release of its measurement date, up to 0.12 if measured in 2025."""
     version = getattr(row, "backend_version", None)
     if isinstance(version, str) and version:
-        return tuple(int(p) for p in version.split(".")[:2]) > LAST_SYNC_VERSION
+        return silicon_aic.version_tuple(version)[:2] > LAST_SYNC_VERSION
     source = str(getattr(row, "silicon_data_source", ""))
     measured = source.partition("measured=")[2][:10]
     return not (measured and measured < SYNC_MEASURED_BEFORE)
