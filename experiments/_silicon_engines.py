@@ -224,4 +224,6 @@ def register(engines: dict, engine_cls, recipe_cls, model_presets: dict) -> None
         profile = PRESETS[name]["hardware"]["engine_overhead"]
         engines[name] = engine_cls(name, functools.partial(recipe, recipe_cls, name),
                                    engine_overhead=profile,
+                                   all_reduce=PRESETS[name]["hardware"].get("all_reduce",
+                                                                             "fitted"),
                                    configure=functools.partial(configure, name), refuse=refuse)

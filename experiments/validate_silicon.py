@@ -131,7 +131,7 @@ class Engine:
     # aic_mixed overrides SGLang's --enable-mixed-chunk for them (None: by version).
     aic_recipe: str = "generator"
     aic_mixed: bool | None = None
-    # hardware.all_reduce of every row: "fitted" or "measured" (AIConfigurator's tables).
+    # hardware.all_reduce of every row: "fitted", "measured" (AIConfigurator's tables) or "auto".
     all_reduce: str = "fitted"
     # Whether a vLLM row runs with its version's default async scheduling (off up to 0.12:
     # vllm_async_default) instead of simsched's (on).
@@ -383,10 +383,11 @@ def main(argv=None) -> pd.DataFrame:
                              "simsched.cost.vllm_silicon), 'fitted' (the same), 'neutral' (the "
                              "vllm_v1 terms alone), or NAME=VALUE[,NAME=VALUE...] set on the "
                              "vllm_v1 terms")
-    parser.add_argument("--all-reduce", default="fitted", choices=ALL_REDUCE_CHOICES,
-                        help="custom all-reduce time: the fitted latency term, or each GPU's "
-                             "measured AIConfigurator tables (hardware.all_reduce; default "
-                             "kernels only)")
+    parser.add_argument("--all-reduce", default=None, choices=ALL_REDUCE_CHOICES,
+                        help="custom all-reduce time (hardware.all_reduce): the fitted latency "
+                             "term, each GPU's measured AIConfigurator tables (default kernels "
+                             "only), or measured where it can be; default: the engine preset's "
+                             "(vllm, sglang: fitted; trtllm: auto)")
     parser.add_argument("--async-by-version", action="store_true",
                         help="run each vLLM row with its version's default async scheduling "
                              "(off up to 0.12) instead of on")
@@ -403,7 +404,8 @@ def main(argv=None) -> pd.DataFrame:
     if args.all_reduce == "measured" and args.kernels != "default":
         parser.error("--all-reduce measured: --kernels aiconfigurator times every all-reduce "
                      "from its measured tables already")
-    engine = dataclasses.replace(ENGINES[args.engine], all_reduce=args.all_reduce,
+    engine = dataclasses.replace(ENGINES[args.engine],
+                                 all_reduce=args.all_reduce or ENGINES[args.engine].all_reduce,
                                  async_by_version=args.async_by_version)
     if args.terms == "neutral" and args.engine == "vllm":
         # The vllm_v1 profile by name, which times each worker pool of a disaggregated row

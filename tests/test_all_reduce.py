@@ -109,3 +109,37 @@ def test_the_measured_choice_names_every_vllm_form_profile():
     from simsched.cost.profile_names import CUSTOM_ALL_REDUCE
 
     assert CUSTOM_ALL_REDUCE == set(VLLM_FORM)
+
+
+def test_auto_measures_where_it_can_and_is_the_trtllm_presets():
+    batch = Batch(num_decode_seqs=16, decode_context_sum=16 * 1500)
+    preset = SimConfig.preset("trtllm").replace(model=MODEL, gpu="h100-sxm",
+                                                tensor_parallel_size=8)
+    assert preset.hardware.all_reduce == "auto"
+    assert SimConfig.from_json(preset.to_json()) == preset
+    assert SimConfig.preset("vllm_v1").hardware.all_reduce == "fitted"
+    assert SimConfig.preset("sglang").hardware.all_reduce == "auto"
+
+    def step(cfg):
+        return factory.make_cost_model(cfg.hardware).iteration_time(batch)
+
+    # On a GPU with tables and default kernels auto is measured, step for step.
+    assert gpu_spec(preset.hardware).all_reduce == "measured"
+    assert step(preset) == step(preset.replace(all_reduce="measured"))
+    assert step(preset) != step(preset.replace(all_reduce="fitted"))
+    # Where measured would be refused, auto is what the engine has without it.
+    tables = preset.replace(kernel_profile="aiconfigurator")
+    assert gpu_spec(tables.hardware).all_reduce == "fitted"
+    assert step(tables) == step(tables.replace(all_reduce="fitted"))
+    eager = preset.replace(engine_overhead="eager_2023")
+    assert step(eager) == step(eager.replace(all_reduce="fitted"))
+
+
+def test_auto_on_a_gpu_without_measured_all_reduces_is_fitted(monkeypatch):
+    from simsched.cost import hardware
+
+    monkeypatch.setattr(hardware, "all_reduce_tables", lambda gpu: None)
+    cfg = SimConfig.preset("trtllm").replace(model=MODEL, gpu="h200", tensor_parallel_size=4)
+    assert gpu_spec(cfg.hardware).all_reduce == "fitted"
+    with pytest.raises(ValueError, match=r"no measured all-reduces for hardware\.gpu='h200'"):
+        cfg.replace(all_reduce="measured")

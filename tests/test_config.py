@@ -72,7 +72,7 @@ BAD = [
     ("hardware", "kernel_profile", "aiconfigurator", {"gpu": "a100-40gb"},
      "no AIConfigurator kernel tables for hardware.gpu='a100-40gb'"),
     ("hardware", "max_model_len", 10**6, {}, "4096"),
-    ("hardware", "all_reduce", "nccl", {}, "['fitted', 'measured']"),
+    ("hardware", "all_reduce", "nccl", {}, "['fitted', 'measured', 'auto']"),
     ("hardware", "all_reduce", "measured", {"cost_model": "linear"}, "hardware.cost_model"),
     ("hardware", "profile", 3, {}, "path of a calibrated profile"),
     ("hardware", "profile", "/nonexistent/profile.json", {}, "no such calibrated profile"),

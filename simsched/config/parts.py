@@ -245,7 +245,9 @@ class HardwareConfig:
     and peer fitted on the vLLM 0.15 runs, plus the bytes over NVLink) or ``"measured"``
     (AIConfigurator's measured all-reduce per call on this GPU, by GPU count and message size,
     for messages below vLLM's 8 MiB custom all-reduce limit; the vLLM-form engine profiles on the
-    default kernels; docs/validation_silicon.md has its figures).
+    default kernels; docs/validation_silicon.md has its figures) or ``"auto"`` (measured where
+    ``"measured"`` would be accepted, else fitted; the ``sglang`` and ``trtllm`` presets': their
+    engines' own custom all-reduce kernels are not the one the fitted term was fitted on).
 
     ``profile``: None (default: the shipped coefficients) or the path of a calibrated
     deployment profile (a JSON file ``simsched calibrate`` writes, :mod:`simsched.cost.deployment`):
@@ -269,7 +271,7 @@ class HardwareConfig:
     # "aiconfigurator", the GPU's measured AIConfigurator vLLM tables (docs/gpus.md).
     kernel_profile: str | None = None
     # Where the custom all-reduce's time comes from (vLLM-form engine profiles): "fitted" (a
-    # latency term fitted on the vLLM 0.15 runs) or "measured" (AIConfigurator's tables).
+    # latency term fitted on the vLLM 0.15 runs), "measured" (AIConfigurator's tables) or "auto".
     all_reduce: str = "fitted"
     # A calibrated deployment profile's path (simsched calibrate; None: the shipped fits).
     profile: str | None = None

@@ -22,10 +22,12 @@ defaults, limits included (they differ from vLLM's): ``sglang`` is SGLang 0.5.9'
 ``ServerArgs`` on a 60-160 GiB GPU (H100, H200: ``--chunked-prefill-size 8192``; SGLang picks
 4096 below 60 GiB and 16384 above 160 GiB), page size 1, the radix cache on, at most 4096 running
 requests (SGLang derives its limit from the KV pool below that: see
-:mod:`simsched.engine.engines.sglang`) and the ``sglang`` engine profile; ``trtllm`` is
+:mod:`simsched.engine.engines.sglang`) and the ``sglang_silicon`` engine profile; ``trtllm`` is
 TensorRT-LLM 1.x's ``LlmArgs`` (``max_batch_size`` 2048, ``max_num_tokens`` 8192, chunked
 prefill off, ``tokens_per_block`` 32, block reuse on, the ``GUARANTEED_NO_EVICT`` capacity
-policy) and the ``trtllm`` engine profile.
+policy) and the ``trtllm`` engine profile. Both engines take ``hardware.all_reduce="auto"``
+(measured all-reduces where the GPU has them): their own custom all-reduce kernels are not the
+vLLM 0.15 one that the fitted latency term describes.
 """
 
 from __future__ import annotations
@@ -44,13 +46,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "scheduler": {"engine": "sglang", "max_num_batched_tokens": 8192, "max_num_seqs": 4096,
                       "enable_chunked_prefill": True},
         "cache": {"block_size": 1, "enable_prefix_caching": True, "watermark": 0.0},
-        "hardware": {"engine_overhead": "sglang_silicon"},
+        "hardware": {"engine_overhead": "sglang_silicon", "all_reduce": "auto"},
     },
     "trtllm": {
         "scheduler": {"engine": "trtllm", "max_num_batched_tokens": 8192, "max_num_seqs": 2048,
                       "enable_chunked_prefill": False},
         "cache": {"block_size": 32, "enable_prefix_caching": True, "watermark": 0.0},
-        "hardware": {"engine_overhead": "trtllm"},
+        "hardware": {"engine_overhead": "trtllm", "all_reduce": "auto"},
     },
 }
 

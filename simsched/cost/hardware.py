@@ -168,11 +168,24 @@ def gpu_spec(hw) -> GPUSpec:
     those measured under the engine of ``hw.engine_overhead`` (``sglang``, ``trtllm``) where
     AIConfigurator has them (H100, H200), else its vLLM tables. ``hw.all_reduce="measured"``
     marks it to time the custom all-reduce from that GPU's measured tables (a config checks
-    that choice when it is made: :func:`check_all_reduce`, from :func:`validate`)."""
+    that choice when it is made: :func:`check_all_reduce`, from :func:`validate`); ``"auto"``
+    does where it can (:func:`measures_all_reduce`)."""
     gpu = _kernel_gpu(hw)
-    if getattr(hw, "all_reduce", "fitted") == "measured":
+    if measures_all_reduce(hw):
         return dataclasses.replace(gpu, all_reduce="measured")
     return gpu
+
+
+def measures_all_reduce(hw) -> bool:
+    """Whether ``hw`` times its custom all-reduce from measured tables: ``all_reduce="measured"``,
+    or ``"auto"`` where that choice would be accepted (:func:`check_all_reduce`)."""
+    choice = getattr(hw, "all_reduce", "fitted")
+    if choice == "auto":
+        return (getattr(hw, "engine_overhead", None) in CUSTOM_ALL_REDUCE
+                and getattr(hw, "kernel_profile", None) is None
+                and getattr(hw, "cost_model", "calibrated") == "calibrated"
+                and hw.gpu in GPUS and all_reduce_tables(hw.gpu) is not None)
+    return choice == "measured"
 
 
 # GPUs whose all-reduces AIConfigurator measured on another catalog entry with the same links.
@@ -195,7 +208,7 @@ def check_all_reduce(hw) -> None:
     if choice not in ALL_REDUCE_CHOICES:
         raise ValueError(f"hardware.all_reduce must be one of "
                          f"{list(ALL_REDUCE_CHOICES)}, got {choice!r}")
-    if choice == "fitted":
+    if choice in ("fitted", "auto"):
         return
     engine = getattr(hw, "engine_overhead", None)
     if engine not in CUSTOM_ALL_REDUCE:

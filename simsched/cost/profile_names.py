@@ -21,6 +21,9 @@ ALL_REDUCE_CHOICES = {
     "fitted": "latency per call and peer fitted on the vLLM 0.15 runs, plus bytes over NVLink",
     "measured": "AIConfigurator's measured all-reduce per call on this GPU (the faster of "
                 "vLLM's custom all-reduce and NCCL), by GPU count and message size",
+    "auto": "measured where it can be (a vLLM-form profile on the calibrated model's default "
+            "kernels, a GPU with measured all-reduces), else the engine's own: fitted, or the "
+            "kernel profile's tables; the sglang and trtllm presets'",
 }
 
 

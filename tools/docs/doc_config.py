@@ -13,6 +13,7 @@ def _choices() -> dict[tuple[str, str], list[str]]:
     from simsched.config import COST_MODELS, LINK_PRESETS, PREEMPTION_MODES, SCHEDULER_STYLES
     from simsched.cost.hardware import GPUS, MODELS
     from simsched.cost.overhead import ENGINE_OVERHEADS
+    from simsched.cost.profile_names import ALL_REDUCE_CHOICES
     from simsched.policies import QUEUE_POLICIES, VICTIM_POLICIES
     from simsched.workloads.workload import ARRIVALS, LENGTHS, LONG_PROMPT_POLICIES, WORKLOADS
 
@@ -22,6 +23,7 @@ def _choices() -> dict[tuple[str, str], list[str]]:
             ("hardware", "model"): MODELS, ("hardware", "gpu"): GPUS,
             ("hardware", "cost_model"): COST_MODELS,
             ("hardware", "engine_overhead"): ENGINE_OVERHEADS,
+            ("hardware", "all_reduce"): ALL_REDUCE_CHOICES,
             ("workload", "name"): WORKLOADS, ("workload", "arrival"): ARRIVALS,
             ("workload", "lengths"): LENGTHS,
             ("workload", "long_prompt_policy"): LONG_PROMPT_POLICIES,

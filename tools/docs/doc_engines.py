@@ -19,7 +19,8 @@ def engines_defaults(runs) -> str:
     cfgs = [SimConfig.preset(n) for n in ("vllm_v1", "sglang", "trtllm")]
     fields = [("scheduler", "max_num_batched_tokens"), ("scheduler", "max_num_seqs"),
               ("scheduler", "enable_chunked_prefill"), ("cache", "block_size"),
-              ("cache", "enable_prefix_caching"), ("hardware", "engine_overhead")]
+              ("cache", "enable_prefix_caching"), ("hardware", "engine_overhead"),
+              ("hardware", "all_reduce")]
     for part, name in fields:
         values = [getattr(getattr(c, part), name) for c in cfgs]
         rows.append(f"| `{part}.{name}` | " + " | ".join(f"`{v}`" for v in values) + " |")
