@@ -58,12 +58,11 @@ import pandas as pd
 
 from simsched import SimConfig, simulate
 from simsched.config import ClientConfig
-from simsched.cost import aiconfigurator as aic
 from simsched.cost import factory, vllm_silicon
 from simsched.cost.hardware import MODELS
 from simsched.cost.overhead import DEFAULT_ENGINE_OVERHEAD
 from simsched.cost.profile_names import ALL_REDUCE_CHOICES
-from experiments._common import ROOT, print_table, try_plots
+from experiments._common import print_table, try_plots
 from experiments._common import parser as make_parser
 from experiments import _silicon_aic as silicon_aic
 from experiments import _silicon_layout as deployments
@@ -72,6 +71,8 @@ from experiments._silicon_layout import layout
 # The vLLM recipes per row (re-exported, as above).
 from experiments._silicon_recipes import VLLM_DEFAULT, Recipe, vllm_recipe  # noqa: F401
 from experiments._silicon_recipes import vllm_async_default
+# The rows' path, catalog maps and loader (re-exported, as above).
+from experiments._silicon_rows import DATA, GPUS, MODEL_PRESETS, load, load_or_skip  # noqa: F401
 # The report made from validate()'s table, re-exported where callers have always found it.
 from experiments._silicon_report import (coverage, error_figures, groups,  # noqa: F401
                                          implied_prefill_peak, plot, scatter_panel, summary)
@@ -79,31 +80,6 @@ from experiments._silicon_report import (coverage, error_figures, groups,  # noq
 # The simulated statistic compared with the measured values (the rows hold each run's means:
 # the module docstring says how that is known).
 STATISTIC = "mean"
-DATA = ROOT.parent / "shared" / "data" / "real-serving" / "silicon" / "hopper.csv"
-# AIConfigurator's system name -> simsched's GPU: every GPU with shipped AIConfigurator tables
-# (the manifest records each one's system), Hopper and Blackwell alike.
-GPUS = {aic.entry(gpu)["system"]: gpu for gpu in aic.gpus()}
-# (Hugging Face id, precision column) -> simsched preset. A precision not listed is a reason.
-MODEL_PRESETS = {
-    ("meta-llama/Llama-3.1-70B", "fp8"): "llama-3.1-70b-fp8",
-    ("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8"): "llama-3.1-8b-fp8",
-    ("Qwen/Qwen3-32B", "bf16"): "qwen3-32b",
-    ("Qwen/Qwen3-32B", "fp8"): "qwen3-32b-fp8",
-    ("Qwen/Qwen3-235B-A22B-FP8", "fp8"): "qwen3-235b-a22b-fp8",
-    ("MiniMaxAI/MiniMax-M2.5", "fp8"): "minimax-m2.5",
-    # The silicon set labels gpt-oss "fp4 / nvfp4"; the checkpoint's experts are MXFP4 (the
-    # only gpt-oss-120b weights published), attention bf16: the preset is that checkpoint.
-    ("openai/gpt-oss-120b", "fp4"): "gpt-oss-120b",
-    ("moonshotai/Kimi-K2.5", "int4"): "kimi-k2.5",
-    ("deepseek-ai/DeepSeek-V3", "fp8"): "deepseek-v3",
-    ("deepseek-ai/DeepSeek-R1", "fp8"): "deepseek-r1",
-    # NVIDIA's NVFP4 checkpoints (Blackwell): routed experts NVFP4 (simsched.cost.deployed).
-    **{(path, p): preset for path, preset in (
-        ("deepseek-ai/DeepSeek-R1", "deepseek-r1-nvfp4"),
-        ("deepseek-ai/DeepSeek-V3", "deepseek-v3-nvfp4"),
-        ("moonshotai/Kimi-K2.5", "kimi-k2.5-nvfp4"),
-        ("MiniMaxAI/MiniMax-M2.5", "minimax-m2.5-nvfp4")) for p in ("fp4", "nvfp4")},
-}
 QUICK_MAX_CONCURRENCY = 64
 KERNELS = ("default", "aiconfigurator")
 
@@ -149,31 +125,6 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {"vllm": Engine("vllm", vllm_recipe)}
-
-
-def load(path: Path = DATA) -> pd.DataFrame | None:
-    """The silicon rows with the fields this experiment derives (None when the file is absent)."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    raw = pd.read_csv(path)
-    conc = raw.silicon_data_source.str.extract(r"silicon_concurrency=(\d+)")[0].astype(float)
-    adp = raw.attention_dp_size.fillna(1.0)
-    raw["concurrency"] = conc.fillna(raw.batch_size * adp).fillna(deployments.concurrency(raw))
-    raw["precision"] = raw.precision.fillna("bf16")
-    raw["gpu"] = raw.system.map(GPUS)
-    raw["model"] = [MODEL_PRESETS.get((m, p)) for m, p in zip(raw.model_path, raw.precision)]
-    raw["aic_run"] = raw.silicon_data_source.str.contains("aic-auto-gap-analysis")
-    return raw
-
-
-def load_or_skip(path, experiment: str) -> pd.DataFrame | None:
-    """:func:`load`, or None after saying that ``experiment`` is skipped."""
-    rows = load(Path(path))
-    if rows is None:
-        print(f"{experiment} skipped: {path} not found (the silicon rows live in the shared "
-              f"data beside the checkout; the package never needs them)")
-    return rows
 
 
 def one_pool_vllm_rows(path, experiment: str) -> pd.DataFrame | None:
