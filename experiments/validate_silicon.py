@@ -338,7 +338,7 @@ def main(argv=None) -> pd.DataFrame:
                         help="custom all-reduce time (hardware.all_reduce): the fitted latency "
                              "term, each GPU's measured AIConfigurator tables (default kernels "
                              "only), or measured where it can be; default: the engine preset's "
-                             "(vllm, sglang: fitted; trtllm: auto)")
+                             "(vllm: fitted; sglang, trtllm: auto)")
     parser.add_argument("--async-by-version", action="store_true",
                         help="run each vLLM row with its version's default async scheduling "
                              "(off up to 0.12) instead of on")
