@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 
-from simsched.config.presets import PRESETS
+from simsched import SimConfig
 from simsched.cost import shapes
 from simsched.cost.engine_profiles import engine_of
 from simsched.cost.hardware import GPUS as GPU_SPECS
@@ -220,10 +220,9 @@ def register(engines: dict, engine_cls, recipe_cls, model_presets: dict) -> None
     for key, preset in MODEL_PRESETS.items():
         model_presets.setdefault(key, preset)
     for name in ENGINES:
-        # The engine's profile as its preset sets it (SGLang's carries vLLM's silicon terms).
-        profile = PRESETS[name]["hardware"]["engine_overhead"]
+        # The engine's profile and all-reduce as its preset sets them (SGLang's profile carries
+        # vLLM's silicon terms).
+        hw = SimConfig.preset(name).hardware
         engines[name] = engine_cls(name, functools.partial(recipe, recipe_cls, name),
-                                   engine_overhead=profile,
-                                   all_reduce=PRESETS[name]["hardware"].get("all_reduce",
-                                                                             "fitted"),
+                                   engine_overhead=hw.engine_overhead, all_reduce=hw.all_reduce,
                                    configure=functools.partial(configure, name), refuse=refuse)

@@ -111,7 +111,7 @@ def test_the_measured_choice_names_every_vllm_form_profile():
     assert CUSTOM_ALL_REDUCE == set(VLLM_FORM)
 
 
-def test_auto_measures_where_it_can_and_is_the_trtllm_presets():
+def test_auto_measures_where_it_can_and_is_the_sglang_and_trtllm_presets():
     batch = Batch(num_decode_seqs=16, decode_context_sum=16 * 1500)
     preset = SimConfig.preset("trtllm").replace(model=MODEL, gpu="h100-sxm",
                                                 tensor_parallel_size=8)

@@ -178,13 +178,10 @@ def gpu_spec(hw) -> GPUSpec:
 
 def measures_all_reduce(hw) -> bool:
     """Whether ``hw`` times its custom all-reduce from measured tables: ``all_reduce="measured"``,
-    or ``"auto"`` where that choice would be accepted (:func:`check_all_reduce`)."""
+    or ``"auto"`` where that choice would be accepted (:func:`measured_all_reduce_refusal`)."""
     choice = getattr(hw, "all_reduce", "fitted")
     if choice == "auto":
-        return (getattr(hw, "engine_overhead", None) in CUSTOM_ALL_REDUCE
-                and getattr(hw, "kernel_profile", None) is None
-                and getattr(hw, "cost_model", "calibrated") == "calibrated"
-                and hw.gpu in GPUS and all_reduce_tables(hw.gpu) is not None)
+        return measured_all_reduce_refusal(hw) is None
     return choice == "measured"
 
 
@@ -208,23 +205,32 @@ def check_all_reduce(hw) -> None:
     if choice not in ALL_REDUCE_CHOICES:
         raise ValueError(f"hardware.all_reduce must be one of "
                          f"{list(ALL_REDUCE_CHOICES)}, got {choice!r}")
-    if choice in ("fitted", "auto"):
-        return
+    refusal = measured_all_reduce_refusal(hw) if choice == "measured" else None
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def measured_all_reduce_refusal(hw) -> str | None:
+    """Why ``all_reduce="measured"`` cannot time ``hw``'s custom all-reduce, naming the field
+    (None: it can): it replaces that of a vLLM-form engine profile of the calibrated model on
+    the default kernels, on a GPU with measured all-reduces. The one rule behind both
+    :func:`check_all_reduce` (``measured`` refused) and ``auto`` (:func:`measures_all_reduce`)."""
     engine = getattr(hw, "engine_overhead", None)
     if engine not in CUSTOM_ALL_REDUCE:
-        raise ValueError(f"hardware.all_reduce='measured' replaces the custom all-reduce of the "
-                         f"engine profiles {sorted(CUSTOM_ALL_REDUCE)}; "
-                         f"hardware.engine_overhead is {engine!r}")
+        return (f"hardware.all_reduce='measured' replaces the custom all-reduce of the "
+                f"engine profiles {sorted(CUSTOM_ALL_REDUCE)}; "
+                f"hardware.engine_overhead is {engine!r}")
     if getattr(hw, "kernel_profile", None) is not None:
-        raise ValueError("hardware.all_reduce='measured': hardware.kernel_profile="
-                         f"{hw.kernel_profile!r} times every all-reduce from its measured "
-                         "tables already; leave all_reduce 'fitted'")
+        return ("hardware.all_reduce='measured': hardware.kernel_profile="
+                f"{hw.kernel_profile!r} times every all-reduce from its measured "
+                "tables already; leave all_reduce 'fitted'")
     if getattr(hw, "cost_model", "calibrated") != "calibrated":
-        raise ValueError("hardware.all_reduce='measured' times the calibrated cost model's "
-                         f"all-reduces; hardware.cost_model is {hw.cost_model!r}")
+        return ("hardware.all_reduce='measured' times the calibrated cost model's "
+                f"all-reduces; hardware.cost_model is {hw.cost_model!r}")
     if all_reduce_tables(hw.gpu) is None:
-        raise ValueError(f"hardware.all_reduce='measured': no measured all-reduces for "
-                         f"hardware.gpu={hw.gpu!r}")
+        return (f"hardware.all_reduce='measured': no measured all-reduces for "
+                f"hardware.gpu={hw.gpu!r}")
+    return None
 
 
 def _kernel_gpu(hw) -> GPUSpec:
