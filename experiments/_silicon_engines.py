@@ -19,7 +19,9 @@ fixed_seq_len/`` at commit 843c625):
   ``--mem-fraction-static`` 0.82;
 * ``dsr1_fp8_h200_trt.sh`` (TensorRT-LLM, DeepSeek-R1 / V3 on the H200): FP8 KV cache,
   ``free_gpu_memory_fraction`` 0.75, block reuse off, ``max_num_tokens`` = max(8,192,
-  ISL + C + 64 rounded up to 64), attention DP and EP as the row's layout;
+  ISL + C + 64 rounded up to 64), attention DP and EP as the row's layout, with attention DP
+  its ``attention_dp_config`` (``enable_balance``, ``timeout_iters`` 60,
+  ``batching_wait_iters`` 0; the B200 script's too);
 * ``deprecated/gptoss_fp4_h200_trt.sh`` (TensorRT-LLM, gpt-oss-120b on the H200):
   ``max_batch_size`` C, ``max_num_tokens`` 20,000, ``free_gpu_memory_fraction`` 0.85;
 * on Blackwell (B200, B300; GB200 / GB300 take the B200's / B300's, said so): SGLang's
@@ -117,7 +119,7 @@ def settings(row, engine: str) -> dict:
         tokens = max(8192, (c + isl + 64 + 63) // 64 * 64)
         return dict(source=source, max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"],
                     max_num_batched_tokens=tokens, mem=0.75, kv_cache_dtype="fp8",
-                    prefix=False, options={}, chunked=False)
+                    prefix=False, options=_adp_balance(row), chunked=False)
     if model == "gpt-oss-120b" and gpu == "h200":
         # deprecated/gptoss_fp4_h200_trt.sh: max_batch_size C, max_num_tokens 20000,
         # free_gpu_memory_fraction 0.85, KV auto, block reuse default (on).
@@ -160,7 +162,7 @@ def _blackwell(row, engine: str) -> dict | None:
         name = f"dsr1_{'fp4' if fp4 else 'fp8'}_b200_trt.sh"
         return dict(source=script(name, row.gpu, "b200"), chunked=False,
                     max_num_seqs=TRTLLM_DEFAULT["max_num_seqs"], max_num_batched_tokens=tokens,
-                    mem=mem, kv_cache_dtype="fp8", prefix=False, options={})
+                    mem=mem, kv_cache_dtype="fp8", prefix=False, options=_adp_balance(row))
     if model == "gpt-oss-120b":
         # gptoss_fp4_b200_trt.sh: max_batch_size 512, max_num_tokens 20,000, 0.85, FP8 KV.
         return dict(source=script("deprecated/gptoss_fp4_b200_trt.sh", row.gpu, "b200"),
@@ -173,6 +175,14 @@ def _blackwell(row, engine: str) -> dict | None:
                     max_num_batched_tokens=16384, mem=0.9, kv_cache_dtype="fp8", prefix=False,
                     options={})
     return None
+
+
+def _adp_balance(row) -> dict:
+    """The TensorRT-LLM DeepSeek scripts' ``attention_dp_config`` where the row runs attention
+    DP (``enable_balance`` on, ``timeout_iters`` 60, ``batching_wait_iters`` 0), else nothing."""
+    adp = row.attention_dp_size == row.attention_dp_size and row.attention_dp_size > 1
+    return {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+            "attention_dp_batching_wait_iters": 0} if adp else {}
 
 
 def memory_share(row, engine: str, mem: float, tp: int) -> float:

@@ -50,14 +50,20 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "trtllm": {
         "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",   # SchedulerConfig default
+        # attention_dp_config (AttentionDpConfig): with attention DP, hold context requests
+        # back until every rank has one (simsched.engine.engines.trtllm_adp).
+        "attention_dp_enable_balance": False,   # AttentionDpConfig.enable_balance
+        "attention_dp_timeout_iters": 50,       # AttentionDpConfig.timeout_iters
+        "attention_dp_batching_wait_iters": 10,  # AttentionDpConfig.batching_wait_iters
     },
 }
 
 _INTS = {"max_prefill_tokens": 1, "new_token_ratio_decay_steps": 1, "retract_decode_steps": 0,
-         "clip_max_new_tokens": 1, "in_batch_prefix_threshold": -1, "lpm_max_queue": 0}
+         "clip_max_new_tokens": 1, "in_batch_prefix_threshold": -1, "lpm_max_queue": 0,
+         "attention_dp_timeout_iters": 0, "attention_dp_batching_wait_iters": 0}
 _FLOATS = {"schedule_conservativeness": (0.0, 100.0), "init_new_token_ratio": (0.0, 1.0),
            "min_new_token_ratio_factor": (0.0, 1.0)}
-_BOOLS = ("enable_mixed_chunk",)
+_BOOLS = ("enable_mixed_chunk", "attention_dp_enable_balance")
 _CHOICES = {"schedule_policy": SGLANG_POLICIES,
             "capacity_scheduler_policy": TRTLLM_CAPACITY_POLICIES}
 

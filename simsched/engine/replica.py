@@ -89,7 +89,8 @@ class Replica:
         engine = config.scheduler.engine
         if engine != "vllm":
             # Another engine's KV cache and scheduler (simsched.engine.engines).
-            self.kv, make_scheduler = make_engine(engine, num_blocks, cache)
+            self.kv, make_scheduler = make_engine(engine, num_blocks, cache,
+                                                  config.hardware.parallel)
         elif spec is not None and spec.enabled:
             self.kv = make_kv_cache(num_blocks, cache)
             # Speculative decoding: an eager-decode scheduler and the verify + proposer cost.

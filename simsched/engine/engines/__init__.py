@@ -13,8 +13,10 @@ an entry in :data:`ENGINES`.
 
 from __future__ import annotations
 
+import functools
 
-def _sglang(num_blocks: int, cache):
+
+def _sglang(num_blocks: int, cache, parallel):
     from simsched.engine.engines.radix_cache import RadixCache
     from simsched.engine.engines.sglang import SGLangScheduler
 
@@ -25,22 +27,27 @@ def _sglang(num_blocks: int, cache):
     return RadixCache(num_blocks, disable=not cache.enable_prefix_caching), SGLangScheduler
 
 
-def _trtllm(num_blocks: int, cache):
+def _trtllm(num_blocks: int, cache, parallel):
     from simsched.engine.engines.trtllm import TRTLLMScheduler
     from simsched.engine.kv.factory import make_kv_cache
 
-    return make_kv_cache(num_blocks, cache), TRTLLMScheduler
+    # Each attention-DP rank is one of TensorRT-LLM's executors (its context balancing).
+    ranks = parallel.data_parallel_size if parallel is not None else 1
+    return make_kv_cache(num_blocks, cache), functools.partial(TRTLLMScheduler,
+                                                               attention_dp_size=ranks)
 
 
-# name -> factory(num_blocks, cache config) -> (KV cache manager, scheduler class)
+# name -> factory(num_blocks, cache config, parallel layout or None) -> (KV cache manager,
+# scheduler class or factory)
 ENGINES = {"sglang": _sglang, "trtllm": _trtllm}
 
 
-def make_engine(engine: str, num_blocks: int, cache):
-    """``(kv cache, scheduler class)`` of ``engine`` (not ``"vllm"``)."""
+def make_engine(engine: str, num_blocks: int, cache, parallel=None):
+    """``(kv cache, scheduler class or factory)`` of ``engine`` (not ``"vllm"``) for a replica
+    laid out as ``parallel`` (``hardware.parallel``; None: tensor parallelism alone)."""
     try:
         factory = ENGINES[engine]
     except KeyError:
         raise ValueError(f"scheduler.engine {engine!r} has no scheduler here; known: "
                          f"{['vllm', *sorted(ENGINES)]}") from None
-    return factory(num_blocks, cache)
+    return factory(num_blocks, cache, parallel)

@@ -38,12 +38,15 @@ budget ran out before it) sits that step out. Decisions are those of the executo
 overlap scheduler, which hides CPU time (the ``trtllm`` engine profile); the replica applies
 the pipeline's arrival rule for it, as the overlap loop delays a new request
 (:func:`simsched.config.pipeline.arrival_rule`; on by default as in TensorRT-LLM, off with
-``scheduler.async_scheduling=False``, its ``disable_overlap_scheduler``).
+``scheduler.async_scheduling=False``, its ``disable_overlap_scheduler``). With attention data
+parallelism and ``engine_options.attention_dp_enable_balance``, each rank batches its own
+requests and their contexts may be held back (:mod:`simsched.engine.engines.trtllm_adp`).
 """
 
 from __future__ import annotations
 
 from simsched.config.engines import engine_options
+from simsched.engine.engines.trtllm_adp import AttentionDPBalance
 from simsched.engine.scheduler.core import Scheduler, _new_batch
 from simsched.cost.base import Batch
 from simsched.request import PreemptionCause, Status
@@ -58,8 +61,11 @@ class _Waiting:
         self.sched = sched
 
     def push(self, req, now: float) -> None:
-        self.sched.active.append(req)
-        self.sched.num_waiting_active += 1
+        sched = self.sched
+        sched.active.append(req)
+        sched.num_waiting_active += 1
+        if sched.adp is not None:
+            sched.adp.deal(req)
 
     def __len__(self) -> int:
         return self.sched.num_waiting_active
@@ -77,10 +83,16 @@ class TRTLLMScheduler(Scheduler):
     ``num_paused`` counts the requests ``MAX_UTILIZATION`` paused.
     """
 
-    def __init__(self, cfg, kv, max_model_len=None, rng=None, **kwargs) -> None:
+    def __init__(self, cfg, kv, max_model_len=None, rng=None, attention_dp_size: int = 1,
+                 **kwargs) -> None:
         super().__init__(cfg, kv, max_model_len, rng, **kwargs)
         opts = engine_options("trtllm", cfg.engine_options)
         self.policy = opts["capacity_scheduler_policy"]
+        # Attention-DP context balancing (None: off, or one rank): trtllm_adp.
+        self.adp = AttentionDPBalance(
+            attention_dp_size, max(1, cfg.max_num_seqs // attention_dp_size),
+            opts["attention_dp_timeout_iters"], opts["attention_dp_batching_wait_iters"]) \
+            if opts["attention_dp_enable_balance"] and attention_dp_size > 1 else None
         self.active: list = []
         self.num_waiting_active = 0
         self._queue = self._waiting = _Waiting(self)
@@ -127,7 +139,17 @@ class TRTLLMScheduler(Scheduler):
                            else self._max_utilization())
         for req in paused:
             self._pause(req)
-        contexts, generation = self._micro_batch(fitting)
+        adp = self.adp
+        if adp is None:
+            contexts, generation = self._micro_batch(fitting)
+        else:
+            # Each rank batches its own requests, then the ranks' contexts may be held back.
+            contexts, generation = (
+                self._micro_batch(fitting) if self.chunking else
+                adp.micro_batch(fitting, self._is_generating, self.max_num_tokens,
+                                self.max_batch_size))
+            if not adp.admits(contexts, generation):
+                contexts = []
         for req, chunk in contexts:
             self._schedule_context(req, chunk)
         self._schedule_generation(generation)
@@ -366,3 +388,5 @@ class TRTLLMScheduler(Scheduler):
     def _release(self, req) -> None:
         super()._release(req)
         self.active.remove(req)
+        if self.adp is not None:
+            self.adp.leave(req)
