@@ -55,7 +55,7 @@ from simsched.cost import shapes
 from simsched.cost.engine_profiles import engine_of
 from simsched.cost.hardware import GPUS as GPU_SPECS
 from simsched.cost.hardware import MODELS
-from experiments._silicon_layout import deployment_gpus, domain_gpus
+from experiments._silicon_layout import deployment_gpus, domain_gpus, size
 from experiments._silicon_recipes import BLACKWELL, FIXED, script
 
 # (Hugging Face id, precision) -> preset, beyond validate_silicon's: the bf16 Llama-3.1-8B
@@ -135,7 +135,7 @@ def _blackwell(row, engine: str) -> dict | None:
     model, c, isl = row.model, int(row.concurrency), int(row.isl)
     gpu = BLACKWELL[row.gpu]
     fp4 = model.endswith("-nvfp4")
-    adp = row.attention_dp_size == row.attention_dp_size and row.attention_dp_size > 1
+    adp = size(row.attention_dp_size) > 1
     tp = int(row.tp_size) if row.tp_size == row.tp_size else 8
     deepseek = model.startswith(("deepseek-r1", "deepseek-v3"))
     if engine == "sglang" and deepseek and fp4:
@@ -180,9 +180,8 @@ def _blackwell(row, engine: str) -> dict | None:
 def _adp_balance(row) -> dict:
     """The TensorRT-LLM DeepSeek scripts' ``attention_dp_config`` where the row runs attention
     DP (``enable_balance`` on, ``timeout_iters`` 60, ``batching_wait_iters`` 0), else nothing."""
-    adp = row.attention_dp_size == row.attention_dp_size and row.attention_dp_size > 1
     return {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
-            "attention_dp_batching_wait_iters": 0} if adp else {}
+            "attention_dp_batching_wait_iters": 0} if size(row.attention_dp_size) > 1 else {}
 
 
 def memory_share(row, engine: str, mem: float, tp: int) -> float:

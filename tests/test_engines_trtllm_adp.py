@@ -21,7 +21,7 @@ def dealt(balance, *prompts):
 
 
 def test_dealing_takes_the_rank_with_fewest_active_tokens_below_the_expected_count():
-    b = AttentionDPBalance(2, 8, 50, 0)
+    b = AttentionDPBalance(2, 16, 8192, 50, 0)
     reqs, ranks = dealt(b, 100, 10, 10)
     # Both empty: rank 0; then rank 1 (rank 0 is at the expected count 1); then both hold one
     # and the expected count is 2: rank 1, with fewer tokens (10 against 100).
@@ -33,7 +33,7 @@ def test_dealing_takes_the_rank_with_fewest_active_tokens_below_the_expected_cou
 
 
 def test_contexts_wait_until_every_rank_has_one_or_the_count_times_out():
-    b = AttentionDPBalance(2, 8, 3, 0)
+    b = AttentionDPBalance(2, 16, 8192, 3, 0)
     (c0, c1, g0, g1), _ = dealt(b, 10, 10, 10, 10)       # ranks 0, 1, 0, 1
     gen = [g0, g1]
     # Only rank 0 has a context, both ranks generate: held for 2 steps, run at the third.
@@ -46,7 +46,7 @@ def test_contexts_wait_until_every_rank_has_one_or_the_count_times_out():
 
 
 def test_the_count_advances_without_contexts_so_a_context_waits_out_the_rest():
-    b = AttentionDPBalance(2, 8, 4, 0)
+    b = AttentionDPBalance(2, 16, 8192, 4, 0)
     (c0, g0, g1), _ = dealt(b, 10, 10, 10)                # ranks 0, 1, 0
     gen = [g0, g1]
     assert not b.admits([], gen) and not b.admits([], gen)
@@ -54,29 +54,29 @@ def test_the_count_advances_without_contexts_so_a_context_waits_out_the_rest():
 
 
 def test_contexts_run_when_a_rank_has_nothing_to_generate():
-    b = AttentionDPBalance(2, 8, 50, 0)
+    b = AttentionDPBalance(2, 16, 8192, 50, 0)
     (c0, g0), _ = dealt(b, 10, 10)                        # ranks 0, 1
     assert b.admits([(c0, 10)], [g0])                     # rank 0 generates nothing
     assert b.admits([(c0, 10)], [])
 
 
 def test_batching_wait_holds_balanced_contexts_while_every_rank_generates():
-    b = AttentionDPBalance(2, 8, 50, 2)
+    b = AttentionDPBalance(2, 16, 8192, 50, 2)
     (c0, c1, g0, g1), _ = dealt(b, 10, 10, 10, 10)
     ctx, gen = [(c0, 10), (c1, 10)], [g0, g1]
     assert [b.admits(ctx, gen) for _ in range(4)] == [False, False, True, False]
 
 
 def test_a_rank_at_its_batch_limit_keeps_the_contexts_waiting():
-    b = AttentionDPBalance(2, 1, 50, 0)                   # one request per rank
+    b = AttentionDPBalance(2, 2, 8192, 50, 0)             # one request per rank
     (c0, c1, g0, g1), _ = dealt(b, 10, 10, 10, 10)
     assert not b.admits([(c0, 10), (c1, 10)], [g0, g1])
 
 
 def test_each_rank_batches_its_own_requests_within_its_share_of_the_budget():
-    b = AttentionDPBalance(2, 64, 50, 0)
+    b = AttentionDPBalance(2, 64, 200, 50, 0)
     reqs, ranks = dealt(b, 60, 60, 60, 60)                 # ranks 0, 1, 0, 1
-    ctx, gen = b.micro_batch(reqs, lambda r: False, 200, 64)
+    ctx, gen = b.micro_batch(reqs, lambda r: False)
     # 100 tokens a rank: one 60-token prompt each; the second of each rank does not fit.
     assert [r.id for r, _ in ctx] == [0, 1] and gen == []
 

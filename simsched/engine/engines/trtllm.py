@@ -90,7 +90,7 @@ class TRTLLMScheduler(Scheduler):
         self.policy = opts["capacity_scheduler_policy"]
         # Attention-DP context balancing (None: off, or one rank): trtllm_adp.
         self.adp = AttentionDPBalance(
-            attention_dp_size, max(1, cfg.max_num_seqs // attention_dp_size),
+            attention_dp_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
             opts["attention_dp_timeout_iters"], opts["attention_dp_batching_wait_iters"]) \
             if opts["attention_dp_enable_balance"] and attention_dp_size > 1 else None
         self.active: list = []
@@ -146,8 +146,7 @@ class TRTLLMScheduler(Scheduler):
             # Each rank batches its own requests, then the ranks' contexts may be held back.
             contexts, generation = (
                 self._micro_batch(fitting) if self.chunking else
-                adp.micro_batch(fitting, self._is_generating, self.max_num_tokens,
-                                self.max_batch_size))
+                adp.micro_batch(fitting, self._is_generating))
             if not adp.admits(contexts, generation):
                 contexts = []
         for req, chunk in contexts:

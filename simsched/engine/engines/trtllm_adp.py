@@ -34,14 +34,16 @@ __all__ = ["AttentionDPBalance"]
 
 class AttentionDPBalance:
     """The dealing and the hold for ``num_ranks`` attention-DP ranks of a TensorRT-LLM replica
-    whose ranks each run at most ``max_batch_size`` requests (module docstring)."""
+    whose ranks share its ``max_batch_size`` and ``max_num_tokens`` evenly (module docstring).
+    ``max_batch_size`` and ``max_num_tokens`` hold one rank's share."""
 
-    def __init__(self, num_ranks: int, max_batch_size: int, timeout_iters: int,
-                 batching_wait_iters: int) -> None:
+    def __init__(self, num_ranks: int, max_batch_size: int, max_num_tokens: int,
+                 timeout_iters: int, batching_wait_iters: int) -> None:
         if num_ranks < 2:
             raise ValueError(f"attention-DP balancing needs at least 2 ranks, got {num_ranks}")
         self.num_ranks = num_ranks
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max(1, max_batch_size // num_ranks)
+        self.max_num_tokens = max_num_tokens // num_ranks
         self.timeout_iters = timeout_iters
         self.batching_wait_iters = batching_wait_iters
         self.rank_of: dict[int, int] = {}
@@ -94,14 +96,13 @@ class AttentionDPBalance:
             return True
         return self._held(contexts)
 
-    def micro_batch(self, fitting: list, is_generating, max_num_tokens: int,
-                    max_batch_size: int) -> tuple[list, list]:
+    def micro_batch(self, fitting: list, is_generating) -> tuple[list, list]:
         """The micro-batch scheduler run by each rank over its own requests (unchunked
         context): ``fitting`` in order, each rank within its share of ``max_num_tokens`` and
-        ``max_batch_size`` (the replica's, over the ranks), a rank's first context that does
-        not fit ending its batch; ``(contexts as (request, tokens), generation)``."""
+        ``max_batch_size``, a rank's first context that does not fit ending its batch;
+        ``(contexts as (request, tokens), generation)``."""
         n = self.num_ranks
-        budget, cap = max_num_tokens // n, max(1, max_batch_size // n)
+        budget, cap = self.max_num_tokens, self.max_batch_size
         tokens, count, closed = [0] * n, [0] * n, [False] * n
         contexts, generation = [], []
         rank_of = self.rank_of
