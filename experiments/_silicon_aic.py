@@ -16,7 +16,16 @@ generator that deploys and benchmarks AIConfigurator's configurations (ai-dynamo
 * the client, from the generated benchmark (``backend_templates/benchmark/bench_run.sh.j2``,
   defaults in ``config/deployment_config.yaml``): aiperf at concurrency ``C``, ``--isl`` /
   ``--osl`` with standard deviation 0 (every request exactly ISL in and OSL out, ``ignore_eos``),
-  ``20 x C`` measured requests after ``2 x C`` warm-ups.
+  ``20 x C`` measured requests after ``2 x C`` warm-ups, each with a prompt of its own.
+
+Reused prompts: the generated command does not pass ``--num-dataset-entries``, and aiperf's
+synthetic dataset then holds 100 prompts that every request draws from (``shuffle``: a new
+permutation each pass; warm-ups from the same sequence), so from the 101st request on a prompt
+repeats and a server with prefix caching (on by default in all three engines) serves it from
+its cache. ``reused=True`` sends them so (``ClientConfig.preset('aiperf')``'s prompt order).
+The rows say the runs did not: with reuse the SGLang and TensorRT-LLM rows' TPOT and TTFT
+errors grow several-fold, and vLLM's Qwen3-32B runs come out far too fast
+(``python -m experiments.aic_runs``), so the default is a prompt per request.
 
 SGLang's ``--enable-mixed-chunk``: the generator has set it for aggregated workers since
 2026-01-19 (#257, #258, "add sglang enable-mix-chunk for generator"); before that it did not.
@@ -27,6 +36,8 @@ the unmixed deployment, not the mixed one), so ``experiments.aic_runs`` reports 
 """
 
 from __future__ import annotations
+
+from simsched.config.client import AIPERF_NUM_DATASET_ENTRIES
 
 RECIPES = ("generator", "inferencex")
 # SGLang versions from which the generator's template sets --enable-mixed-chunk (0.5.6.post2:
@@ -50,18 +61,23 @@ def mixed_chunk(row) -> bool:
     return version_tuple(row.backend_version) >= MIXED_CHUNK_SINCE
 
 
-def changes(cfg, row, engine: str, max_context: int, mixed: bool | None = None) -> dict:
+def changes(cfg, row, engine: str, max_context: int, mixed: bool | None = None,
+            reused: bool = False) -> dict:
     """Config changes (``SimConfig.replace`` keys) that make ``cfg`` — the row as simulated with
     InferenceX's client and the engine's defaults — the generator's deployment and benchmark of
     ``row``. ``max_context``: the model's longest context; ``mixed``: SGLang's
     ``--enable-mixed-chunk`` (None: :func:`mixed_chunk`). Limits are per attention-DP rank, as
-    the generator sets them, and simsched's totals over the ranks."""
+    the generator sets them, and simsched's totals over the ranks. ``reused``: aiperf's 100
+    dataset prompts reused (module docstring)."""
     c, isl, osl = int(row.concurrency), int(row.isl), int(row.osl)
     par = cfg.hardware.parallel
     dp = par.data_parallel_size if par is not None else 1
     bs = max(1, c // dp)
     out = {"client.random_range_ratio": 1.0, "client.num_prompts": 20 * c,
            "client.num_warmups": 2 * c, "scheduler.max_num_seqs": bs * dp}
+    if reused:
+        out.update({"client.num_unique_prompts": AIPERF_NUM_DATASET_ENTRIES,
+                    "client.prompt_order": "shuffle", "client.warmup_prompts": "dataset"})
     if engine == "vllm":
         out["scheduler.max_num_batched_tokens"] = (bs + isl + 1500) * dp
         out["max_model_len"] = min(isl + osl + 1500, max_context)

@@ -5,7 +5,7 @@
 The ``aic-auto-gap-analysis`` rows of ``../shared/data/real-serving/silicon/hopper.csv`` (an
 aggregated worker each; about a third of the file) publish neither their client nor their launch
 flags, so how ``experiments.validate_silicon`` reproduces them is an assumption. This experiment
-simulates those rows of each engine three ways and reports the median absolute and signed TTFT
+simulates those rows of each engine several ways and reports the median absolute and signed TTFT
 and TPOT errors, overall and per (GPU, model):
 
 * ``generator``: AIConfigurator's generator (:mod:`experiments._silicon_aic`; the default of
@@ -13,6 +13,8 @@ and TPOT errors, overall and per (GPU, model):
   aiperf with fixed lengths, SGLang's ``--enable-mixed-chunk`` by version;
 * ``generator, mixed chunk on`` / ``off`` (SGLang only): the same with the flag forced, to show
   what the version rule decides;
+* ``generator, 100 prompts reused``: the generator with aiperf's default dataset, 100 prompts
+  reused in shuffled passes, which a prefix cache serves (:mod:`experiments._silicon_aic`);
 * ``inferencex``: InferenceX's client (lengths uniform in [0.8 L, L]) and the engine's defaults,
   what was assumed before.
 
@@ -35,12 +37,13 @@ from experiments._common import parser as make_parser
 
 ENGINES = ("vllm", "sglang", "trtllm")
 QUICK_MAX_CONCURRENCY = 16
-# Variant -> (Engine.aic_recipe, Engine.aic_mixed, engines it applies to).
+# Variant -> (Engine.aic_recipe, Engine.aic_mixed, Engine.aic_reused, engines it applies to).
 VARIANTS = {
-    "generator": ("generator", None, ENGINES),
-    "generator, mixed chunk on": ("generator", True, ("sglang",)),
-    "generator, mixed chunk off": ("generator", False, ("sglang",)),
-    "inferencex": ("inferencex", None, ENGINES),
+    "generator": ("generator", None, False, ENGINES),
+    "generator, mixed chunk on": ("generator", True, False, ("sglang",)),
+    "generator, mixed chunk off": ("generator", False, False, ("sglang",)),
+    "generator, 100 prompts reused": ("generator", None, True, ENGINES),
+    "inferencex": ("inferencex", None, False, ENGINES),
 }
 
 
@@ -55,10 +58,11 @@ def run(rows: pd.DataFrame, engines=ENGINES, quick: bool = False) -> pd.DataFram
     mine, parts = aic_rows(rows, quick), []
     for engine in engines:
         base = vs.ENGINES[engine]
-        for name, (recipe, mixed, applies) in VARIANTS.items():
+        for name, (recipe, mixed, reused, applies) in VARIANTS.items():
             if engine not in applies:
                 continue
-            variant = dataclasses.replace(base, aic_recipe=recipe, aic_mixed=mixed)
+            variant = dataclasses.replace(base, aic_recipe=recipe, aic_mixed=mixed,
+                                          aic_reused=reused)
             part = vs.validate(mine[mine.backend == engine], variant)
             parts.append(part.assign(variant=name))
     return pd.concat(parts, ignore_index=True)

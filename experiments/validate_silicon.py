@@ -107,6 +107,9 @@ class Engine:
     # aic_mixed overrides SGLang's --enable-mixed-chunk for them (None: by version).
     aic_recipe: str = "generator"
     aic_mixed: bool | None = None
+    # With the generator: aiperf's 100 dataset prompts reused (its default without
+    # --num-dataset-entries, hitting the prefix cache) instead of a fresh prompt per request.
+    aic_reused: bool = False
     # hardware.all_reduce of every row: "fitted", "measured" (AIConfigurator's tables) or "auto".
     all_reduce: str = "fitted"
     # Whether a vLLM row runs with its version's default async scheduling (off up to 0.12:
@@ -228,7 +231,8 @@ def config_of(row, engine: Engine, num_prompts: int | None = None,
     if generator_deploys(row, engine):
         # AIConfigurator's own runs publish no client or flags: its generator's (module
         # experiments._silicon_aic); num_prompts, where given, still caps the run.
-        changes = silicon_aic.changes(cfg, row, engine.name, spec.max_context, engine.aic_mixed)
+        changes = silicon_aic.changes(cfg, row, engine.name, spec.max_context, engine.aic_mixed,
+                                      engine.aic_reused)
         if num_prompts:
             changes["client.num_prompts"] = num_prompts
             changes["client.num_warmups"] = min(2 * c, num_prompts)

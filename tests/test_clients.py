@@ -239,6 +239,9 @@ def test_client_config_round_trips_through_json():
                   dataset="inferencex-random", random_range_ratio=0.8, max_concurrency=128)
     back = SimConfig.from_json(cfg.to_json())
     assert back == cfg and back.client.stages == ((8.0, 600.0), (20.0, 600.0))
+    cfg = SimConfig().replace(client=ClientConfig.preset("aiperf", max_concurrency=8,
+                                                          num_warmups=16))
+    assert SimConfig.from_json(cfg.to_json()) == cfg
     cfg = _config(client_type="concurrency", max_concurrency=8)
     assert SimConfig.from_json(cfg.to_json()).client.request_rate == math.inf
     with pytest.raises(ValueError, match="max_concurency"):
@@ -278,6 +281,8 @@ BAD = [
     ("num_special_tokens", -1, RANDOM, "[0, inf]"),
     ("ignore_eos", False, CONC, "end-of-sequence"),
     ("num_unique_prompts", 0, CONC, "[1, inf]"),
+    ("prompt_order", "round_robin", CONC, "shuffle"),
+    ("warmup_prompts", "last", CONC, "dataset"),
     ("stages", ((8, 0),), {"client_type": "staged"}, "stages[0].seconds"),
     ("stages", ((-1, 10),), {"client_type": "staged"}, "stages[0].rate"),
     ("stages", (8, 600), {"client_type": "staged"}, "(rate, seconds) pairs"),

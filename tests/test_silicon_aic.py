@@ -71,6 +71,23 @@ def test_only_aiconfigurators_runs_and_only_on_request():
         dataclasses.replace(vs.ENGINES["vllm"], aic_recipe="aiperf")
 
 
+def test_reused_prompts_are_aiperfs_default_dataset():
+    row = _row()
+    cfg, _ = vs.config_of(row, vs.ENGINES["vllm"])
+    assert (cfg.client.num_unique_prompts, cfg.client.prompt_order) == (None, "sequential")
+    reused = dataclasses.replace(vs.ENGINES["vllm"], aic_reused=True)
+    cfg, _ = vs.config_of(row, reused)
+    client = cfg.client
+    assert (client.num_unique_prompts, client.prompt_order, client.warmup_prompts) == \
+        (100, "shuffle", "dataset")
+    assert (client.num_prompts, client.num_warmups) == (320, 32)
+    # 176 sends over 100 prompts, vLLM's prefix caching on: the repeats come from the cache
+    short = _row(isl=4000, osl=8, concurrency=8.0, batch_size=8.0)
+    fresh = vs.simulate_row(short, vs.ENGINES["vllm"])
+    again = vs.simulate_row(short, reused)
+    assert again["sim_ttft_ms"] < 0.7 * fresh["sim_ttft_ms"]
+
+
 def test_the_recipe_column_names_the_generator():
     out = vs.simulate_row(_row(isl=200, osl=20, concurrency=4.0, batch_size=4.0),
                           vs.ENGINES["vllm"], num_prompts=8)
@@ -109,10 +126,11 @@ def test_the_comparison_experiment_runs_each_variant(tmp_path):
     sg = rows.assign(id=rows.id + "s", backend="sglang", backend_version="0.5.1.post1")
     table = aic_runs.run(pd.concat([rows, sg], ignore_index=True), ("vllm", "sglang"))
     summ = aic_runs.summary(table)
+    reused = "generator, 100 prompts reused"
     assert set(zip(summ.engine, summ.variant)) == {
-        ("vllm", "generator"), ("vllm", "inferencex"), ("sglang", "generator"),
-        ("sglang", "generator, mixed chunk on"), ("sglang", "generator, mixed chunk off"),
-        ("sglang", "inferencex")}
+        ("vllm", "generator"), ("vllm", "inferencex"), ("vllm", reused),
+        ("sglang", "generator"), ("sglang", "generator, mixed chunk on"),
+        ("sglang", "generator, mixed chunk off"), ("sglang", reused), ("sglang", "inferencex")}
     assert (summ.rows == 2).all()
     # The version rule picks unmixed for 0.5.1: the same figures as forcing it off.
     s = summ.set_index(["engine", "variant"])

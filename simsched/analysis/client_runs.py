@@ -33,15 +33,18 @@ def client_table(config) -> pd.DataFrame:
     """
     client = config.client
     pool = client.num_unique_prompts
+    # Warm-ups drawn from the dataset come ahead of the measured prompts.
+    ahead = client.num_warmups if client.warmup_prompts == "dataset" else 0
     if client.dataset != "workload":
-        n = pool or client.resolved_num_prompts()
+        n = pool or client.resolved_num_prompts() + ahead
         return random_dataset(n, config.seed, client.random_input_len, client.random_output_len,
                               client.random_range_ratio, client.random_prefix_len,
                               client.num_special_tokens,
                               "vllm" if client.dataset == "random" else "inferencex")
     workload = config.workload
-    wanted = pool or (client.resolved_num_prompts() if client.client_type == "staged"
-                      or client.num_prompts is not None else None)
+    wanted = pool or (client.resolved_num_prompts() + ahead
+                      if client.client_type == "staged" or client.num_prompts is not None
+                      else None)
     if wanted is not None:
         workload = dataclasses.replace(workload, num_requests=wanted, duration=None)
     return generate(workload, np.random.default_rng(config.seed))

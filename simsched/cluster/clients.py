@@ -58,6 +58,11 @@ class ClientPlan:
         self.max_concurrency = client.max_concurrency
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(5,)))
         pool = client.num_unique_prompts or len(self.templates)
+        # The prompt order draws from its own stream, so the send schedule is the same
+        # whatever the order.
+        order = _PromptOrder(client, pool, np.random.default_rng(
+            np.random.SeedSequence(seed, spawn_key=(6,))))
+        warm = order.take(client.num_warmups) if client.warmup_prompts == "dataset" else None
         self.stages: list[_Stage] = []
         if client.client_type == "staged":
             self.lead_time = client.stage_lead_time
@@ -65,30 +70,27 @@ class ClientPlan:
             self.interval_time = client.stage_interval_time
             timer = (schedules.constant_stage_offsets if client.stage_load == "constant"
                      else schedules.poisson_stage_offsets)
-            sent = 0
             for rate, seconds in client.stages:
                 offsets = timer(rng, rate, seconds)
-                # inference-perf restarts its prompt pool each stage; without one, rows go on.
-                first = 0 if client.num_unique_prompts else sent
-                self.stages.append(_Stage(offsets, [(first + i) % pool
-                                                    for i in range(len(offsets))]))
-                sent += len(offsets)
+                self.stages.append(_Stage(offsets, order.take(len(offsets), stage=True)))
         else:
             self.lead_time = self.poll_time = self.interval_time = 0.0
             n = client.resolved_num_prompts(len(self.templates))
             timer = (schedules.vllm_send_offsets if client.request_timing == "vllm"
                      else schedules.inferencex_send_offsets)
             self.stages.append(_Stage(timer(rng, n, client.request_rate, client.burstiness),
-                                      [i % pool for i in range(n)]))
-        needed = max((max(s.prompts) for s in self.stages if s.prompts), default=0) + 1
+                                      order.take(n)))
+        drawn = [p for s in self.stages for p in s.prompts] + (warm or [])
+        needed = max(drawn, default=0) + 1
         if needed > len(self.templates):
             raise ValueError(f"client: {needed} prompts needed but the dataset has "
                              f"{len(self.templates)} (draw more requests, or set "
                              "client.num_unique_prompts to cycle them)")
         # Warm-up phases, each sent at once (within the slots) and waited for: copies of the
-        # first prompt, as vllm bench serve sends them.
+        # first prompt, as vllm bench serve sends them, or the order's first prompts (aiperf).
         self.warmups = ([[0]] if client.resolved_ready_check else []) + \
-            ([[0] * client.num_warmups] if client.num_warmups else [])
+            ([warm if warm is not None else [0] * client.num_warmups]
+             if client.num_warmups else [])
         self.num_warmup_requests = client.num_warmup_requests
         self.num_requests = self.num_warmup_requests + sum(len(s.prompts) for s in self.stages)
         # Filled in by the run: per request id, when it was meant to leave and its stage (-1:
@@ -97,6 +99,39 @@ class ClientPlan:
         self.stage_of: list[int] = []
         self.benchmark_start_at = math.nan
         self.max_num_in_flight = 0
+
+
+class _PromptOrder:
+    """The prompts requests take, in send order (``client.prompt_order`` over a pool of
+    ``pool``), drawn once for the whole run so that warm-ups and stages continue one
+    sequence (a shuffled pass goes on where the last take stopped). inference-perf's sequential
+    pool restarts each stage (``stage=True``)."""
+
+    def __init__(self, client: ClientConfig, pool: int, rng: np.random.Generator) -> None:
+        self.kind = client.prompt_order
+        self.restart = bool(client.num_unique_prompts)
+        self.pool = pool
+        self.rng = rng
+        self.drawn: list[int] = []
+        self.sent = 0
+
+    def take(self, count: int, stage: bool = False) -> list[int]:
+        """The next ``count`` prompts (``stage``: an inference-perf stage's)."""
+        if self.kind == "sequential":
+            first = 0 if stage and self.restart else self.sent
+            # Without a pool nothing is reused: an index past the dataset is refused, not
+            # wrapped (ClientPlan checks).
+            wrap = self.pool if self.restart else None
+            out = [(first + i) % wrap if wrap else first + i for i in range(count)]
+        else:
+            short = self.sent + count - len(self.drawn)
+            if short > 0:
+                # whole passes, so a shuffled pass is never cut and redrawn
+                passes = -(-short // self.pool) * self.pool
+                self.drawn += schedules.prompt_indices(self.rng, self.kind, self.pool, passes)
+            out = self.drawn[self.sent:self.sent + count]
+        self.sent += count
+        return out
 
 
 def _with_content(template: Request, k: int) -> Request:

@@ -23,8 +23,15 @@ The prompts come from ``dataset``: ``'workload'`` takes the workload's request t
 vLLM's random dataset and ``'inferencex-random'`` InferenceX's variant
 (:mod:`simsched.workloads.benchmark_clients` has both tools' exact bounds). ``num_prompts``
 counts the measured requests (None: 1,000 for a random dataset, vLLM's default, or every row
-of the workload); ``num_unique_prompts`` cycles the first K prompts (inference-perf's prompt
-pool: prompt ``n % K`` for the ``n``-th request of each stage). TTFT and E2E latency count
+of the workload); ``num_unique_prompts`` limits the prompts to the first K, reused in
+``prompt_order``: ``'sequential'`` (the default) cycles them (inference-perf's prompt pool:
+prompt ``n % K`` for the ``n``-th request of each stage), ``'shuffle'`` walks a fresh random
+permutation of the K each pass and ``'random'`` draws each request's prompt with replacement
+(aiperf's dataset sampling strategies; ``shuffle`` is its default, over 100 prompts). A prompt
+sent again is the same tokens, so a server with prefix caching serves it from its cache while
+its blocks last. ``warmup_prompts``: ``'first'`` (the default) sends copies of the first prompt
+as warm-ups, as ``vllm bench serve`` does; ``'dataset'`` takes them from the prompt order
+ahead of the measured requests, as aiperf's warm-up phase does. TTFT and E2E latency count
 from the client's send (``arrival_at``), as the benchmarks count them.
 """
 
@@ -36,15 +43,19 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
-from simsched.workloads.benchmark_clients import inferencex_random_bounds, vllm_random_bounds
+from simsched.workloads.benchmark_clients import (PROMPT_ORDERS, inferencex_random_bounds,
+                                                  vllm_random_bounds)
 
-__all__ = ["CLIENT_TYPES", "DATASETS", "REQUEST_TIMINGS", "STAGE_LOADS", "ClientConfig"]
+__all__ = ["CLIENT_TYPES", "DATASETS", "PROMPT_ORDERS", "REQUEST_TIMINGS", "STAGE_LOADS",
+           "WARMUP_PROMPTS", "ClientConfig"]
 
 CLIENT_TYPES = ("open", "concurrency", "staged")
 DATASETS = ("workload", "random", "inferencex-random")
 REQUEST_TIMINGS = ("vllm", "inferencex")
 STAGE_LOADS = ("constant", "poisson")
+WARMUP_PROMPTS = ("first", "dataset")
 DEFAULT_NUM_PROMPTS = 1000      # vllm bench serve --num-prompts
+AIPERF_NUM_DATASET_ENTRIES = 100  # aiperf --num-dataset-entries
 # Fields that only one client type reads (the others must leave them at their defaults).
 _CONCURRENCY_ONLY = ("request_rate", "burstiness", "request_timing", "num_prompts")
 _STAGED_ONLY = ("stages", "stage_load", "stage_lead_time", "stage_poll_time",
@@ -79,6 +90,8 @@ class ClientConfig:
     num_special_tokens: int = 0
     ignore_eos: bool = True
     num_unique_prompts: int | None = None
+    prompt_order: str = "sequential"
+    warmup_prompts: str = "first"
     # inference-perf
     stages: tuple = ()
     stage_load: str = "constant"
@@ -113,6 +126,8 @@ class ClientConfig:
                              "--ignore-eos asks")
         if self.num_unique_prompts is not None:
             check_int(_OWNER, "num_unique_prompts", self.num_unique_prompts, 1)
+        check_choice(_OWNER, "prompt_order", self.prompt_order, PROMPT_ORDERS)
+        check_choice(_OWNER, "warmup_prompts", self.warmup_prompts, WARMUP_PROMPTS)
         self._check_range_ratio()
         self._check_stages()
         check_choice(_OWNER, "stage_load", self.stage_load, STAGE_LOADS)
@@ -234,7 +249,9 @@ class ClientConfig:
         random dataset, 1,000 prompts, infinite rate, ready check) or ``'inferencex'`` (what
         InferenceX's ``benchmark_lib.sh`` runs: its random variant at range ratio 0.8, infinite
         rate, ``10 * C`` prompts, ``2 * C`` warm-ups, no ready check; give
-        ``max_concurrency``)."""
+        ``max_concurrency``) or ``'aiperf'`` (``aiperf profile`` with synthetic prompts of
+        fixed lengths, ``--isl-stddev 0``: its 100 dataset entries reused in its default
+        ``shuffle`` order, warm-ups drawn from them, no ready check)."""
         if name == "vllm-bench":
             base: dict[str, Any] = {"client_type": "concurrency", "dataset": "random"}
         elif name == "inferencex":
@@ -244,8 +261,13 @@ class ClientConfig:
             base = {"client_type": "concurrency", "dataset": "inferencex-random",
                     "random_range_ratio": 0.8, "request_timing": "inferencex",
                     "ready_check": False, "num_prompts": 10 * conc, "num_warmups": 2 * conc}
+        elif name == "aiperf":
+            base = {"client_type": "concurrency", "dataset": "random",
+                    "random_range_ratio": 0.0, "ready_check": False,
+                    "num_unique_prompts": AIPERF_NUM_DATASET_ENTRIES,
+                    "prompt_order": "shuffle", "warmup_prompts": "dataset"}
         else:
-            raise ValueError(f"unknown client preset {name!r}; known: 'inferencex', "
+            raise ValueError(f"unknown client preset {name!r}; known: 'aiperf', 'inferencex', "
                              "'vllm-bench'")
         base.update(changes)
         return cls(**base)

@@ -12,6 +12,8 @@ finishes is :mod:`simsched.cluster.clients`; its config is
   :func:`inferencex_send_offsets`.
 * inference-perf (kubernetes-sigs/inference-perf v0.4.0, ``inference_perf/loadgen/
   load_timer.py``): :func:`constant_stage_offsets`, :func:`poisson_stage_offsets`.
+* aiperf (ai-dynamo/aiperf: its dataset manager's sampling strategies ``sequential``,
+  ``random`` and ``shuffle`` over ``--num-dataset-entries`` prompts): :func:`prompt_indices`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["constant_stage_offsets", "inferencex_random_bounds", "inferencex_send_offsets",
-           "poisson_stage_offsets", "random_dataset", "vllm_random_bounds", "vllm_send_offsets"]
+__all__ = ["PROMPT_ORDERS", "constant_stage_offsets", "inferencex_random_bounds",
+           "inferencex_send_offsets", "poisson_stage_offsets", "prompt_indices", "random_dataset",
+           "vllm_random_bounds", "vllm_send_offsets"]
+
+PROMPT_ORDERS = ("sequential", "shuffle", "random")
 
 
 def vllm_random_bounds(input_len: int, output_len: int, range_ratio: float,
@@ -149,3 +154,22 @@ def poisson_stage_offsets(rng: np.random.Generator, rate: float,
         out.extend(times.tolist())
         start = out[-1]
     return np.asarray(out[:n])
+
+
+def prompt_indices(rng: np.random.Generator, order: str, pool: int, count: int) -> list[int]:
+    """The prompts (indices into a pool of ``pool``) of ``count`` requests, in send order:
+    ``sequential`` cycles ``0, 1, ..., pool - 1, 0, ...``; ``shuffle`` walks a fresh random
+    permutation of the pool each pass (aiperf's default: no prompt repeats within a pass);
+    ``random`` draws each with replacement (aiperf before its ``shuffle`` default)."""
+    if order not in PROMPT_ORDERS:
+        raise ValueError(f"prompt order must be one of {list(PROMPT_ORDERS)}, got {order!r}")
+    if pool < 1:
+        raise ValueError(f"prompt pool must hold at least 1 prompt, got {pool}")
+    if count <= 0:
+        return []
+    if order == "sequential":
+        return [i % pool for i in range(count)]
+    if order == "random":
+        return rng.integers(0, pool, count).tolist()
+    passes = -(-count // pool)
+    return np.concatenate([rng.permutation(pool) for _ in range(passes)])[:count].tolist()

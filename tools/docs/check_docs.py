@@ -196,6 +196,7 @@ def _blocks() -> dict[str, Block]:
         # The silicon rows live beside the checkout (../shared), never in the package.
         "silicon-coverage": Block("docs/validation_silicon.md", si.silicon_coverage, False),
         "silicon-errors": Block("docs/validation_silicon.md", si.silicon_errors, False),
+        "silicon-clients": Block("docs/validation_silicon.md", si.silicon_clients, False),
         "silicon-prefill": Block("docs/validation_silicon.md", si.silicon_prefill, False),
         "silicon-device": Block("docs/validation_silicon.md", si.silicon_device, True),
         "silicon-terms": Block("docs/validation_silicon.md", si.silicon_terms, True),

@@ -137,6 +137,22 @@ def engines_aic_runs(runs) -> str:
             r = part[part.variant == v].iloc[0]
             cells.append(f"{_pct(r.ttft_error)} ({_pct(r.ttft_bias)}) / {_pct(r.tpot_error)}")
         lines.append(f"| {gpu} | {model} | {int(part.rows.iloc[0])} | " + " | ".join(cells) + " |")
+    reused = "generator, 100 prompts reused"
+    for engine in ("sglang", "trtllm"):
+        claim(by[engine, reused].tpot_error > by[engine, "generator"].tpot_error,
+              f"aiperf's reused prompts take {engine}'s TPOT further off")
+    lines += ["", "Per (GPU, model), every engine: a prompt per request (`generator`) or "
+              "aiperf's 100 prompts reused (median abs. TTFT / TPOT error %, signed in "
+              "brackets):", "", "| engine | GPU | model | rows | generator | 100 prompts "
+              "reused |", "|---|---|---|---|---|---|"]
+    for (engine, gpu, model), part in grp.groupby(["backend", "gpu", "model"], sort=False):
+        cells = []
+        for v in ("generator", reused):
+            r = part[part.variant == v].iloc[0]
+            cells.append(f"{_pct(r.ttft_error)} ({_pct(r.ttft_bias)}) / {_pct(r.tpot_error)} "
+                         f"({_pct(r.tpot_bias)})")
+        lines.append(f"| {names[engine]} | {gpu} | {model} | {int(part.rows.iloc[0])} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -71,6 +71,30 @@ def silicon_errors(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _client_kind(row) -> str:
+    if "assumed" in row.client:
+        return "AIConfigurator's own runs (client and flags not published: assumed)"
+    if row.recipe.startswith("InferenceX"):
+        return "InferenceX's client and launch script"
+    return "InferenceX's client, engine defaults (no script published)"
+
+
+def silicon_clients(runs) -> str:
+    """The default profile's errors split by what is known of how a row was served."""
+    table = runs.get("validate_silicon")
+    if table.empty:
+        return "(the silicon rows are not beside this checkout: nothing to show)\n"
+    mine = table[(table.backend == "vllm") & table.expressible].copy()
+    mine["kind"] = [_client_kind(r) for r in mine.itertuples()]
+    lines = ["| rows served with | rows | median abs. TTFT error % | median abs. TPOT error % |",
+             "|---|---|---|---|"]
+    parts = list(mine.groupby("kind", sort=True)) + [("every vLLM row", mine)]
+    for kind, part in parts:
+        lines.append(f"| {kind} | {len(part)} | {100 * part.ttft_error.abs().median():.1f} | "
+                     f"{100 * part.tpot_error.abs().median():.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def silicon_prefill(runs) -> str:
     """One prefill at C = 4 as served against the kernel sums (experiments.silicon_prefill)."""
     g = runs.get("silicon_prefill")
