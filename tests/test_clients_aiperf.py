@@ -82,7 +82,16 @@ def _cached_share(order: str, pool: int) -> float:
     client = ClientConfig.preset("aiperf", max_concurrency=4, num_prompts=60, num_warmups=8,
                                  random_input_len=512, random_output_len=8,
                                  num_unique_prompts=pool, prompt_order=order)
-    df = simulate(SimConfig().replace(enable_prefix_caching=True, client=client)).requests
+    res = simulate(SimConfig().replace(enable_prefix_caching=True, client=client))
+    df, info = res.requests, res.info["client"]
+    # 68 sends (8 warm-ups, 60 measured); a repeat is a measured request whose prompt went
+    # out before. Shuffled passes send each prompt once per pass: all but the first pass repeat.
+    if order == "shuffle":
+        assert info["num_distinct_prompts"] == min(pool, 68)
+        assert info["num_repeated_prompts"] == max(0, 68 - pool)
+    else:
+        assert info["num_distinct_prompts"] <= pool
+        assert info["num_repeated_prompts"] >= 60 - pool
     return df["num_cached_tokens"].sum() / df["num_prompt_tokens"].sum()
 
 

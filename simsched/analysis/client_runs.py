@@ -75,10 +75,20 @@ def add_client_columns(df: pd.DataFrame, plan: ClientPlan) -> None:
 
 def client_info(plan: ClientPlan, sim_time: float) -> dict:
     """The client's part of ``Results.info``: its type, the warm-ups left out, when the measured
-    requests started, and the most requests it had in flight."""
+    requests started, the most requests it had in flight, and how often it reused a prompt
+    (``num_distinct_prompts`` sent in all, warm-ups included; ``num_repeated_prompts``:
+    measured requests whose prompt had been sent before, which a prefix cache may serve)."""
+    seen = {k for phase in plan.warmups for k in phase}
+    repeated = 0
+    for stage in plan.stages:
+        for k in stage.prompts:
+            repeated += k in seen
+            seen.add(k)
     return {"client_type": plan.client.client_type,
             "num_warmup_requests": plan.num_warmup_requests,
             "benchmark_start_at": plan.benchmark_start_at,
             "benchmark_duration": sim_time - plan.benchmark_start_at,
             "max_concurrency": plan.max_concurrency,
-            "max_num_in_flight": plan.max_num_in_flight}
+            "max_num_in_flight": plan.max_num_in_flight,
+            "num_distinct_prompts": len(seen),
+            "num_repeated_prompts": repeated}

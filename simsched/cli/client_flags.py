@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from simsched.config.client import CLIENT_TYPES, DATASETS, STAGE_LOADS
+from simsched.config.client import (CLIENT_TYPES, DATASETS, PROMPT_ORDERS, STAGE_LOADS,
+                                    WARMUP_PROMPTS)
 
 __all__ = ["CLIENT_FLAG_FIELDS", "add_client_flags", "parse_stages"]
 
@@ -18,7 +19,9 @@ CLIENT_FLAG_FIELDS = {
     "dataset": "client.dataset", "random_input_len": "client.random_input_len",
     "random_output_len": "client.random_output_len",
     "random_range_ratio": "client.random_range_ratio",
-    "random_prefix_len": "client.random_prefix_len", "stages": "client.stages",
+    "random_prefix_len": "client.random_prefix_len",
+    "num_unique_prompts": "client.num_unique_prompts", "prompt_order": "client.prompt_order",
+    "warmup_prompts": "client.warmup_prompts", "stages": "client.stages",
     "stage_load": "client.stage_load"}
 
 
@@ -58,6 +61,12 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--random-output-len", type=int, help="random dataset: mean output tokens")
     g.add_argument("--random-range-ratio", type=float, help="random dataset: range ratio")
     g.add_argument("--random-prefix-len", type=int, help="random dataset: shared prefix tokens")
+    g.add_argument("--num-unique-prompts", type=int,
+                   help="reuse the first K prompts (aiperf's --num-dataset-entries)")
+    g.add_argument("--prompt-order", choices=PROMPT_ORDERS,
+                   help="order of the reused prompts (aiperf's --dataset-sampling-strategy)")
+    g.add_argument("--warmup-prompts", choices=WARMUP_PROMPTS,
+                   help="warm-ups: copies of the first prompt, or drawn from the dataset")
     g.add_argument("--stages", type=parse_stages, metavar="RATExSECONDS/...",
                    help="inference-perf stages, e.g. 8x600/20x600")
     g.add_argument("--stage-load", choices=STAGE_LOADS, help="inference-perf load type")
