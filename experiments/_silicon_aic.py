@@ -37,7 +37,7 @@ the unmixed deployment, not the mixed one), so ``experiments.aic_runs`` reports 
 
 from __future__ import annotations
 
-from simsched.config.client import AIPERF_NUM_DATASET_ENTRIES
+from simsched.config.client import AIPERF_PROMPTS
 
 RECIPES = ("generator", "inferencex")
 # SGLang versions from which the generator's template sets --enable-mixed-chunk (0.5.6.post2:
@@ -76,8 +76,7 @@ def changes(cfg, row, engine: str, max_context: int, mixed: bool | None = None,
     out = {"client.random_range_ratio": 1.0, "client.num_prompts": 20 * c,
            "client.num_warmups": 2 * c, "scheduler.max_num_seqs": bs * dp}
     if reused:
-        out.update({"client.num_unique_prompts": AIPERF_NUM_DATASET_ENTRIES,
-                    "client.prompt_order": "shuffle", "client.warmup_prompts": "dataset"})
+        out.update({f"client.{name}": value for name, value in AIPERF_PROMPTS.items()})
     if engine == "vllm":
         out["scheduler.max_num_batched_tokens"] = (bs + isl + 1500) * dp
         out["max_model_len"] = min(isl + osl + 1500, max_context)

@@ -117,12 +117,12 @@ class _PromptOrder:
 
     def take(self, count: int, stage: bool = False) -> list[int]:
         """The next ``count`` prompts (``stage``: an inference-perf stage's)."""
-        if self.kind == "sequential":
-            first = 0 if stage and self.restart else self.sent
+        if self.kind == "sequential" and not self.restart:
             # Without a pool nothing is reused: an index past the dataset is refused, not
             # wrapped (ClientPlan checks).
-            wrap = self.pool if self.restart else None
-            out = [(first + i) % wrap if wrap else first + i for i in range(count)]
+            out = list(range(self.sent, self.sent + count))
+        elif self.kind == "sequential" and stage:
+            out = schedules.prompt_indices(self.rng, "sequential", self.pool, count)
         else:
             short = self.sent + count - len(self.drawn)
             if short > 0:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from simsched.config.checks import check_bool, check_choice, check_float, check_int, plain
@@ -55,7 +56,10 @@ REQUEST_TIMINGS = ("vllm", "inferencex")
 STAGE_LOADS = ("constant", "poisson")
 WARMUP_PROMPTS = ("first", "dataset")
 DEFAULT_NUM_PROMPTS = 1000      # vllm bench serve --num-prompts
-AIPERF_NUM_DATASET_ENTRIES = 100  # aiperf --num-dataset-entries
+# aiperf profile's prompts without --num-dataset-entries: its 100 synthetic entries, drawn in
+# its default shuffle order, warm-ups included (read-only; ClientConfig.preset('aiperf')).
+AIPERF_PROMPTS = MappingProxyType({"num_unique_prompts": 100, "prompt_order": "shuffle",
+                                   "warmup_prompts": "dataset"})
 # Fields that only one client type reads (the others must leave them at their defaults).
 _CONCURRENCY_ONLY = ("request_rate", "burstiness", "request_timing", "num_prompts")
 _STAGED_ONLY = ("stages", "stage_load", "stage_lead_time", "stage_poll_time",
@@ -263,9 +267,7 @@ class ClientConfig:
                     "ready_check": False, "num_prompts": 10 * conc, "num_warmups": 2 * conc}
         elif name == "aiperf":
             base = {"client_type": "concurrency", "dataset": "random",
-                    "random_range_ratio": 0.0, "ready_check": False,
-                    "num_unique_prompts": AIPERF_NUM_DATASET_ENTRIES,
-                    "prompt_order": "shuffle", "warmup_prompts": "dataset"}
+                    "random_range_ratio": 0.0, "ready_check": False, **AIPERF_PROMPTS}
         else:
             raise ValueError(f"unknown client preset {name!r}; known: 'aiperf', 'inferencex', "
                              "'vllm-bench'")
